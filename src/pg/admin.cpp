@@ -1,0 +1,154 @@
+// Internal SQL functions behind the administration API: validation of handlers
+// and routes (the rules live in the core), the catalog-change trigger, and the
+// views' access to shared memory.
+
+#include <string>
+#include <string_view>
+
+#include "core/handler_config.hpp"
+#include "core/lane_hash.hpp"
+#include "core/topic.hpp"
+#include "pg/catalog_cache.hpp"
+#include "pg/guard.hpp"
+#include "pg/leases.hpp"
+#include "pg/pg_includes.hpp"
+#include "pg/settings.hpp"
+#include "pg/spi_support.hpp"
+
+extern "C" {
+#include "utils/json.h"
+PG_FUNCTION_INFO_V1(relay_validate_handler);
+PG_FUNCTION_INFO_V1(relay_validate_route);
+PG_FUNCTION_INFO_V1(relay_catalog_changed);
+PG_FUNCTION_INFO_V1(relay_leases);
+PG_FUNCTION_INFO_V1(relay_lane_of);
+}
+
+using namespace relaybus;
+using namespace relaybus::pg;
+
+static void require_arg(FunctionCallInfo fcinfo, int n, const char* what) {
+    if (PG_ARGISNULL(n))
+        ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("%s must not be NULL", what)));
+}
+
+// relay._validate_handler(name, kind, target, options) -> {"target", "options", "secrets"}
+extern "C" Datum relay_validate_handler(PG_FUNCTION_ARGS) {
+    require_arg(fcinfo, 0, "name");
+    require_arg(fcinfo, 1, "kind");
+    int name_len = 0, kind_len = 0, target_len = 0;
+    char* name = text_arg(fcinfo, 0, &name_len);
+    char* kind_text = text_arg(fcinfo, 1, &kind_len);
+    bool target_null = PG_ARGISNULL(2);
+    char* target = target_null ? nullptr : text_arg(fcinfo, 2, &target_len);
+    Jsonb* options = PG_ARGISNULL(3) ? nullptr : PG_GETARG_JSONB_P(3);
+    char* options_text =
+        options == nullptr ? pstrdup("{}") : JsonbToCString(nullptr, &options->root, VARSIZE(options));
+
+    char err[kErrLen];
+    if (!run_core([&](std::string* why) {
+            return core::is_valid_handler_name(std::string_view(name, name_len), why);
+        }, err))
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("invalid handler name \"%s\"", name), errdetail("%s", err),
+                        errhint("Use 1 to 63 lower-case letters, digits, '_', '.' or '-'.")));
+    core::HandlerKind kind = core::HandlerKind::Pull;
+    if (!run_core([&](std::string* why) {
+            return core::parse_handler_kind(std::string_view(kind_text, kind_len), &kind, why);
+        }, err))
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("invalid handler kind \"%s\"", kind_text),
+                        errhint("The kinds are notify, http and pull.")));
+    if (!run_core([&](std::string* why) {
+            return core::validate_target(kind, target_null ? std::string_view() : std::string_view(target, target_len),
+                                         target_null, why);
+        }, err))
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("invalid target for a %s handler", kind_text), errdetail("%s", err)));
+
+    // Secrets come back as a JSON array text, built in plain memory by the core side.
+    char* secrets_json = nullptr;
+    if (!run_core([&](std::string* why) {
+            core::HandlerOptions parsed;
+            if (!core::parse_handler_options(kind, options_text, &parsed, why)) return false;
+            std::string s = "[";
+            for (size_t i = 0; i < parsed.secrets.size(); i++) {
+                if (i > 0) s += ",";
+                s += "\"" + parsed.secrets[i] + "\"";  // whsec_ + base64: nothing to escape
+            }
+            s += "]";
+            secrets_json = static_cast<char*>(malloc(s.size() + 1));
+            if (secrets_json == nullptr) throw std::bad_alloc();
+            memcpy(secrets_json, s.c_str(), s.size() + 1);
+            return true;
+        }, err))
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("invalid option: %s", err)));
+
+    StringInfoData buf;
+    initStringInfo(&buf);
+    appendStringInfoString(&buf, "{\"target\": ");
+    if (target_null || target_len == 0)
+        appendStringInfoString(&buf, "null");
+    else
+        escape_json(&buf, target);
+    appendStringInfoString(&buf, ", \"secrets\": ");
+    appendStringInfoString(&buf, secrets_json);
+    free(secrets_json);
+    appendStringInfoString(&buf, ", \"options\": ");
+    Datum public_options = options == nullptr
+                               ? DirectFunctionCall1(jsonb_in, CStringGetDatum("{}"))
+                               : DirectFunctionCall2(jsonb_delete, JsonbPGetDatum(options),
+                                                     CStringGetTextDatum("secret"));
+    Jsonb* po = DatumGetJsonbP(public_options);
+    appendStringInfoString(&buf, JsonbToCString(nullptr, &po->root, VARSIZE(po)));
+    appendStringInfoChar(&buf, '}');
+    PG_RETURN_DATUM(DirectFunctionCall1(jsonb_in, CStringGetDatum(buf.data)));
+}
+
+// relay._validate_route(pattern, wire_name)
+extern "C" Datum relay_validate_route(PG_FUNCTION_ARGS) {
+    require_arg(fcinfo, 0, "topic");
+    int len = 0;
+    char* pattern = text_arg(fcinfo, 0, &len);
+    char err[kErrLen];
+    if (!run_core([&](std::string* why) { return core::is_valid_pattern(std::string_view(pattern, len), why); },
+                  err))
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("invalid topic pattern \"%s\"", pattern), errdetail("%s", err),
+                        errhint("Use dot-separated segments; '*' matches one segment, '#' any number.")));
+    if (!PG_ARGISNULL(1)) {
+        int wlen = 0;
+        char* wire = text_arg(fcinfo, 1, &wlen);
+        if (!run_core([&](std::string* why) { return core::is_valid_topic(std::string_view(wire, wlen), why); },
+                      err))
+            ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                            errmsg("invalid wire name \"%s\"", wire), errdetail("%s", err)));
+    }
+    PG_RETURN_VOID();
+}
+
+extern "C" Datum relay_catalog_changed(PG_FUNCTION_ARGS) {
+    if (!CALLED_AS_TRIGGER(fcinfo)) elog(ERROR, "relay._catalog_changed must be called as a trigger");
+    catalog_changed_in_this_transaction();
+    return PointerGetDatum(nullptr);
+}
+
+extern "C" Datum relay_leases(PG_FUNCTION_ARGS) {
+    InitMaterializedSRF(fcinfo, 0);
+    auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+    int max = guc_max_leases;
+    auto* entries = static_cast<LeaseEntry*>(palloc(sizeof(LeaseEntry) * max));
+    int n = leases_copy(entries, max);
+    for (int i = 0; i < n; i++) {
+        Datum values[4] = {Int64GetDatum(entries[i].delivery_id), Int32GetDatum(entries[i].handler_id),
+                           TimestampTzGetDatum(entries[i].until), Int32GetDatum(entries[i].owner_pid)};
+        bool nulls[4] = {false, false, false, false};
+        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+    }
+    return (Datum)0;
+}
+
+extern "C" Datum relay_lane_of(PG_FUNCTION_ARGS) {
+    text* key = PG_GETARG_TEXT_PP(0);
+    PG_RETURN_INT32(core::lane_for_key(std::string_view(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key))));
+}

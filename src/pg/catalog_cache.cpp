@@ -1,0 +1,218 @@
+#include "pg/catalog_cache.hpp"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/topic.hpp"
+#include "pg/guard.hpp"
+#include "pg/shared_state.hpp"
+#include "pg/spi_support.hpp"
+
+namespace relaybus::pg {
+
+namespace {
+
+struct Route {
+    std::string pattern;
+    int32 handler_id;
+    bool has_wire;
+    std::string wire;
+    int specificity;
+};
+
+struct Catalog {
+    std::vector<HandlerEntry> handlers;
+    std::unordered_map<std::string, size_t> by_name;
+    std::unordered_map<int32, size_t> by_id;
+    std::vector<Route> routes;
+    std::unordered_map<std::string, std::vector<RouteTarget>> by_topic;  // memo
+};
+
+constexpr size_t kMaxMemoTopics = 4096;
+
+Catalog* current = nullptr;
+uint64 loaded_generation = 0;
+Oid loaded_schema = InvalidOid;
+bool changed_here = false;     // this transaction wrote the catalog
+bool bump_at_commit = false;
+
+// Rows as read by SPI, copied out as plain C strings.
+struct RawHandler {
+    int32 id;
+    char* name;
+    char* kind;
+    char* options;
+};
+struct RawRoute {
+    char* pattern;
+    int32 handler_id;
+    char* wire;  // may be nullptr
+};
+
+SavedPlan handlers_plan = {
+    "SELECT id, name, kind, (options || CASE WHEN secrets IS NULL THEN '{}'::jsonb "
+    "ELSE jsonb_build_object('secret', to_jsonb(secrets)) END)::text FROM relay.handlers",
+    0, {}, nullptr};
+SavedPlan routes_plan = {"SELECT pattern, handler_id, wire_name FROM relay.routes", 0, {}, nullptr};
+
+char* copy_text_col(int row, int col) {
+    char* s = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, col);
+    if (s == nullptr) return nullptr;
+    char* out = static_cast<char*>(SPI_palloc(strlen(s) + 1));
+    strcpy(out, s);
+    return out;
+}
+
+void reload(Oid schema, uint64 generation) {
+    SpiScope scope;
+    spi_begin(&scope);
+    spi_exec_latest(&handlers_plan, nullptr, nullptr, true, 0);
+    int nh = static_cast<int>(SPI_processed);
+    auto* hs = static_cast<RawHandler*>(SPI_palloc(sizeof(RawHandler) * (nh + 1)));
+    for (int i = 0; i < nh; i++) {
+        bool isnull = false;
+        hs[i].id = DatumGetInt32(spi_col(i, 1, &isnull));
+        hs[i].name = copy_text_col(i, 2);
+        hs[i].kind = copy_text_col(i, 3);
+        hs[i].options = copy_text_col(i, 4);
+    }
+    spi_exec_latest(&routes_plan, nullptr, nullptr, true, 0);
+    int nr = static_cast<int>(SPI_processed);
+    auto* rs = static_cast<RawRoute*>(SPI_palloc(sizeof(RawRoute) * (nr + 1)));
+    for (int i = 0; i < nr; i++) {
+        bool isnull = false;
+        rs[i].pattern = copy_text_col(i, 1);
+        rs[i].handler_id = DatumGetInt32(spi_col(i, 2, &isnull));
+        rs[i].wire = copy_text_col(i, 3);
+    }
+    spi_end(&scope);
+
+    Catalog* built = nullptr;
+    char err[kErrLen];
+    bool ok = run_core(
+        [&](std::string* why) {
+            auto cat = std::make_unique<Catalog>();
+            cat->handlers.reserve(nh);
+            for (int i = 0; i < nh; i++) {
+                HandlerEntry h{};
+                h.id = hs[i].id;
+                strlcpy(h.name, hs[i].name, sizeof(h.name));
+                if (!core::parse_handler_kind(hs[i].kind, &h.kind, why)) return false;
+                // Stored options were validated on the way in; a failure here means
+                // the row was written by hand, and defaults are the safe reading.
+                std::string ignored;
+                if (!core::parse_handler_options(h.kind, hs[i].options, &h.options, &ignored))
+                    h.options = core::HandlerOptions{};
+                cat->by_name.emplace(h.name, cat->handlers.size());
+                cat->by_id.emplace(h.id, cat->handlers.size());
+                cat->handlers.push_back(std::move(h));
+            }
+            cat->routes.reserve(nr);
+            for (int i = 0; i < nr; i++) {
+                Route r;
+                r.pattern = rs[i].pattern;
+                r.handler_id = rs[i].handler_id;
+                r.has_wire = rs[i].wire != nullptr;
+                r.wire = r.has_wire ? rs[i].wire : "";
+                r.specificity = core::pattern_specificity(r.pattern);
+                cat->routes.push_back(std::move(r));
+            }
+            delete current;
+            current = cat.release();
+            built = current;
+            return true;
+        },
+        err);
+    if (!ok || built == nullptr)
+        ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR),
+                        errmsg("relaybus could not load its catalog: %s", err)));
+    loaded_generation = generation;
+    loaded_schema = schema;
+}
+
+void ensure_fresh() {
+    if (shared == nullptr)
+        ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                        errmsg("relaybus is not loaded through shared_preload_libraries"),
+                        errhint("Add relaybus to shared_preload_libraries and restart the server.")));
+    uint64 generation = pg_atomic_read_u64(&shared->catalog_generation);
+    Oid schema = get_namespace_oid("relay", true);
+    if (current != nullptr && !changed_here && generation == loaded_generation &&
+        schema == loaded_schema)
+        return;
+    reload(schema, generation);
+}
+
+}  // namespace
+
+const HandlerEntry* catalog_handler_by_name(const char* name) {
+    ensure_fresh();
+    auto it = current->by_name.find(name);
+    return it == current->by_name.end() ? nullptr : &current->handlers[it->second];
+}
+
+const HandlerEntry* catalog_handler_by_id(int32 id) {
+    ensure_fresh();
+    auto it = current->by_id.find(id);
+    return it == current->by_id.end() ? nullptr : &current->handlers[it->second];
+}
+
+int catalog_routes_for(const char* topic, const RouteTarget** targets) {
+    ensure_fresh();
+    const std::vector<RouteTarget>* found = nullptr;
+    char err[kErrLen];
+    bool ok = run_core(
+        [&](std::string*) {
+            Catalog* cat = current;
+            auto it = cat->by_topic.find(topic);
+            if (it == cat->by_topic.end()) {
+                // Per handler, the most specific matching route decides the wire name.
+                std::unordered_map<int32, const Route*> best;
+                for (const Route& r : cat->routes) {
+                    if (!core::topic_matches(r.pattern, topic)) continue;
+                    auto [pos, inserted] = best.emplace(r.handler_id, &r);
+                    if (!inserted) {
+                        const Route* b = pos->second;
+                        if (r.specificity < b->specificity ||
+                            (r.specificity == b->specificity && r.pattern < b->pattern))
+                            pos->second = &r;
+                    }
+                }
+                std::vector<RouteTarget> out;
+                out.reserve(best.size());
+                for (auto& [hid, r] : best)
+                    out.push_back(RouteTarget{hid, r->has_wire ? r->wire.c_str() : nullptr});
+                std::sort(out.begin(), out.end(), [](const RouteTarget& a, const RouteTarget& b) {
+                    return a.handler_id < b.handler_id;
+                });
+                if (cat->by_topic.size() >= kMaxMemoTopics) cat->by_topic.clear();
+                it = cat->by_topic.emplace(topic, std::move(out)).first;
+            }
+            found = &it->second;
+            return true;
+        },
+        err);
+    if (!ok)
+        ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("relaybus routing failed: %s", err)));
+    *targets = found->empty() ? nullptr : found->data();
+    return static_cast<int>(found->size());
+}
+
+void catalog_changed_in_this_transaction() {
+    changed_here = true;
+    bump_at_commit = true;
+}
+
+void catalog_at_xact_end(bool commit) {
+    if (bump_at_commit && commit && shared != nullptr)
+        pg_atomic_fetch_add_u64(&shared->catalog_generation, 1);
+    // After a rollback the cache may hold this transaction's uncommitted view.
+    if (changed_here) loaded_generation = 0;
+    changed_here = false;
+    bump_at_commit = false;
+}
+
+}  // namespace relaybus::pg

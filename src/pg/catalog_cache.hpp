@@ -1,0 +1,35 @@
+// Backend-local cache of handlers and routes.
+//
+// Publishing must not read relay.handlers and relay.routes on every call. The
+// cache is rebuilt when the shared catalog generation moves (bumped at the
+// commit of any change to those tables, by a statement trigger), when this
+// backend changed them itself, or when the relay schema was recreated.
+#pragma once
+
+#include "core/handler_config.hpp"
+#include "pg/pg_includes.hpp"
+
+namespace relaybus::pg {
+
+struct HandlerEntry {
+    int32 id;
+    char name[NAMEDATALEN];
+    core::HandlerKind kind;
+    core::HandlerOptions options;
+};
+
+struct RouteTarget {
+    int32 handler_id;
+    const char* wire_name;  // nullptr: the handler sees the topic itself
+};
+
+// Pointers stay valid until the next call of any catalog_* function.
+const HandlerEntry* catalog_handler_by_name(const char* name);
+const HandlerEntry* catalog_handler_by_id(int32 id);
+int catalog_routes_for(const char* topic, const RouteTarget** targets);
+
+// Called by the statement trigger on relay.handlers and relay.routes.
+void catalog_changed_in_this_transaction();
+void catalog_at_xact_end(bool commit);
+
+}  // namespace relaybus::pg

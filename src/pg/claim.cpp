@@ -1,0 +1,295 @@
+// relay_claim: lease ready deliveries of a pull handler and return them.
+//
+// 1. Scan: read a window of the oldest rows of each priority class (one
+//    statement, four index ranges) with a fresh snapshot.
+// 2. Plan (core): merge the classes by aged priority, take keys' heads (and up
+//    to per_key of a key's run), skip keys whose head is leased or not ready.
+// 3. Lease the chosen ids in shared memory (no row is written).
+// 4. Fetch them again with a snapshot taken after leasing and keep only rows
+//    that are still there, ready, and whose earlier deliveries of the key are
+//    gone or in this claim. This is the fence against a concurrent ack/nack that
+//    the first snapshot did not see.
+
+#include <algorithm>
+#include <array>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/claim_planner.hpp"
+#include "pg/catalog_cache.hpp"
+#include "pg/guard.hpp"
+#include "pg/leases.hpp"
+#include "pg/pg_includes.hpp"
+#include "pg/settings.hpp"
+#include "pg/spi_support.hpp"
+
+extern "C" {
+PG_FUNCTION_INFO_V1(relay_claim);
+}
+
+namespace relaybus::pg {
+
+#define CLASS_SCAN(p)                                                                 \
+    "(SELECT id, priority, key, not_before FROM relay.deliveries"                     \
+    " WHERE handler_id = $1 AND priority = " #p " ORDER BY id LIMIT $2)"
+
+static SavedPlan scan_plan = {
+    "SELECT id, priority, key, not_before FROM (" CLASS_SCAN(3) " UNION ALL " CLASS_SCAN(2)
+    " UNION ALL " CLASS_SCAN(1) " UNION ALL " CLASS_SCAN(0) ") s",
+    2,
+    {INT4OID, INT4OID},
+    nullptr};
+
+static SavedPlan fetch_plan = {
+    "SELECT d.id, d.event_id, coalesce(d.wire_topic, d.topic), d.key, d.seq, d.payload, d.headers,"
+    "       d.attempt + 1, d.priority::int4, d.published_at,"
+    "       (d.not_before <= $3 AND (d.key IS NULL OR NOT EXISTS ("
+    "          SELECT 1 FROM relay.deliveries p"
+    "           WHERE p.handler_id = $2 AND p.key = d.key AND p.seq < d.seq"
+    "             AND p.id <> ALL ($1)))) AS valid"
+    "  FROM relay.deliveries d WHERE d.id = ANY ($1) AND d.handler_id = $2",
+    3,
+    {INT8ARRAYOID, INT4OID, TIMESTAMPTZOID},
+    nullptr};
+
+constexpr int kFetchColumns = 10;  // columns handed to the caller
+
+static int cmp_int64(const void* a, const void* b) {
+    int64 x = *static_cast<const int64*>(a), y = *static_cast<const int64*>(b);
+    return x < y ? -1 : (x > y ? 1 : 0);
+}
+
+struct ScannedRows {
+    int n;
+    int64* ids;
+    int* priority;
+    char** keys;  // nullptr = unkeyed
+    int64* ready_at_ms;
+    bool* leased;
+    bool truncated[4];
+};
+
+static void scan(int32 handler_id, int window, TimestampTz now, ScannedRows* out) {
+    Datum values[2] = {Int32GetDatum(handler_id), Int32GetDatum(window)};
+    spi_exec_latest(&scan_plan, values, nullptr, true, 0);
+    int n = static_cast<int>(SPI_processed);
+    out->n = n;
+    out->ids = static_cast<int64*>(palloc(sizeof(int64) * (n + 1)));
+    out->priority = static_cast<int*>(palloc(sizeof(int) * (n + 1)));
+    out->keys = static_cast<char**>(palloc(sizeof(char*) * (n + 1)));
+    out->ready_at_ms = static_cast<int64*>(palloc(sizeof(int64) * (n + 1)));
+    out->leased = static_cast<bool*>(palloc(sizeof(bool) * (n + 1)));
+    int per_class[4] = {0, 0, 0, 0};
+    for (int i = 0; i < n; i++) {
+        bool isnull = false;
+        out->ids[i] = DatumGetInt64(spi_col(i, 1, &isnull));
+        out->priority[i] = DatumGetInt16(spi_col(i, 2, &isnull));
+        out->keys[i] = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 3);
+        out->ready_at_ms[i] = timestamptz_to_epoch_ms(DatumGetTimestampTz(spi_col(i, 4, &isnull)));
+        if (out->priority[i] >= 0 && out->priority[i] <= 3) per_class[out->priority[i]]++;
+    }
+    for (int p = 0; p < 4; p++) out->truncated[p] = per_class[p] >= window;
+    leases_lookup(out->ids, n, now, out->leased);
+}
+
+// The core's plan for the scanned rows: chosen ids into `chosen`, returns count.
+static int plan(const ScannedRows& rows, int max, int per_key, int64 now_ms, bool* may_have_more,
+                int64* chosen) {
+    int count = 0;
+    char err[kErrLen];
+    bool ok = run_core(
+        [&](std::string*) {
+            std::array<std::vector<core::ClaimRow>, 4> streams;
+            for (int i = 0; i < rows.n; i++) {
+                int p = std::clamp(rows.priority[i], 0, 3);
+                core::ClaimRow r;
+                r.id = rows.ids[i];
+                r.priority = p;
+                r.has_key = rows.keys[i] != nullptr;
+                if (r.has_key) r.key = rows.keys[i];
+                r.ready_at_ms = rows.ready_at_ms[i];
+                r.leased = rows.leased[i];
+                streams[p].push_back(std::move(r));
+            }
+            std::array<bool, 4> truncated = {rows.truncated[0], rows.truncated[1],
+                                             rows.truncated[2], rows.truncated[3]};
+            core::ClaimLimits lim;
+            lim.max = max;
+            lim.per_key = per_key;
+            core::ClaimPlan result =
+                core::plan_claim(streams, truncated, lim, now_ms, guc_priority_aging_ms);
+            *may_have_more = result.may_have_more;
+            for (int64_t id : result.ids) {
+                if (count >= max) break;
+                chosen[count++] = id;
+            }
+            return true;
+        },
+        err);
+    if (!ok) ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("relaybus claim planning failed: %s", err)));
+    return count;
+}
+
+// After the fetch: which of the leased rows to hand over, in order. Fills
+// order[] with row numbers of SPI_tuptable; returns how many.
+static int finalize(const int64* leased_ids, const bool* got, int nleased, int* order) {
+    int nrows = static_cast<int>(SPI_processed);
+    // Row data needed by the core, copied out of SPI first.
+    int64* row_id = static_cast<int64*>(palloc(sizeof(int64) * (nrows + 1)));
+    char** row_key = static_cast<char**>(palloc(sizeof(char*) * (nrows + 1)));
+    int64* row_seq = static_cast<int64*>(palloc(sizeof(int64) * (nrows + 1)));
+    bool* row_valid = static_cast<bool*>(palloc(sizeof(bool) * (nrows + 1)));
+    for (int r = 0; r < nrows; r++) {
+        bool isnull = false;
+        row_id[r] = DatumGetInt64(spi_col(r, 1, &isnull));
+        row_key[r] = SPI_getvalue(SPI_tuptable->vals[r], SPI_tuptable->tupdesc, 4);
+        Datum s = spi_col(r, 5, &isnull);
+        row_seq[r] = isnull ? 0 : DatumGetInt64(s);
+        Datum v = spi_col(r, kFetchColumns + 1, &isnull);
+        row_valid[r] = !isnull && DatumGetBool(v);
+    }
+    int count = 0;
+    char err[kErrLen];
+    bool ok = run_core(
+        [&](std::string*) {
+            std::unordered_map<int64_t, int> row_of;
+            for (int r = 0; r < nrows; r++) row_of[row_id[r]] = r;
+            // Keys of rows we could not lease are known only from the plan; a
+            // lost lease invalidates its key for the rest of this claim.
+            std::vector<core::CheckedRow> checked;
+            checked.reserve(nleased);
+            for (int i = 0; i < nleased; i++) {
+                auto it = row_of.find(leased_ids[i]);
+                core::CheckedRow c;
+                c.id = leased_ids[i];
+                c.present = it != row_of.end();
+                c.has_key = c.present && row_key[it->second] != nullptr;
+                if (c.has_key) c.key = row_key[it->second];
+                c.valid = c.present && got[i] && row_valid[it->second];
+                checked.push_back(std::move(c));
+            }
+            std::vector<int64_t> final_ids = core::finalize_claim(checked);
+            // Hand-over order: keys in the order they were chosen, each key by seq.
+            std::unordered_map<std::string, int> key_rank;
+            struct Out {
+                int rank;
+                int64 seq;
+                int pos;
+                int row;
+            };
+            std::vector<Out> outs;
+            for (size_t i = 0; i < final_ids.size(); i++) {
+                int r = row_of.at(final_ids[i]);
+                int rank = static_cast<int>(i);
+                if (row_key[r] != nullptr) rank = key_rank.emplace(row_key[r], static_cast<int>(i)).first->second;
+                outs.push_back(Out{rank, row_seq[r], static_cast<int>(i), r});
+            }
+            std::stable_sort(outs.begin(), outs.end(), [](const Out& a, const Out& b) {
+                if (a.rank != b.rank) return a.rank < b.rank;
+                return a.seq < b.seq;
+            });
+            for (const Out& o : outs) order[count++] = o.row;
+            return true;
+        },
+        err);
+    if (!ok) ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("relaybus claim check failed: %s", err)));
+    return count;
+}
+
+}  // namespace relaybus::pg
+
+using namespace relaybus;
+using namespace relaybus::pg;
+
+extern "C" Datum relay_claim(PG_FUNCTION_ARGS) {
+    if (PG_ARGISNULL(0))
+        ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("handler must not be NULL")));
+    char* name = text_arg(fcinfo, 0, nullptr);
+    if (PG_ARGISNULL(1))
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("max must be between 1 and 10000, not NULL")));
+    int max = PG_GETARG_INT32(1);
+    if (max < 1 || max > 10000)
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("max must be between 1 and 10000, not %d", max)));
+    int per_key = PG_ARGISNULL(3) ? 1 : PG_GETARG_INT32(3);
+    if (per_key < 1 || per_key > 10000)
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("per_key must be between 1 and 10000, not %d", per_key)));
+
+    const HandlerEntry* h = catalog_handler_by_name(name);
+    if (h == nullptr)
+        ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT), errmsg("handler \"%s\" does not exist", name)));
+    if (h->kind != core::HandlerKind::Pull)
+        ereport(ERROR, (errcode(ERRCODE_WRONG_OBJECT_TYPE),
+                        errmsg("handler \"%s\" is not a pull handler", name),
+                        errdetail("It is a %s handler; its deliveries are handed over by the background workers.",
+                                  core::handler_kind_name(h->kind))));
+    int32 handler_id = h->id;
+    int64 lease_ms = h->options.lease_ms;
+    if (!PG_ARGISNULL(2)) {
+        lease_ms = interval_to_ms(PG_GETARG_INTERVAL_P(2));
+        if (lease_ms < 1000 || lease_ms > 86400000LL)
+            ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                            errmsg("lease must be between 1 second and 1 day")));
+    }
+
+    InitMaterializedSRF(fcinfo, 0);
+    auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+
+    TimestampTz now = GetCurrentTimestamp();
+    int64 now_ms = timestamptz_to_epoch_ms(now);
+    TimestampTz until = TimestampTzPlusMilliseconds(now, lease_ms);
+
+    SpiScope scope;
+    spi_begin(&scope);
+
+    // Widen the window while the plan is short and a class may hold more.
+    int window = std::max(64, std::min(max * 4, guc_claim_scan_limit / 4));
+    int64* chosen = static_cast<int64*>(palloc(sizeof(int64) * (max + 1)));
+    int nchosen = 0;
+    for (;;) {
+        ScannedRows rows;
+        scan(handler_id, window, now, &rows);
+        bool more = false;
+        nchosen = plan(rows, max, per_key, now_ms, &more, chosen);
+        if (nchosen >= max || !more || window * 4 >= guc_claim_scan_limit) break;
+        window = std::min(window * 4, guc_claim_scan_limit / 4 + 1);
+    }
+
+    if (nchosen > 0) {
+        bool* got = static_cast<bool*>(palloc(sizeof(bool) * nchosen));
+        leases_acquire(chosen, nchosen, handler_id, now, until, got);
+        Datum* id_datums = static_cast<Datum*>(palloc(sizeof(Datum) * nchosen));
+        for (int i = 0; i < nchosen; i++) id_datums[i] = Int64GetDatum(chosen[i]);
+        Datum values[3] = {
+            PointerGetDatum(construct_array(id_datums, nchosen, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
+            Int32GetDatum(handler_id), TimestampTzGetDatum(now)};
+        spi_exec_latest(&fetch_plan, values, nullptr, true, 0);
+
+        int* order = static_cast<int*>(palloc(sizeof(int) * (nchosen + 1)));
+        int nout = finalize(chosen, got, nchosen, order);
+
+        // Leases taken for rows that are not handed over go back at once.
+        int64* kept = static_cast<int64*>(palloc(sizeof(int64) * (nout + 1)));
+        for (int i = 0; i < nout; i++) kept[i] = spi_int64(order[i], 1);
+        qsort(kept, nout, sizeof(int64), cmp_int64);
+        int64* give_back = static_cast<int64*>(palloc(sizeof(int64) * nchosen));
+        int ngive = 0;
+        for (int i = 0; i < nchosen; i++)
+            if (got[i] && bsearch(&chosen[i], kept, nout, sizeof(int64), cmp_int64) == nullptr)
+                give_back[ngive++] = chosen[i];
+        leases_release(give_back, ngive);
+
+        for (int i = 0; i < nout; i++) {
+            Datum out[kFetchColumns + 1];
+            bool nulls[kFetchColumns + 1];
+            for (int c = 0; c < kFetchColumns; c++) out[c] = spi_col(order[i], c + 1, &nulls[c]);
+            out[kFetchColumns] = TimestampTzGetDatum(until);
+            nulls[kFetchColumns] = false;
+            tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, out, nulls);
+        }
+    }
+    spi_end(&scope);
+    return (Datum)0;
+}

@@ -1,0 +1,155 @@
+// relay_ack and relay_nack: the end of a delivery attempt.
+//
+// Success deletes the row (the only write of the happy path besides the
+// publish INSERT). Failure updates it with the attempt count, the error and
+// the backoff, or moves it to relay.dead_letters after max_attempts. Leases
+// are given back when the completing transaction commits.
+
+#include <string>
+
+#include "core/backoff.hpp"
+#include "pg/catalog_cache.hpp"
+#include "pg/guard.hpp"
+#include "pg/leases.hpp"
+#include "pg/pg_includes.hpp"
+#include "pg/spi_support.hpp"
+
+extern "C" {
+#include "common/pg_prng.h"
+PG_FUNCTION_INFO_V1(relay_ack);
+PG_FUNCTION_INFO_V1(relay_nack);
+}
+
+namespace relaybus::pg {
+
+static SavedPlan ack_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1) RETURNING id", 1,
+                             {INT8ARRAYOID}, nullptr};
+
+static SavedPlan attempt_plan = {
+    "SELECT handler_id, attempt FROM relay.deliveries WHERE id = $1", 1, {INT8OID}, nullptr};
+
+static SavedPlan retry_plan = {
+    "UPDATE relay.deliveries SET attempt = attempt + 1, last_error = $2, not_before = $3"
+    " WHERE id = $1",
+    3,
+    {INT8OID, TEXTOID, TIMESTAMPTZOID},
+    nullptr};
+
+static SavedPlan dead_plan = {
+    "WITH d AS (DELETE FROM relay.deliveries WHERE id = $1 RETURNING *)"
+    " INSERT INTO relay.dead_letters (id, event_id, seq, published_at, handler_id, attempts, lane,"
+    "   priority, handler, topic, wire_topic, key, payload, headers, last_error, last_status)"
+    " SELECT d.id, d.event_id, d.seq, d.published_at, d.handler_id, d.attempt + 1, d.lane,"
+    "        d.priority, $2, d.topic, d.wire_topic, d.key, d.payload, d.headers, $3, $4 FROM d",
+    4,
+    {INT8OID, TEXTOID, TEXTOID, INT4OID},
+    nullptr};
+
+static const core::HandlerOptions kDefaultOptions;
+
+static int cmp_int64(const void* a, const void* b) {
+    int64 x = *static_cast<const int64*>(a), y = *static_cast<const int64*>(b);
+    return x < y ? -1 : (x > y ? 1 : 0);
+}
+
+}  // namespace relaybus::pg
+
+using namespace relaybus;
+using namespace relaybus::pg;
+
+extern "C" Datum relay_ack(PG_FUNCTION_ARGS) {
+    if (PG_ARGISNULL(0))
+        ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("ids must not be NULL")));
+    ArrayType* arr = PG_GETARG_ARRAYTYPE_P(0);
+    Datum* elems;
+    bool* nulls;
+    int n;
+    deconstruct_array(arr, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &elems, &nulls, &n);
+    if (n == 0) PG_RETURN_INT32(0);
+    int64* ids = static_cast<int64*>(palloc(sizeof(int64) * n));
+    for (int i = 0; i < n; i++) {
+        if (nulls[i])
+            ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+                            errmsg("ids[%d] must not be NULL", i + 1)));
+        ids[i] = DatumGetInt64(elems[i]);
+    }
+    qsort(ids, n, sizeof(int64), cmp_int64);
+    int unique = 0;
+    for (int i = 0; i < n; i++)
+        if (unique == 0 || ids[unique - 1] != ids[i]) ids[unique++] = ids[i];
+
+    SpiScope scope;
+    spi_begin(&scope);
+    Datum* id_datums = static_cast<Datum*>(palloc(sizeof(Datum) * unique));
+    for (int i = 0; i < unique; i++) id_datums[i] = Int64GetDatum(ids[i]);
+    Datum arg = PointerGetDatum(construct_array(id_datums, unique, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+    spi_exec_latest(&ack_plan, &arg, nullptr, false, 0);
+    int deleted = static_cast<int>(SPI_processed);
+    if (deleted != unique) {
+        int64* done = static_cast<int64*>(palloc(sizeof(int64) * (deleted + 1)));
+        for (int i = 0; i < deleted; i++) done[i] = spi_int64(i, 1);
+        qsort(done, deleted, sizeof(int64), cmp_int64);
+        for (int i = 0; i < unique; i++)
+            if (bsearch(&ids[i], done, deleted, sizeof(int64), cmp_int64) == nullptr)
+                ereport(ERROR, (errcode(ERRCODE_NO_DATA_FOUND),
+                                errmsg("delivery %lld does not exist", static_cast<long long>(ids[i])),
+                                errdetail("It was acked or dead-lettered already, or never existed; nothing was acked."),
+                                errhint("If your lease ran out, another consumer may have handled it.")));
+    }
+    spi_end(&scope);
+    for (int i = 0; i < unique; i++) leases_release_at_commit(ids[i]);
+    PG_RETURN_INT32(deleted);
+}
+
+extern "C" Datum relay_nack(PG_FUNCTION_ARGS) {
+    if (PG_ARGISNULL(0))
+        ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("id must not be NULL")));
+    int64 id = PG_GETARG_INT64(0);
+    Datum error = PG_ARGISNULL(1) ? (Datum)0 : PG_GETARG_DATUM(1);
+    int64 retry_in_ms = -1;
+    if (!PG_ARGISNULL(2)) {
+        retry_in_ms = interval_to_ms(PG_GETARG_INTERVAL_P(2));
+        if (retry_in_ms < 0)
+            ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("retry_in must not be negative")));
+    }
+
+    SpiScope scope;
+    spi_begin(&scope);
+    Datum idd = Int64GetDatum(id);
+    spi_exec_latest(&attempt_plan, &idd, nullptr, true, 1);
+    if (SPI_processed == 0)
+        ereport(ERROR, (errcode(ERRCODE_NO_DATA_FOUND),
+                        errmsg("delivery %lld does not exist", static_cast<long long>(id))));
+    bool isnull = false;
+    int32 handler_id = DatumGetInt32(spi_col(0, 1, &isnull));
+    int32 attempt = DatumGetInt32(spi_col(0, 2, &isnull));
+
+    // Plain copies: no C++ object with a destructor may live across PostgreSQL calls.
+    const HandlerEntry* h = catalog_handler_by_id(handler_id);
+    const core::HandlerOptions& opts = h != nullptr ? h->options : kDefaultOptions;
+    int max_attempts = opts.max_attempts;
+    core::BackoffPolicy policy = opts.backoff();
+    int attempts_now = attempt + 1;
+    const char* outcome;
+    if (attempts_now >= max_attempts) {
+        Datum values[4] = {idd, CStringGetTextDatum(h != nullptr ? h->name : "?"), error, (Datum)0};
+        char nulls[5] = "   n";
+        if (error == (Datum)0) nulls[2] = 'n';
+        spi_exec_latest(&dead_plan, values, nulls, false, 0);
+        outcome = "dead";
+    } else {
+        int64 delay_ms = retry_in_ms >= 0
+                             ? retry_in_ms
+                             : core::backoff_delay_ms(policy, attempts_now,
+                                                      pg_prng_uint64(&pg_global_prng_state));
+        TimestampTz when = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), delay_ms);
+        Datum values[3] = {idd, error, TimestampTzGetDatum(when)};
+        char nulls[4] = "   ";
+        if (error == (Datum)0) nulls[1] = 'n';
+        spi_exec_latest(&retry_plan, values, nulls, false, 0);
+        outcome = "retry";
+    }
+    spi_end(&scope);
+    leases_release_at_commit(id);
+    PG_RETURN_TEXT_P(cstring_to_text(outcome));
+}

@@ -1,0 +1,91 @@
+#include "pg/spi_support.hpp"
+
+extern "C" {
+#include "catalog/pg_namespace.h"
+#include "datatype/timestamp.h"
+}
+
+namespace relaybus::pg {
+
+static Oid relay_schema_owner() {
+    Oid nsp = get_namespace_oid("relay", true);
+    if (!OidIsValid(nsp))
+        ereport(ERROR, (errcode(ERRCODE_UNDEFINED_SCHEMA),
+                        errmsg("schema \"relay\" does not exist"),
+                        errhint("Run CREATE EXTENSION relaybus in this database.")));
+    HeapTuple tup = SearchSysCache1(NAMESPACEOID, ObjectIdGetDatum(nsp));
+    if (!HeapTupleIsValid(tup)) elog(ERROR, "cache lookup failed for namespace %u", nsp);
+    Oid owner = reinterpret_cast<Form_pg_namespace>(GETSTRUCT(tup))->nspowner;
+    ReleaseSysCache(tup);
+    return owner;
+}
+
+static OverrideSearchPath catalog_only_path = {NIL, true, false, 0};
+
+void spi_begin(SpiScope* scope) {
+    Oid owner = relay_schema_owner();
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "relaybus: SPI_connect failed");
+    GetUserIdAndSecContext(&scope->saved_user, &scope->saved_sec_context);
+    SetUserIdAndSecContext(owner, scope->saved_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+    PushOverrideSearchPath(&catalog_only_path);
+}
+
+void spi_end(SpiScope* scope) {
+    PopOverrideSearchPath();
+    SetUserIdAndSecContext(scope->saved_user, scope->saved_sec_context);
+    SPI_finish();
+}
+
+SPIPlanPtr plan_of(SavedPlan* p) {
+    if (p->plan == nullptr) {
+        SPIPlanPtr plan = SPI_prepare(p->sql, p->nargs, p->argtypes);
+        if (plan == nullptr)
+            elog(ERROR, "relaybus: could not prepare statement: %s", SPI_result_code_string(SPI_result));
+        if (SPI_keepplan(plan) != 0) elog(ERROR, "relaybus: SPI_keepplan failed");
+        p->plan = plan;
+    }
+    return p->plan;
+}
+
+static int check(int rc, const SavedPlan* p) {
+    if (rc < 0) elog(ERROR, "relaybus: statement failed (%s): %s", SPI_result_code_string(rc), p->sql);
+    return rc;
+}
+
+int spi_exec_latest(SavedPlan* p, Datum* values, const char* nulls, bool read_only, long tcount) {
+    return check(SPI_execute_snapshot(plan_of(p), values, nulls, GetLatestSnapshot(),
+                                      InvalidSnapshot, read_only, true, tcount),
+                 p);
+}
+
+int spi_exec(SavedPlan* p, Datum* values, const char* nulls, bool read_only, long tcount) {
+    return check(SPI_execute_plan(plan_of(p), values, nulls, read_only, tcount), p);
+}
+
+Datum spi_col(int row, int col, bool* isnull) {
+    return SPI_getbinval(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, col, isnull);
+}
+
+int64 spi_int64(int row, int col) {
+    bool isnull = false;
+    Datum d = spi_col(row, col, &isnull);
+    return isnull ? 0 : DatumGetInt64(d);
+}
+
+char* text_arg(FunctionCallInfo fcinfo, int argno, int* len) {
+    text* t = PG_GETARG_TEXT_PP(argno);
+    if (len != nullptr) *len = VARSIZE_ANY_EXHDR(t);
+    return text_to_cstring(t);
+}
+
+int64 interval_to_ms(const Interval* iv) {
+    // Months count as 30 days, as PostgreSQL's interval comparison does.
+    return iv->time / 1000 + static_cast<int64>(iv->day) * 86400000LL +
+           static_cast<int64>(iv->month) * 30LL * 86400000LL;
+}
+
+int64 timestamptz_to_epoch_ms(TimestampTz t) {
+    return (t / 1000) + (static_cast<int64>(POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * 86400000LL);
+}
+
+}  // namespace relaybus::pg

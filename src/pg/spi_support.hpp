@@ -1,0 +1,44 @@
+// Running relaybus's own statements: as the extension owner, with a search_path
+// of pg_catalog only (every relaybus object is schema-qualified), through plans
+// prepared once per backend.
+#pragma once
+
+#include "pg/pg_includes.hpp"
+
+namespace relaybus::pg {
+
+// A statement prepared on first use and kept for the life of the backend.
+struct SavedPlan {
+    const char* sql;
+    int nargs;
+    Oid argtypes[16];
+    SPIPlanPtr plan;
+};
+
+// Opens SPI and switches to the owner of schema relay until spi_end().
+struct SpiScope {
+    Oid saved_user;
+    int saved_sec_context;
+};
+void spi_begin(SpiScope* scope);
+void spi_end(SpiScope* scope);
+
+SPIPlanPtr plan_of(SavedPlan* p);
+
+// Executes with a fresh snapshot, so relaybus sees the latest committed state
+// even inside a REPEATABLE READ or SERIALIZABLE caller.
+int spi_exec_latest(SavedPlan* p, Datum* values, const char* nulls, bool read_only, long tcount);
+// Executes with the caller's statement snapshot.
+int spi_exec(SavedPlan* p, Datum* values, const char* nulls, bool read_only, long tcount);
+
+// Column helpers for SPI_tuptable rows (1-based columns).
+Datum spi_col(int row, int col, bool* isnull);
+int64 spi_int64(int row, int col);
+
+// "name" of a text argument as a NUL-terminated palloc'd string, with its length.
+char* text_arg(FunctionCallInfo fcinfo, int argno, int* len);
+
+int64 interval_to_ms(const Interval* iv);
+int64 timestamptz_to_epoch_ms(TimestampTz t);
+
+}  // namespace relaybus::pg
