@@ -1,0 +1,339 @@
+#!/usr/bin/env bash
+# Runs every relaybus test suite and prints, as its very last line,
+#     N passed, N failed
+# (the sum over all suites). Exits non-zero if anything failed or a suite could
+# not run: a suite that cannot run counts as one failure, never as skipped.
+#
+# Steps: install deps, make + make install (top-level PGXS Makefile), core unit
+# tests (make -C test/core check, GoogleTest), a throwaway cluster
+# (test/cluster.sh), pg_regress + isolation (make installcheck), pgTAP
+# (pg_prove in database relay_tap), and every executable test/integration/*.sh.
+#
+# Environment: JOBS (parallel make, default nproc), RELAYBUS_SUITE_TIMEOUT
+# (seconds per suite, default 1800), RELAYBUS_INTEGRATION_TIMEOUT (seconds per
+# integration script, default 1200), RELAYBUS_KEEP_CLUSTER=1 (do not destroy the
+# cluster at the end), plus test/cluster.sh's variables.
+#
+# Parser self-test:  test/run_all.sh --parse {gtest|regress|tap|plain} LOGFILE [RC]
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+
+# ---------------------------------------------------------------- parsers
+# Each reads a captured log and prints "PASSED FAILED".
+
+# GoogleTest: "[  PASSED  ] N test(s)." and "[  FAILED  ] N test(s), listed below:",
+# summed over binaries. A binary that died before its summary: count its
+# "[       OK ]" lines as passed and its unfinished "[ RUN      ]" as failed.
+parse_gtest() {
+    awk '
+        /^\[  PASSED  \] [0-9]+ tests?\./                { p += $4; s = 1 }
+        /^\[  FAILED  \] [0-9]+ tests?, listed below/     { f += $4; s = 1 }
+        /^\[ RUN      \] /                                { run++ }
+        /^\[       OK \] /                                { ok++ }
+        END {
+            if (s) print p + 0, f + 0
+            else   print ok + 0, (run - ok > 0 ? run - ok : 0)
+        }' "$1"
+}
+
+# pg_regress / pg_isolation_regress (PostgreSQL 15) summaries:
+#   " All N tests passed. "
+#   " P of N tests passed, I failed test(s) ignored. "
+#   " F of N tests failed. "
+#   " F of N tests failed, I of these failures ignored. "
+# Without a summary (pg_regress aborted), count the per-test "... ok" / "... FAILED" lines.
+parse_regress() {
+    awk '
+        /^ All [0-9]+ tests passed\./                                      { p += $2; s = 1 }
+        /^ [0-9]+ of [0-9]+ tests passed, [0-9]+ failed test\(s\) ignored/ { p += $1; s = 1 }
+        /^ [0-9]+ of [0-9]+ tests failed\./                                { f += $1; p += $3 - $1; s = 1 }
+        /^ [0-9]+ of [0-9]+ tests failed, [0-9]+ of these failures ignored/ { f += $1 - $6; p += $3 - $1; s = 1 }
+        / \.\.\. ok( |$)/                                                   { tok++ }
+        / \.\.\. FAILED/                                                    { tfail++ }
+        END {
+            if (s) print p + 0, f + 0
+            else   print tok + 0, tfail + 0
+        }' "$1"
+}
+
+# pg_prove (TAP::Harness): "Files=F, Tests=T" counts the assertions that ran;
+# the summary report's "(... Tests: T Failed: F)" the ones that failed. Per file,
+# "Failed X/Y subtests" counts failed plus planned-but-not-run assertions;
+# "No subtests run" (died before its plan) and "Dubious" + "All N subtests
+# passed" (non-zero exit) count as one failure each.
+parse_tap() {
+    awk '
+        /^Files=[0-9]+, Tests=[0-9]+/ {
+            t = $2; sub(/^Tests=/, "", t); sub(/,$/, "", t); total += t; s = 1
+        }
+        /\(Wstat: .* Failed: [0-9]+\)/ {
+            x = $0; sub(/.*Failed: /, "", x); sub(/\).*/, "", x); fa += x
+        }
+        /^Dubious, test returned/                  { dub = 1 }
+        /^Failed [0-9]+\/[0-9]+ subtests/          { split($2, a, "/"); f += a[1]; dub = 0 }
+        /^No subtests run/                         { f += 1; dub = 0 }
+        /^All [0-9]+ subtests passed/              { if (dub) f += 1; dub = 0 }
+        /^Result: FAIL/                            { rfail = 1 }
+        END {
+            if (!s) { print 0, 0; exit }
+            if (rfail && f == 0) f = 1
+            print total - fa, f + 0
+        }' "$1"
+}
+
+# An integration script's own last "N passed, N failed" line (one word and a
+# colon may stand before it; ", N skipped" may follow).
+parse_plain() {
+    local line
+    line=$(grep -E '^([^ ]+: )?[0-9]+ passed, [0-9]+ failed(, [0-9]+ skipped)?[[:space:]]*$' "$1" | tail -n 1)
+    if [[ -z "$line" ]]; then
+        echo "0 0"
+        return
+    fi
+    line=${line#*: }
+    awk '{ print $1 + 0, $3 + 0 }' <<<"$line"
+}
+
+if [[ "${1:-}" == --parse ]]; then
+    (($# >= 3)) || { echo "usage: $0 --parse {gtest|regress|tap|plain} LOGFILE [RC]" >&2; exit 2; }
+    read -r p f < <("parse_$2" "$3")
+    rc=${4:-0}
+    if ((rc != 0 && f == 0)); then f=1; fi
+    if ((p + f == 0)); then f=1; fi
+    echo "$p passed, $f failed"
+    exit 0
+fi
+
+# ---------------------------------------------------------------- bookkeeping
+cd "$ROOT" || exit 1
+LOGDIR=$(mktemp -d /tmp/relaybus-run.XXXXXX)
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+SUITE_TIMEOUT=${RELAYBUS_SUITE_TIMEOUT:-1800}
+INTEGRATION_TIMEOUT=${RELAYBUS_INTEGRATION_TIMEOUT:-1200}
+TOTAL_PASSED=0
+TOTAL_FAILED=0
+SUMMARY=()
+CLUSTER_DIR=
+CLUSTER_OK=no
+BUILD_OK=no
+
+CHILD=
+RC=0
+
+# run_logged LIMIT LOG CMD...: runs CMD under a time limit with its output in LOG,
+# shown live; sets RC. In the background, so that a signal reaches our trap at
+# once (which then stops CMD's whole process group through timeout).
+run_logged() {
+    local limit=$1 log=$2 tailpid
+    shift 2
+    : >"$log"
+    timeout -k 30 "$limit" "$@" </dev/null >"$log" 2>&1 &
+    CHILD=$!
+    tail -n +1 -s 0.2 -f --pid="$CHILD" "$log" &
+    tailpid=$!
+    wait "$CHILD"
+    RC=$?
+    CHILD=
+    wait "$tailpid" 2>/dev/null
+    return 0
+}
+
+banner() { printf '\n======== %s ========\n' "$*"; }
+
+# record NAME PASSED FAILED [NOTE]
+record() {
+    local line="suite $1: $2 passed, $3 failed${4:+ ($4)}"
+    TOTAL_PASSED=$((TOTAL_PASSED + $2))
+    TOTAL_FAILED=$((TOTAL_FAILED + $3))
+    SUMMARY+=("$line")
+    echo "$line"
+}
+
+# A setup step: ok, or one failure.
+step() {
+    local name=$1
+    shift
+    banner "step $name: $*"
+    run_logged "$SUITE_TIMEOUT" "$LOGDIR/step-$name.log" "$@"
+    if ((RC == 0)); then
+        SUMMARY+=("step $name: ok")
+        echo "step $name: ok"
+        return 0
+    fi
+    SUMMARY+=("step $name: FAILED")
+    echo "step $name: FAILED"
+    TOTAL_FAILED=$((TOTAL_FAILED + 1))
+    return 1
+}
+
+# run_suite NAME PARSER TIMEOUT CMD...: runs CMD with output shown and logged,
+# parses the log, records the counts. A non-zero exit with no failure counted,
+# or a run that counted nothing, is one failure.
+run_suite() {
+    local name=$1 parser=$2 limit=$3 log rc p f note=
+    shift 3
+    log="$LOGDIR/$(tr '/ ' '__' <<<"$name").log"
+    banner "suite $name: $*"
+    run_logged "$limit" "$log" "$@"
+    rc=$RC
+    read -r p f < <("parse_$parser" "$log")
+    if ((rc == 124 || rc == 137)); then
+        note="timed out after ${limit}s"
+    elif ((rc != 0)); then
+        note="exit code $rc"
+    fi
+    if ((rc != 0 && f == 0)); then f=1; fi
+    if ((p + f == 0)); then
+        f=1
+        note="${note:+$note, }no test ran"
+    fi
+    record "$name" "$p" "$f" "$note"
+    LAST_LOG=$log
+    LAST_FAILED=$f
+}
+
+# Print the diffs named by pg_regress ("... can be viewed in the file "X"."),
+# else the first existing of the candidates given.
+show_diffs() {
+    local log=$1 files f
+    shift
+    files=$(grep -o 'file "[^"]*regression\.diffs"' "$log" | sed 's/^file "//; s/"$//')
+    if [[ -z "$files" ]]; then
+        for f in "$@"; do
+            if [[ -f "$f" ]]; then files=$f; break; fi
+        done
+    fi
+    for f in $files; do
+        [[ -f "$f" ]] || continue
+        echo "---- head -200 $f ----"
+        head -n 200 "$f"
+        echo "----"
+    done
+}
+
+cleanup() {
+    if [[ -n "$CLUSTER_DIR" && "${RELAYBUS_KEEP_CLUSTER:-0}" != 1 ]]; then
+        bash "$ROOT/test/cluster.sh" destroy "$CLUSTER_DIR" >/dev/null 2>&1
+    fi
+    CLUSTER_DIR=
+    rm -rf "$LOGDIR"
+}
+trap cleanup EXIT
+on_signal() {
+    echo "run_all.sh: interrupted" >&2
+    [[ -n "$CHILD" ]] && kill -TERM "$CHILD" 2>/dev/null
+    wait 2>/dev/null
+    exit 130
+}
+trap on_signal INT TERM HUP
+
+# ---------------------------------------------------------------- (a) deps
+step deps bash "$ROOT/scripts/install-deps.sh"
+
+if [[ -z "${PG_CONFIG:-}" ]]; then
+    if [[ -x /usr/lib/postgresql/15/bin/pg_config ]]; then
+        PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+    else
+        PG_CONFIG=pg_config
+    fi
+fi
+export PG_CONFIG
+if BINDIR=$("$PG_CONFIG" --bindir 2>/dev/null); then
+    export PATH="$BINDIR:$PATH"
+fi
+
+# ---------------------------------------------------------------- (b) build
+if step build make -j"$JOBS" PG_CONFIG="$PG_CONFIG" \
+        && step install make install PG_CONFIG="$PG_CONFIG"; then
+    BUILD_OK=yes
+fi
+
+# ---------------------------------------------------------------- (c) core
+if [[ -f test/core/Makefile ]]; then
+    run_suite core gtest "$SUITE_TIMEOUT" make -C test/core -j"$JOBS" check
+else
+    record core 0 1 "test/core/Makefile missing"
+fi
+
+# ---------------------------------------------------------------- (d) cluster
+CLUSTER_DIR=$(mktemp -d /tmp/relaybus-test.XXXXXX)
+if step cluster bash "$ROOT/test/cluster.sh" start "$CLUSTER_DIR"; then
+    CLUSTER_OK=yes
+    # shellcheck disable=SC1091
+    source "$CLUSTER_DIR/env"
+    export PGHOST PGPORT PGUSER PGDATABASE RELAYBUS_CLUSTER_DIR
+else
+    [[ "$BUILD_OK" == yes ]] || echo "(the cluster preloads relaybus, which did not build)"
+fi
+export RELAYBUS_ROOT=$ROOT
+
+ensure_cluster() {
+    [[ "$CLUSTER_OK" == yes ]] || return 1
+    bash "$ROOT/test/cluster.sh" status "$CLUSTER_DIR" >/dev/null 2>&1 && return 0
+    echo "(cluster is down; restarting it)"
+    bash "$ROOT/test/cluster.sh" start "$CLUSTER_DIR"
+}
+
+# ---------------------------------------------------------------- (e) regress + isolation
+# Two make runs, so that a failing pg_regress does not keep the isolation tests
+# from running (PGXS's installcheck stops at the first failing command).
+if ensure_cluster; then
+    run_suite regress regress "$SUITE_TIMEOUT" make installcheck ISOLATION= PG_CONFIG="$PG_CONFIG"
+    ((LAST_FAILED > 0)) && show_diffs "$LAST_LOG" \
+        "$ROOT/results_regress/regression.diffs" "$ROOT/regression.diffs"
+else
+    record regress 0 1 "no cluster"
+fi
+if ensure_cluster; then
+    run_suite isolation regress "$SUITE_TIMEOUT" make installcheck REGRESS= PG_CONFIG="$PG_CONFIG"
+    ((LAST_FAILED > 0)) && show_diffs "$LAST_LOG" \
+        "$ROOT/results_isolation/regression.diffs" "$ROOT/output_iso/regression.diffs"
+else
+    record isolation 0 1 "no cluster"
+fi
+
+# ---------------------------------------------------------------- (f) pgTAP
+shopt -s nullglob
+tap_files=(test/pgtap/*.sql)
+if ((${#tap_files[@]} == 0)); then
+    record pgtap 0 1 "no test/pgtap/*.sql"
+elif ! ensure_cluster; then
+    record pgtap 0 1 "no cluster"
+elif ! psql -X -q -v ON_ERROR_STOP=1 -d postgres \
+        -c 'SET client_min_messages = warning' \
+        -c 'DROP DATABASE IF EXISTS relay_tap' -c 'CREATE DATABASE relay_tap' </dev/null \
+     || ! psql -X -q -v ON_ERROR_STOP=1 -d relay_tap \
+        -c 'CREATE EXTENSION pgtap' -c 'CREATE EXTENSION relaybus' </dev/null; then
+    record pgtap 0 1 "could not set up database relay_tap"
+else
+    run_suite pgtap tap "$SUITE_TIMEOUT" \
+        pg_prove -h "$PGHOST" -p "$PGPORT" -U postgres -d relay_tap "${tap_files[@]}"
+fi
+
+# ---------------------------------------------------------------- (g) integration
+for t in test/integration/*.sh; do
+    [[ -x "$t" ]] || continue
+    name="integration/$(basename "$t" .sh)"
+    if ensure_cluster; then
+        run_suite "$name" plain "$INTEGRATION_TIMEOUT" "$ROOT/$t"
+    else
+        record "$name" 0 1 "no cluster"
+    fi
+done
+shopt -u nullglob
+
+# ---------------------------------------------------------------- summary
+if ((TOTAL_FAILED > 0)) && [[ -n "$CLUSTER_DIR" && -f "$CLUSTER_DIR/log/postgresql.log" ]]; then
+    banner "server log (last 100 lines)"
+    tail -n 100 "$CLUSTER_DIR/log/postgresql.log"
+fi
+if [[ "${RELAYBUS_KEEP_CLUSTER:-0}" == 1 && -n "$CLUSTER_DIR" ]]; then
+    echo "cluster kept: source $CLUSTER_DIR/env; test/cluster.sh destroy $CLUSTER_DIR"
+    CLUSTER_DIR=
+fi
+cleanup
+banner summary
+printf '%s\n' "${SUMMARY[@]}"
+echo "$TOTAL_PASSED passed, $TOTAL_FAILED failed"
+((TOTAL_FAILED == 0))
