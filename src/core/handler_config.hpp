@@ -1,0 +1,76 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "backoff.hpp"
+
+namespace relaybus::core {
+
+enum class HandlerKind { Notify, Http, Pull };
+
+// "notify" | "http" | "pull" (exact, lower case).
+bool parse_handler_kind(std::string_view text, HandlerKind* out, std::string* why);
+const char* handler_kind_name(HandlerKind k);
+
+// [a-z0-9_.-]{1,63}
+bool is_valid_handler_name(std::string_view name, std::string* why);
+
+// 1..63 bytes, [A-Za-z_][A-Za-z0-9_]* (a LISTEN channel that needs no quoting,
+// except that LISTEN folds unquoted upper case to lower case).
+bool is_valid_channel(std::string_view channel, std::string* why);
+
+// Components of an http(s) URL. host is lower-cased; an IPv6 literal keeps its
+// brackets ("[::1]") so that scheme://host:port/path reassembles a valid URL.
+// port is filled in (80/443) when absent. path includes the query and is "/"
+// when empty.
+struct HttpUrl {
+  std::string scheme;
+  std::string host;
+  int port = 0;
+  std::string path;
+};
+
+// http/https only, host required, no userinfo, port 1..65535, no fragment,
+// ASCII only without whitespace/control characters, '%' followed by two hex
+// digits, <= 2048 bytes. *out is written only on success.
+bool parse_http_url(std::string_view url, HttpUrl* out, std::string* why);
+
+// notify: a valid channel; http: a valid URL; pull: null or empty.
+bool validate_target(HandlerKind kind, std::string_view target, bool target_is_null,
+                     std::string* why);
+
+struct HandlerOptions {
+  int max_attempts = 10;            // 1..1000
+  int64_t backoff_base_ms = 1000;   // 1ms..1d
+  int64_t backoff_max_ms = 600000;  // >= backoff_base, <= 7d
+  int64_t timeout_ms = 30000;       // http only; 1ms..1h
+  int concurrency = 16;             // notify, http; 1..1024
+  // http only: the "whsec_..." strings exactly as given (option "secret": a
+  // string or an array of 1..10 strings, more than one during rotation).
+  std::vector<std::string> secrets;
+  // http only: extra request headers, names as given.
+  std::vector<std::pair<std::string, std::string>> headers;
+  bool ack = false;                 // notify only
+  int64_t lease_ms = 30000;         // all; 1s..1d
+  BackoffPolicy backoff() const;
+};
+
+// json_text is a JSON object (jsonb's text output). Unknown option names,
+// wrong types, out-of-range values and options not allowed for the kind fail
+// with a message in *why. A key whose value is null means "the default", so
+// alter can merge the stored options with the new ones and validate the
+// result. *out is written only on success (defaults for absent options).
+bool parse_handler_options(HandlerKind kind, std::string_view json_text, HandlerOptions* out,
+                           std::string* why);
+
+// Compact JSON object, keys sorted, of every option that applies to `kind`
+// with defaults filled in; intervals as format_duration_ms text. Without the
+// secrets, and with header values replaced by "[redacted]" (they commonly
+// carry credentials such as Authorization), so it is safe for non-admins.
+std::string options_public_json(HandlerKind kind, const HandlerOptions& o);
+
+}  // namespace relaybus::core
