@@ -131,6 +131,16 @@ CREATE FUNCTION relay._leases(OUT delivery_id bigint, OUT handler_id integer,
                               OUT lease_until timestamptz, OUT owner_pid integer)
 RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_leases' LANGUAGE C;
 
+CREATE FUNCTION relay._workers(OUT pid integer, OUT worker integer, OUT lanes_held integer,
+                               OUT delivered bigint, OUT failed bigint, OUT last_error text,
+                               OUT started_at timestamptz, OUT heartbeat timestamptz)
+RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_workers' LANGUAGE C;
+
+CREATE FUNCTION relay._handler_counters(OUT handler_id integer, OUT delivered bigint,
+                                        OUT retried bigint, OUT dead_lettered bigint,
+                                        OUT latency_p50_ms float8, OUT latency_p99_ms float8)
+RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_counters' LANGUAGE C;
+
 CREATE FUNCTION relay.lane_of(key text) RETURNS integer
 AS 'MODULE_PATHNAME', 'relay_lane_of' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
@@ -325,8 +335,13 @@ SELECT h.name AS handler,
        coalesce(l.in_flight, 0) AS in_flight,
        coalesce(d.retrying, 0) AS retrying,
        coalesce(x.dead, 0)     AS dead,
-       d.oldest_pending_age
+       d.oldest_pending_age,
+       coalesce(c.delivered, 0) AS delivered,
+       coalesce(c.retried, 0)   AS retried,
+       c.latency_p50_ms,
+       c.latency_p99_ms
   FROM relay.handlers h
+  LEFT JOIN relay._handler_counters() c ON c.handler_id = h.id
   LEFT JOIN LATERAL (
         SELECT count(*) AS pending,
                count(*) FILTER (WHERE dd.not_before <= now()) AS ready,
@@ -340,6 +355,18 @@ SELECT h.name AS handler,
   LEFT JOIN LATERAL (
         SELECT count(*) AS dead FROM relay.dead_letters dl WHERE dl.handler_id = h.id) x ON true;
 
+CREATE VIEW relay.workers AS
+SELECT w.pid, current_database() AS database, w.worker, w.lanes_held, w.delivered, w.failed,
+       w.last_error, w.started_at, w.heartbeat
+  FROM relay._workers() w;
+
+-- A NOTIFY too large to send inline carries "ref": true; the consumer fetches
+-- the payload here and acknowledges with relay_ack.
+CREATE FUNCTION relay_payload(id bigint) RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT d.payload FROM relay.deliveries d WHERE d.id = relay_payload.id
+$$;
+
 -- Privileges ----------------------------------------------------------------------
 
 REVOKE ALL ON ALL TABLES IN SCHEMA relay FROM PUBLIC;
@@ -350,6 +377,7 @@ REVOKE EXECUTE ON FUNCTION relay_publish(text, jsonb, text, jsonb, integer, time
                            relay_claim(text, integer, interval, integer),
                            relay_ack(bigint[]),
                            relay_nack(bigint, text, interval),
+                           relay_payload(bigint),
                            relay_create_handler(text, text, text, jsonb),
                            relay_alter_handler(text, text, jsonb),
                            relay_drop_handler(text, boolean),
@@ -364,9 +392,12 @@ GRANT USAGE ON SCHEMA relay TO relay_consumer, relay_admin;
 GRANT EXECUTE ON FUNCTION relay_claim(text, integer, interval, integer),
                           relay_ack(bigint[]),
                           relay_nack(bigint, text, interval),
-                          relay._leases()
+                          relay_payload(bigint),
+                          relay._leases(),
+                          relay._handler_counters(),
+                          relay._workers()
     TO relay_consumer;
-GRANT SELECT ON relay.handler_stats TO relay_consumer;
+GRANT SELECT ON relay.handler_stats, relay.workers TO relay_consumer;
 GRANT EXECUTE ON FUNCTION relay_create_handler(text, text, text, jsonb),
                           relay_alter_handler(text, text, jsonb),
                           relay_drop_handler(text, boolean),

@@ -14,6 +14,7 @@
 #include "pg/pg_includes.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi_support.hpp"
+#include "pg/worker_state.hpp"
 
 extern "C" {
 #include "utils/json.h"
@@ -22,6 +23,8 @@ PG_FUNCTION_INFO_V1(relay_validate_route);
 PG_FUNCTION_INFO_V1(relay_catalog_changed);
 PG_FUNCTION_INFO_V1(relay_leases);
 PG_FUNCTION_INFO_V1(relay_lane_of);
+PG_FUNCTION_INFO_V1(relay_workers);
+PG_FUNCTION_INFO_V1(relay_handler_counters);
 }
 
 using namespace relaybus;
@@ -140,7 +143,7 @@ extern "C" Datum relay_leases(PG_FUNCTION_ARGS) {
     auto* entries = static_cast<LeaseEntry*>(palloc(sizeof(LeaseEntry) * max));
     int n = leases_copy(entries, max);
     for (int i = 0; i < n; i++) {
-        Datum values[4] = {Int64GetDatum(entries[i].delivery_id), Int32GetDatum(entries[i].handler_id),
+        Datum values[4] = {Int64GetDatum(entries[i].key.delivery_id), Int32GetDatum(entries[i].handler_id),
                            TimestampTzGetDatum(entries[i].until), Int32GetDatum(entries[i].owner_pid)};
         bool nulls[4] = {false, false, false, false};
         tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
@@ -151,4 +154,61 @@ extern "C" Datum relay_leases(PG_FUNCTION_ARGS) {
 extern "C" Datum relay_lane_of(PG_FUNCTION_ARGS) {
     text* key = PG_GETARG_TEXT_PP(0);
     PG_RETURN_INT32(core::lane_for_key(std::string_view(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key))));
+}
+
+// relay._workers(): the dispatchers of this database.
+extern "C" Datum relay_workers(PG_FUNCTION_ARGS) {
+    InitMaterializedSRF(fcinfo, 0);
+    auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+    if (workers == nullptr) return (Datum)0;
+    DispatcherSlot copy[kMaxDispatchers];
+    LWLockAcquire(workers->lock, LW_SHARED);
+    memcpy(copy, workers->slots, sizeof(copy));
+    LWLockRelease(workers->lock);
+    for (int s = 0; s < kMaxDispatchers; s++) {
+        const DispatcherSlot& d = copy[s];
+        if (d.dboid != MyDatabaseId || d.pid == 0) continue;
+        Datum v[8] = {Int32GetDatum(d.pid),        Int32GetDatum(d.worker_index),
+                      Int32GetDatum(d.lanes_held), Int64GetDatum(static_cast<int64>(d.delivered)),
+                      Int64GetDatum(static_cast<int64>(d.failed)), CStringGetTextDatum(d.last_error),
+                      TimestampTzGetDatum(d.started_at), TimestampTzGetDatum(d.heartbeat)};
+        bool n[8] = {false, false, false, false, false, d.last_error[0] == '\0', false, false};
+        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
+    }
+    return (Datum)0;
+}
+
+// Latency percentile from a log2 histogram: the upper bound of the bucket, in ms.
+static double percentile_ms(const uint64* buckets, uint64 total, double q) {
+    if (total == 0) return -1;
+    uint64 rank = static_cast<uint64>(q * static_cast<double>(total - 1)) + 1, seen = 0;
+    for (int b = 0; b < kLatencyBuckets; b++) {
+        seen += buckets[b];
+        if (seen >= rank) return static_cast<double>(int64{1} << b) / 1000.0;
+    }
+    return static_cast<double>(int64{1} << (kLatencyBuckets - 1)) / 1000.0;
+}
+
+// relay._handler_counters(): delivered, retried and dead-lettered counts and
+// latency percentiles since server start, per handler of this database.
+extern "C" Datum relay_handler_counters(PG_FUNCTION_ARGS) {
+    InitMaterializedSRF(fcinfo, 0);
+    auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+    if (workers == nullptr) return (Datum)0;
+    auto* copy = static_cast<HandlerCounters*>(palloc(sizeof(HandlerCounters) * kMaxHandlerStats));
+    LWLockAcquire(workers->lock, LW_SHARED);
+    memcpy(copy, workers->handlers, sizeof(HandlerCounters) * kMaxHandlerStats);
+    LWLockRelease(workers->lock);
+    for (int i = 0; i < kMaxHandlerStats; i++) {
+        const HandlerCounters& c = copy[i];
+        if (c.dboid != MyDatabaseId) continue;
+        double p50 = percentile_ms(c.latency, c.delivered, 0.50);
+        double p99 = percentile_ms(c.latency, c.delivered, 0.99);
+        Datum v[6] = {Int32GetDatum(c.handler_id), Int64GetDatum(static_cast<int64>(c.delivered)),
+                      Int64GetDatum(static_cast<int64>(c.retried)), Int64GetDatum(static_cast<int64>(c.dead)),
+                      Float8GetDatum(p50), Float8GetDatum(p99)};
+        bool n[6] = {false, false, false, false, p50 < 0, p99 < 0};
+        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
+    }
+    return (Datum)0;
 }

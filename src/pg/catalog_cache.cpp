@@ -45,6 +45,7 @@ struct RawHandler {
     char* name;
     char* kind;
     char* options;
+    char* target;
 };
 struct RawRoute {
     char* pattern;
@@ -54,7 +55,7 @@ struct RawRoute {
 
 SavedPlan handlers_plan = {
     "SELECT id, name, kind, (options || CASE WHEN secrets IS NULL THEN '{}'::jsonb "
-    "ELSE jsonb_build_object('secret', to_jsonb(secrets)) END)::text FROM relay.handlers",
+    "ELSE jsonb_build_object('secret', to_jsonb(secrets)) END)::text, target FROM relay.handlers",
     0, {}, nullptr};
 SavedPlan routes_plan = {"SELECT pattern, handler_id, wire_name FROM relay.routes", 0, {}, nullptr};
 
@@ -78,6 +79,7 @@ void reload(Oid schema, uint64 generation) {
         hs[i].name = copy_text_col(i, 2);
         hs[i].kind = copy_text_col(i, 3);
         hs[i].options = copy_text_col(i, 4);
+        hs[i].target = copy_text_col(i, 5);
     }
     spi_exec_latest(&routes_plan, nullptr, nullptr, true, 0);
     int nr = static_cast<int>(SPI_processed);
@@ -100,6 +102,7 @@ void reload(Oid schema, uint64 generation) {
                 HandlerEntry h{};
                 h.id = hs[i].id;
                 strlcpy(h.name, hs[i].name, sizeof(h.name));
+                if (hs[i].target != nullptr) strlcpy(h.channel, hs[i].target, sizeof(h.channel));
                 if (!core::parse_handler_kind(hs[i].kind, &h.kind, why)) return false;
                 // Stored options were validated on the way in; a failure here means
                 // the row was written by hand, and defaults are the safe reading.
@@ -159,6 +162,13 @@ const HandlerEntry* catalog_handler_by_id(int32 id) {
     auto it = current->by_id.find(id);
     return it == current->by_id.end() ? nullptr : &current->handlers[it->second];
 }
+
+int catalog_handler_count() {
+    ensure_fresh();
+    return static_cast<int>(current->handlers.size());
+}
+
+const HandlerEntry* catalog_handler_at(int i) { return &current->handlers[i]; }
 
 int catalog_routes_for(const char* topic, const RouteTarget** targets) {
     ensure_fresh();

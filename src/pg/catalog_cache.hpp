@@ -15,6 +15,7 @@ struct HandlerEntry {
     int32 id;
     char name[NAMEDATALEN];
     core::HandlerKind kind;
+    char channel[NAMEDATALEN];  // notify handlers: the LISTEN channel
     core::HandlerOptions options;
 };
 
@@ -27,6 +28,8 @@ struct RouteTarget {
 const HandlerEntry* catalog_handler_by_name(const char* name);
 const HandlerEntry* catalog_handler_by_id(int32 id);
 int catalog_routes_for(const char* topic, const RouteTarget** targets);
+int catalog_handler_count();
+const HandlerEntry* catalog_handler_at(int i);  // after catalog_handler_count()
 
 // Called by the statement trigger on relay.handlers and relay.routes.
 void catalog_changed_in_this_transaction();

@@ -18,6 +18,7 @@
 
 #include "core/claim_planner.hpp"
 #include "pg/catalog_cache.hpp"
+#include "pg/claim.hpp"
 #include "pg/guard.hpp"
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
@@ -30,30 +31,38 @@ PG_FUNCTION_INFO_V1(relay_claim);
 
 namespace relaybus::pg {
 
-#define CLASS_SCAN(p)                                                                 \
+#define CLASS_SCAN(p, lanes)                                                          \
     "(SELECT id, priority, key, not_before FROM relay.deliveries"                     \
-    " WHERE handler_id = $1 AND priority = " #p " ORDER BY id LIMIT $2)"
+    " WHERE handler_id = $1 AND priority = " #p lanes " ORDER BY id LIMIT $2)"
+#define ALL_CLASSES(lanes)                                                                  \
+    "SELECT id, priority, key, not_before FROM (" CLASS_SCAN(3, lanes) " UNION ALL "        \
+    CLASS_SCAN(2, lanes) " UNION ALL " CLASS_SCAN(1, lanes) " UNION ALL " CLASS_SCAN(0, lanes) ") s"
 
-static SavedPlan scan_plan = {
-    "SELECT id, priority, key, not_before FROM (" CLASS_SCAN(3) " UNION ALL " CLASS_SCAN(2)
-    " UNION ALL " CLASS_SCAN(1) " UNION ALL " CLASS_SCAN(0) ") s",
-    2,
-    {INT4OID, INT4OID},
-    nullptr};
+static SavedPlan scan_plan = {ALL_CLASSES(""), 2, {INT4OID, INT4OID}, nullptr};
+static SavedPlan scan_lanes_plan = {ALL_CLASSES(" AND lane = ANY ($3)"), 3,
+                                    {INT4OID, INT4OID, INT2ARRAYOID}, nullptr};
 
-static SavedPlan fetch_plan = {
-    "SELECT d.id, d.event_id, coalesce(d.wire_topic, d.topic), d.key, d.seq, d.payload, d.headers,"
-    "       d.attempt + 1, d.priority::int4, d.published_at,"
-    "       (d.not_before <= $3 AND (d.key IS NULL OR NOT EXISTS ("
-    "          SELECT 1 FROM relay.deliveries p"
-    "           WHERE p.handler_id = $2 AND p.key = d.key AND p.seq < d.seq"
+#define FETCH_COLUMNS                                                                          \
+    "SELECT d.id, d.event_id, coalesce(d.wire_topic, d.topic) AS topic, d.key, d.seq, d.payload," \
+    "       d.headers, d.attempt + 1, d.priority::int4, d.published_at,"                       \
+    "       (d.not_before <= $3 AND (d.key IS NULL OR NOT EXISTS ("                            \
+    "          SELECT 1 FROM relay.deliveries p"                                              \
+    "           WHERE p.handler_id = $2 AND p.key = d.key AND p.seq < d.seq"                  \
     "             AND p.id <> ALL ($1)))) AS valid"
-    "  FROM relay.deliveries d WHERE d.id = ANY ($1) AND d.handler_id = $2",
+#define FETCH_FROM " FROM relay.deliveries d WHERE d.id = ANY ($1) AND d.handler_id = $2"
+
+static SavedPlan fetch_plan = {FETCH_COLUMNS FETCH_FROM, 3, {INT8ARRAYOID, INT4OID, TIMESTAMPTZOID}, nullptr};
+// The dispatcher's variant adds the NOTIFY payload, built by PostgreSQL's JSON code.
+static SavedPlan fetch_notify_plan = {
+    FETCH_COLUMNS ", pg_catalog.jsonb_build_object('id', d.id, 'event_id', d.event_id,"
+                  " 'topic', coalesce(d.wire_topic, d.topic), 'key', d.key, 'seq', d.seq,"
+                  " 'attempt', d.attempt + 1, 'headers', d.headers, 'payload', d.payload)::text"
+                  FETCH_FROM,
     3,
     {INT8ARRAYOID, INT4OID, TIMESTAMPTZOID},
     nullptr};
 
-constexpr int kFetchColumns = 10;  // columns handed to the caller
+
 
 static int cmp_int64(const void* a, const void* b) {
     int64 x = *static_cast<const int64*>(a), y = *static_cast<const int64*>(b);
@@ -70,9 +79,9 @@ struct ScannedRows {
     bool truncated[4];
 };
 
-static void scan(int32 handler_id, int window, TimestampTz now, ScannedRows* out) {
-    Datum values[2] = {Int32GetDatum(handler_id), Int32GetDatum(window)};
-    spi_exec_latest(&scan_plan, values, nullptr, true, 0);
+static void scan(int32 handler_id, int window, Datum lanes, TimestampTz now, ScannedRows* out) {
+    Datum values[3] = {Int32GetDatum(handler_id), Int32GetDatum(window), lanes};
+    spi_exec_latest(lanes == (Datum)0 ? &scan_plan : &scan_lanes_plan, values, nullptr, true, 0);
     int n = static_cast<int>(SPI_processed);
     out->n = n;
     out->ids = static_cast<int64*>(palloc(sizeof(int64) * (n + 1)));
@@ -197,6 +206,63 @@ static int finalize(const int64* leased_ids, const bool* got, int nleased, int* 
     return count;
 }
 
+void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
+    TimestampTz now = GetCurrentTimestamp();
+    int64 now_ms = timestamptz_to_epoch_ms(now);
+    TimestampTz until = TimestampTzPlusMilliseconds(now, req->lease_ms);
+    out->n = 0;
+    out->rows = nullptr;
+    out->until = until;
+    int max = req->max;
+
+    Datum lanes = (Datum)0;
+    if (req->lanes != nullptr) {
+        if (req->nlanes == 0) return;
+        Datum* ld = static_cast<Datum*>(palloc(sizeof(Datum) * req->nlanes));
+        for (int i = 0; i < req->nlanes; i++) ld[i] = Int16GetDatum(req->lanes[i]);
+        lanes = PointerGetDatum(construct_array(ld, req->nlanes, INT2OID, 2, true, TYPALIGN_SHORT));
+    }
+
+    // Widen the window while the plan is short and a class may hold more.
+    int window = std::max(64, std::min(max * 4, guc_claim_scan_limit / 4));
+    int64* chosen = static_cast<int64*>(palloc(sizeof(int64) * (max + 1)));
+    int nchosen = 0;
+    for (;;) {
+        ScannedRows rows;
+        scan(req->handler_id, window, lanes, now, &rows);
+        bool more = false;
+        nchosen = plan(rows, max, req->per_key, now_ms, &more, chosen);
+        if (nchosen >= max || !more || window * 4 >= guc_claim_scan_limit) break;
+        window = std::min(window * 4, guc_claim_scan_limit / 4 + 1);
+    }
+    if (nchosen == 0) return;
+
+    bool* got = static_cast<bool*>(palloc(sizeof(bool) * nchosen));
+    leases_acquire(chosen, nchosen, req->handler_id, now, until, got);
+    Datum* id_datums = static_cast<Datum*>(palloc(sizeof(Datum) * nchosen));
+    for (int i = 0; i < nchosen; i++) id_datums[i] = Int64GetDatum(chosen[i]);
+    Datum values[3] = {
+        PointerGetDatum(construct_array(id_datums, nchosen, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
+        Int32GetDatum(req->handler_id), TimestampTzGetDatum(now)};
+    spi_exec_latest(req->with_notify_json ? &fetch_notify_plan : &fetch_plan, values, nullptr, true, 0);
+
+    int* order = static_cast<int*>(palloc(sizeof(int) * (nchosen + 1)));
+    int nout = finalize(chosen, got, nchosen, order);
+
+    // Leases taken for rows that are not handed over go back at once.
+    int64* kept = static_cast<int64*>(palloc(sizeof(int64) * (nout + 1)));
+    for (int i = 0; i < nout; i++) kept[i] = spi_int64(order[i], 1);
+    qsort(kept, nout, sizeof(int64), cmp_int64);
+    int64* give_back = static_cast<int64*>(palloc(sizeof(int64) * nchosen));
+    int ngive = 0;
+    for (int i = 0; i < nchosen; i++)
+        if (got[i] && bsearch(&chosen[i], kept, nout, sizeof(int64), cmp_int64) == nullptr)
+            give_back[ngive++] = chosen[i];
+    leases_release(give_back, ngive);
+    out->n = nout;
+    out->rows = order;
+}
+
 }  // namespace relaybus::pg
 
 using namespace relaybus;
@@ -225,70 +291,31 @@ extern "C" Datum relay_claim(PG_FUNCTION_ARGS) {
                         errmsg("handler \"%s\" is not a pull handler", name),
                         errdetail("It is a %s handler; its deliveries are handed over by the background workers.",
                                   core::handler_kind_name(h->kind))));
-    int32 handler_id = h->id;
-    int64 lease_ms = h->options.lease_ms;
+    ClaimRequest req = {};
+    req.handler_id = h->id;
+    req.max = max;
+    req.per_key = per_key;
+    req.lease_ms = h->options.lease_ms;
     if (!PG_ARGISNULL(2)) {
-        lease_ms = interval_to_ms(PG_GETARG_INTERVAL_P(2));
-        if (lease_ms < 1000 || lease_ms > 86400000LL)
+        req.lease_ms = interval_to_ms(PG_GETARG_INTERVAL_P(2));
+        if (req.lease_ms < 1000 || req.lease_ms > 86400000LL)
             ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                             errmsg("lease must be between 1 second and 1 day")));
     }
 
     InitMaterializedSRF(fcinfo, 0);
     auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
-
-    TimestampTz now = GetCurrentTimestamp();
-    int64 now_ms = timestamptz_to_epoch_ms(now);
-    TimestampTz until = TimestampTzPlusMilliseconds(now, lease_ms);
-
     SpiScope scope;
     spi_begin(&scope);
-
-    // Widen the window while the plan is short and a class may hold more.
-    int window = std::max(64, std::min(max * 4, guc_claim_scan_limit / 4));
-    int64* chosen = static_cast<int64*>(palloc(sizeof(int64) * (max + 1)));
-    int nchosen = 0;
-    for (;;) {
-        ScannedRows rows;
-        scan(handler_id, window, now, &rows);
-        bool more = false;
-        nchosen = plan(rows, max, per_key, now_ms, &more, chosen);
-        if (nchosen >= max || !more || window * 4 >= guc_claim_scan_limit) break;
-        window = std::min(window * 4, guc_claim_scan_limit / 4 + 1);
-    }
-
-    if (nchosen > 0) {
-        bool* got = static_cast<bool*>(palloc(sizeof(bool) * nchosen));
-        leases_acquire(chosen, nchosen, handler_id, now, until, got);
-        Datum* id_datums = static_cast<Datum*>(palloc(sizeof(Datum) * nchosen));
-        for (int i = 0; i < nchosen; i++) id_datums[i] = Int64GetDatum(chosen[i]);
-        Datum values[3] = {
-            PointerGetDatum(construct_array(id_datums, nchosen, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
-            Int32GetDatum(handler_id), TimestampTzGetDatum(now)};
-        spi_exec_latest(&fetch_plan, values, nullptr, true, 0);
-
-        int* order = static_cast<int*>(palloc(sizeof(int) * (nchosen + 1)));
-        int nout = finalize(chosen, got, nchosen, order);
-
-        // Leases taken for rows that are not handed over go back at once.
-        int64* kept = static_cast<int64*>(palloc(sizeof(int64) * (nout + 1)));
-        for (int i = 0; i < nout; i++) kept[i] = spi_int64(order[i], 1);
-        qsort(kept, nout, sizeof(int64), cmp_int64);
-        int64* give_back = static_cast<int64*>(palloc(sizeof(int64) * nchosen));
-        int ngive = 0;
-        for (int i = 0; i < nchosen; i++)
-            if (got[i] && bsearch(&chosen[i], kept, nout, sizeof(int64), cmp_int64) == nullptr)
-                give_back[ngive++] = chosen[i];
-        leases_release(give_back, ngive);
-
-        for (int i = 0; i < nout; i++) {
-            Datum out[kFetchColumns + 1];
-            bool nulls[kFetchColumns + 1];
-            for (int c = 0; c < kFetchColumns; c++) out[c] = spi_col(order[i], c + 1, &nulls[c]);
-            out[kFetchColumns] = TimestampTzGetDatum(until);
-            nulls[kFetchColumns] = false;
-            tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, out, nulls);
-        }
+    ClaimResult res;
+    claim_deliveries(&req, &res);
+    for (int i = 0; i < res.n; i++) {
+        Datum out[kFetchColumns + 1];
+        bool nulls[kFetchColumns + 1];
+        for (int c = 0; c < kFetchColumns; c++) out[c] = spi_col(res.rows[i], c + 1, &nulls[c]);
+        out[kFetchColumns] = TimestampTzGetDatum(res.until);
+        nulls[kFetchColumns] = false;
+        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, out, nulls);
     }
     spi_end(&scope);
     return (Datum)0;

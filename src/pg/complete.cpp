@@ -13,6 +13,8 @@
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/spi_support.hpp"
+#include "pg/complete.hpp"
+#include "pg/worker_state.hpp"
 
 extern "C" {
 #include "common/pg_prng.h"
@@ -22,7 +24,7 @@ PG_FUNCTION_INFO_V1(relay_nack);
 
 namespace relaybus::pg {
 
-static SavedPlan ack_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1) RETURNING id", 1,
+static SavedPlan ack_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1) RETURNING id, handler_id, published_at", 1,
                              {INT8ARRAYOID}, nullptr};
 
 static SavedPlan attempt_plan = {
@@ -50,6 +52,46 @@ static const core::HandlerOptions kDefaultOptions;
 static int cmp_int64(const void* a, const void* b) {
     int64 x = *static_cast<const int64*>(a), y = *static_cast<const int64*>(b);
     return x < y ? -1 : (x > y ? 1 : 0);
+}
+
+const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms) {
+    Datum idd = Int64GetDatum(id);
+    spi_exec_latest(&attempt_plan, &idd, nullptr, true, 1);
+    if (SPI_processed == 0)
+        ereport(ERROR, (errcode(ERRCODE_NO_DATA_FOUND),
+                        errmsg("delivery %lld does not exist", static_cast<long long>(id))));
+    bool isnull = false;
+    int32 handler_id = DatumGetInt32(spi_col(0, 1, &isnull));
+    int32 attempt = DatumGetInt32(spi_col(0, 2, &isnull));
+
+    // Plain copies: no C++ object with a destructor may live across PostgreSQL calls.
+    const HandlerEntry* h = catalog_handler_by_id(handler_id);
+    const core::HandlerOptions& opts = h != nullptr ? h->options : kDefaultOptions;
+    int max_attempts = opts.max_attempts;
+    core::BackoffPolicy policy = opts.backoff();
+    int attempts_now = attempt + 1;
+    const char* outcome;
+    if (attempts_now >= max_attempts) {
+        Datum values[4] = {idd, CStringGetTextDatum(h != nullptr ? h->name : "?"), error, (Datum)0};
+        char nulls[5] = "   n";
+        if (error == (Datum)0) nulls[2] = 'n';
+        spi_exec_latest(&dead_plan, values, nulls, false, 0);
+        outcome = "dead";
+    } else {
+        int64 delay_ms = retry_in_ms >= 0
+                             ? retry_in_ms
+                             : core::backoff_delay_ms(policy, attempts_now,
+                                                      pg_prng_uint64(&pg_global_prng_state));
+        TimestampTz when = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), delay_ms);
+        Datum values[3] = {idd, error, TimestampTzGetDatum(when)};
+        char nulls[4] = "   ";
+        if (error == (Datum)0) nulls[1] = 'n';
+        spi_exec_latest(&retry_plan, values, nulls, false, 0);
+        outcome = "retry";
+    }
+    count_retried(MyDatabaseId, handler_id, outcome[0] == 'd');
+    leases_release_at_commit(id);
+    return outcome;
 }
 
 }  // namespace relaybus::pg
@@ -96,7 +138,16 @@ extern "C" Datum relay_ack(PG_FUNCTION_ARGS) {
                                 errdetail("It was acked or dead-lettered already, or never existed; nothing was acked."),
                                 errhint("If your lease ran out, another consumer may have handled it.")));
     }
+    int32* handlers = static_cast<int32*>(palloc(sizeof(int32) * (deleted + 1)));
+    int64* latency = static_cast<int64*>(palloc(sizeof(int64) * (deleted + 1)));
+    TimestampTz now = GetCurrentTimestamp();
+    for (int i = 0; i < deleted; i++) {
+        bool isnull = false;
+        handlers[i] = DatumGetInt32(spi_col(i, 2, &isnull));
+        latency[i] = now - DatumGetTimestampTz(spi_col(i, 3, &isnull));
+    }
     spi_end(&scope);
+    count_delivered(MyDatabaseId, handlers, latency, deleted);
     for (int i = 0; i < unique; i++) leases_release_at_commit(ids[i]);
     PG_RETURN_INT32(deleted);
 }
@@ -115,41 +166,7 @@ extern "C" Datum relay_nack(PG_FUNCTION_ARGS) {
 
     SpiScope scope;
     spi_begin(&scope);
-    Datum idd = Int64GetDatum(id);
-    spi_exec_latest(&attempt_plan, &idd, nullptr, true, 1);
-    if (SPI_processed == 0)
-        ereport(ERROR, (errcode(ERRCODE_NO_DATA_FOUND),
-                        errmsg("delivery %lld does not exist", static_cast<long long>(id))));
-    bool isnull = false;
-    int32 handler_id = DatumGetInt32(spi_col(0, 1, &isnull));
-    int32 attempt = DatumGetInt32(spi_col(0, 2, &isnull));
-
-    // Plain copies: no C++ object with a destructor may live across PostgreSQL calls.
-    const HandlerEntry* h = catalog_handler_by_id(handler_id);
-    const core::HandlerOptions& opts = h != nullptr ? h->options : kDefaultOptions;
-    int max_attempts = opts.max_attempts;
-    core::BackoffPolicy policy = opts.backoff();
-    int attempts_now = attempt + 1;
-    const char* outcome;
-    if (attempts_now >= max_attempts) {
-        Datum values[4] = {idd, CStringGetTextDatum(h != nullptr ? h->name : "?"), error, (Datum)0};
-        char nulls[5] = "   n";
-        if (error == (Datum)0) nulls[2] = 'n';
-        spi_exec_latest(&dead_plan, values, nulls, false, 0);
-        outcome = "dead";
-    } else {
-        int64 delay_ms = retry_in_ms >= 0
-                             ? retry_in_ms
-                             : core::backoff_delay_ms(policy, attempts_now,
-                                                      pg_prng_uint64(&pg_global_prng_state));
-        TimestampTz when = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), delay_ms);
-        Datum values[3] = {idd, error, TimestampTzGetDatum(when)};
-        char nulls[4] = "   ";
-        if (error == (Datum)0) nulls[1] = 'n';
-        spi_exec_latest(&retry_plan, values, nulls, false, 0);
-        outcome = "retry";
-    }
+    const char* outcome = nack_delivery(id, error, retry_in_ms);
     spi_end(&scope);
-    leases_release_at_commit(id);
     PG_RETURN_TEXT_P(cstring_to_text(outcome));
 }

@@ -11,6 +11,14 @@ namespace relaybus::pg {
 
 static HTAB* lease_table = nullptr;
 
+static LeaseKey key_of(int64 id) {
+    LeaseKey k;
+    memset(&k, 0, sizeof(k));
+    k.delivery_id = id;
+    k.database_id = MyDatabaseId;
+    return k;
+}
+
 Size leases_shmem_size() {
     return hash_estimate_size(guc_max_leases, sizeof(LeaseEntry));
 }
@@ -18,7 +26,7 @@ Size leases_shmem_size() {
 void leases_shmem_init() {
     HASHCTL ctl;
     memset(&ctl, 0, sizeof(ctl));
-    ctl.keysize = sizeof(int64);
+    ctl.keysize = sizeof(LeaseKey);
     ctl.entrysize = sizeof(LeaseEntry);
     lease_table = ShmemInitHash("relaybus leases", guc_max_leases, guc_max_leases, &ctl,
                                 HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
@@ -35,7 +43,8 @@ void leases_lookup(const int64* ids, int n, TimestampTz now, bool* leased) {
     require_shared();
     LWLockAcquire(shared->lease_lock, LW_SHARED);
     for (int i = 0; i < n; i++) {
-        auto* e = static_cast<LeaseEntry*>(hash_search(lease_table, &ids[i], HASH_FIND, nullptr));
+        LeaseKey k = key_of(ids[i]);
+        auto* e = static_cast<LeaseEntry*>(hash_search(lease_table, &k, HASH_FIND, nullptr));
         leased[i] = e != nullptr && e->until > now;
     }
     LWLockRelease(shared->lease_lock);
@@ -47,7 +56,7 @@ static void purge_expired(TimestampTz now) {
     hash_seq_init(&seq, lease_table);
     LeaseEntry* e;
     while ((e = static_cast<LeaseEntry*>(hash_seq_search(&seq))) != nullptr) {
-        if (e->until <= now) hash_search(lease_table, &e->delivery_id, HASH_REMOVE, nullptr);
+        if (e->until <= now) hash_search(lease_table, &e->key, HASH_REMOVE, nullptr);
     }
 }
 
@@ -59,11 +68,12 @@ int leases_acquire(const int64* ids, int n, int32 handler_id, TimestampTz now, T
     LWLockAcquire(shared->lease_lock, LW_EXCLUSIVE);
     for (int i = 0; i < n; i++) {
         bool found = false;
-        auto* e = static_cast<LeaseEntry*>(hash_search(lease_table, &ids[i], HASH_ENTER_NULL, &found));
+        LeaseKey k = key_of(ids[i]);
+        auto* e = static_cast<LeaseEntry*>(hash_search(lease_table, &k, HASH_ENTER_NULL, &found));
         if (e == nullptr && !purged) {
             purge_expired(now);
             purged = true;
-            e = static_cast<LeaseEntry*>(hash_search(lease_table, &ids[i], HASH_ENTER_NULL, &found));
+            e = static_cast<LeaseEntry*>(hash_search(lease_table, &k, HASH_ENTER_NULL, &found));
         }
         if (e == nullptr || (found && e->until > now)) {
             got[i] = false;
@@ -83,7 +93,10 @@ void leases_release(const int64* ids, int n) {
     if (n == 0) return;
     require_shared();
     LWLockAcquire(shared->lease_lock, LW_EXCLUSIVE);
-    for (int i = 0; i < n; i++) hash_search(lease_table, &ids[i], HASH_REMOVE, nullptr);
+    for (int i = 0; i < n; i++) {
+        LeaseKey k = key_of(ids[i]);
+        hash_search(lease_table, &k, HASH_REMOVE, nullptr);
+    }
     LWLockRelease(shared->lease_lock);
 }
 
@@ -99,6 +112,7 @@ int leases_copy(LeaseEntry* out, int max) {
             hash_seq_term(&seq);
             break;
         }
+        if (e->key.database_id != MyDatabaseId) continue;
         out[n++] = *e;
     }
     LWLockRelease(shared->lease_lock);
@@ -129,8 +143,10 @@ void leases_at_xact_end(bool commit) {
     if (pending_count == 0) return;
     if (commit && lease_table != nullptr) {
         LWLockAcquire(shared->lease_lock, LW_EXCLUSIVE);
-        for (int i = 0; i < pending_count; i++)
-            hash_search(lease_table, &pending[i].id, HASH_REMOVE, nullptr);
+        for (int i = 0; i < pending_count; i++) {
+            LeaseKey k = key_of(pending[i].id);
+            hash_search(lease_table, &k, HASH_REMOVE, nullptr);
+        }
         LWLockRelease(shared->lease_lock);
     }
     pending_count = 0;

@@ -9,8 +9,16 @@
 
 namespace relaybus::pg {
 
+// Delivery ids come from a per-database sequence, so a lease is keyed by the
+// database too: the table is shared by every database of the cluster.
+struct LeaseKey {
+    int64 delivery_id;
+    Oid database_id;
+    uint32 pad;  // always 0: the key is hashed and compared as bytes
+};
+
 struct LeaseEntry {
-    int64 delivery_id;  // hash key
+    LeaseKey key;  // hash key
     int32 handler_id;
     int32 owner_pid;
     TimestampTz until;
@@ -25,7 +33,7 @@ void leases_lookup(const int64* ids, int n, TimestampTz now, bool* leased);
 int leases_acquire(const int64* ids, int n, int32 handler_id, TimestampTz now, TimestampTz until,
                    bool* got);
 void leases_release(const int64* ids, int n);
-// Copies up to max entries (for the relay._leases() view); returns how many.
+// Copies up to max entries of the current database (for the relay._leases() view); returns how many.
 int leases_copy(LeaseEntry* out, int max);
 
 // Completion of a delivery (ack, nack, dead letter) releases its lease only when

@@ -20,6 +20,7 @@
 #include "pg/publish_args.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi_support.hpp"
+#include "pg/worker_state.hpp"
 
 extern "C" {
 #include "storage/lock.h"
@@ -203,6 +204,7 @@ extern "C" Datum relay_publish(PG_FUNCTION_ARGS) {
         event_id = spi_int64(0, 1);
     }
     spi_end(&scope);
+    wake_dispatchers_at_commit();
     PG_RETURN_INT64(event_id);
 }
 
@@ -393,5 +395,6 @@ extern "C" Datum relay_publish_batch(PG_FUNCTION_ARGS) {
         if (k != n) elog(ERROR, "relaybus: batch inserted %d events, expected %d", k, n);
     }
     spi_end(&scope);
+    if (ntargets > 0) wake_dispatchers_at_commit();
     PG_RETURN_ARRAYTYPE_P(construct_array(event_ids, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 }

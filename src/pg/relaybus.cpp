@@ -1,6 +1,8 @@
 // Entry point: settings, shared memory and transaction hooks.
 
 #include "pg/catalog_cache.hpp"
+#include "pg/launcher.hpp"
+#include "pg/worker_state.hpp"
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/settings.hpp"
@@ -12,6 +14,11 @@ PGDLLEXPORT void _PG_init(void);
 }
 
 using namespace relaybus::pg;
+
+namespace relaybus::pg {
+void install_utility_hook();
+void utility_at_xact_end(bool commit);
+}
 
 static shmem_request_hook_type prev_shmem_request_hook = nullptr;
 static shmem_startup_hook_type prev_shmem_startup_hook = nullptr;
@@ -32,16 +39,17 @@ static void relay_xact_callback(XactEvent event, void*) {
         case XACT_EVENT_PARALLEL_COMMIT:
             leases_at_xact_end(true);
             catalog_at_xact_end(true);
+            workers_at_xact_end(true);
+            utility_at_xact_end(true);
             break;
         case XACT_EVENT_ABORT:
         case XACT_EVENT_PARALLEL_ABORT:
-            leases_at_xact_end(false);
-            catalog_at_xact_end(false);
-            break;
         case XACT_EVENT_PREPARE:
             // A prepared transaction's completions keep their leases until they lapse.
             leases_at_xact_end(false);
             catalog_at_xact_end(false);
+            workers_at_xact_end(false);
+            utility_at_xact_end(false);
             break;
         default:
             break;
@@ -66,5 +74,7 @@ extern "C" void _PG_init(void) {
     prev_shmem_startup_hook = shmem_startup_hook;
     shmem_startup_hook = relay_shmem_startup;
     RegisterXactCallback(relay_xact_callback, nullptr);
+    install_utility_hook();
+    register_launcher();
     RegisterSubXactCallback(relay_subxact_callback, nullptr);
 }

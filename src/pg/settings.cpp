@@ -8,6 +8,14 @@ int guc_max_key_bytes = 512;
 int guc_priority_aging_ms = 10000;
 int guc_max_leases = 65536;
 int guc_claim_scan_limit = 10000;
+bool guc_enabled = true;
+char* guc_databases = nullptr;
+int guc_workers_per_database = 1;
+int guc_batch_size = 500;
+int guc_poll_interval_ms = 1000;
+int guc_lease_timeout_ms = 30000;
+int guc_max_in_flight = 10000;
+int guc_notify_payload_limit = 7900;
 
 void define_settings() {
     DefineCustomIntVariable(
@@ -30,6 +38,37 @@ void define_settings() {
         "relaybus.claim_scan_limit", "Most pending rows one claim looks at to find ready ones.",
         "Bounds the work of a claim when many keys are blocked behind failing deliveries.",
         &guc_claim_scan_limit, 10000, 100, INT_MAX, PGC_SUSET, 0, nullptr, nullptr, nullptr);
+    DefineCustomBoolVariable("relaybus.enabled", "Whether the background workers deliver.",
+                             "Off stops the dispatchers; publishing and the pull API keep working.",
+                             &guc_enabled, true, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+    DefineCustomStringVariable(
+        "relaybus.databases", "Databases the workers serve (comma-separated names).",
+        "Empty: every database in which the extension is installed.", &guc_databases, "",
+        PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+    DefineCustomIntVariable("relaybus.workers_per_database", "Dispatchers per database.",
+                            "They share the 64 lanes between them.", &guc_workers_per_database, 1,
+                            1, 8, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+    DefineCustomIntVariable("relaybus.batch_size", "Most deliveries a dispatcher hands over per handler per transaction.",
+                            nullptr, &guc_batch_size, 500, 1, 10000, PGC_SIGHUP, 0, nullptr,
+                            nullptr, nullptr);
+    DefineCustomIntVariable(
+        "relaybus.poll_interval", "How long an idle dispatcher sleeps between looks at the tables.",
+        "A fallback only: publishers wake the dispatchers at commit.", &guc_poll_interval_ms, 1000,
+        10, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr, nullptr);
+    DefineCustomIntVariable(
+        "relaybus.lease_timeout", "How long a lane stays with a dispatcher that stopped renewing it.",
+        "After this a live dispatcher takes over the lanes of a stuck one.", &guc_lease_timeout_ms,
+        30000, 1000, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr, nullptr);
+    DefineCustomIntVariable("relaybus.max_in_flight",
+                            "Most deliveries one dispatcher keeps handed over but unacknowledged.",
+                            "Counts notify deliveries in ack mode waiting for relay_ack.",
+                            &guc_max_in_flight, 10000, 1, 1000000, PGC_SIGHUP, 0, nullptr, nullptr,
+                            nullptr);
+    DefineCustomIntVariable(
+        "relaybus.notify_payload_limit",
+        "Largest NOTIFY payload sent inline; larger deliveries are sent by reference.",
+        "PostgreSQL's own limit is 8000 bytes.", &guc_notify_payload_limit, 7900, 200, 7999,
+        PGC_SIGHUP, GUC_UNIT_BYTE, nullptr, nullptr, nullptr);
     MarkGUCPrefixReserved("relaybus");
 }
 

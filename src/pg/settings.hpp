@@ -8,6 +8,14 @@ extern int guc_max_key_bytes;
 extern int guc_priority_aging_ms;
 extern int guc_max_leases;
 extern int guc_claim_scan_limit;
+extern bool guc_enabled;
+extern char* guc_databases;
+extern int guc_workers_per_database;
+extern int guc_batch_size;
+extern int guc_poll_interval_ms;
+extern int guc_lease_timeout_ms;
+extern int guc_max_in_flight;
+extern int guc_notify_payload_limit;
 
 void define_settings();
 

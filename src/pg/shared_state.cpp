@@ -1,6 +1,7 @@
 #include "pg/shared_state.hpp"
 
 #include "pg/leases.hpp"
+#include "pg/worker_state.hpp"
 
 namespace relaybus::pg {
 
@@ -9,7 +10,8 @@ SharedState* shared = nullptr;
 void request_shared_memory() {
     RequestAddinShmemSpace(MAXALIGN(sizeof(SharedState)));
     RequestAddinShmemSpace(leases_shmem_size());
-    RequestNamedLWLockTranche("relaybus", 1);
+    RequestAddinShmemSpace(worker_state_size());
+    RequestNamedLWLockTranche("relaybus", 2);
 }
 
 void init_shared_memory() {
@@ -21,6 +23,10 @@ void init_shared_memory() {
         pg_atomic_init_u64(&shared->catalog_generation, 1);
     }
     leases_shmem_init();
+    bool workers_found = false;
+    workers = static_cast<WorkerState*>(ShmemInitStruct("relaybus workers", worker_state_size(), &workers_found));
+    worker_state_init(workers_found);
+    if (!workers_found) workers->lock = &(GetNamedLWLockTranche("relaybus"))[1].lock;
     LWLockRelease(AddinShmemInitLock);
 }
 

@@ -1,0 +1,34 @@
+// Leasing ready deliveries: shared by relay_claim (pull consumers) and the
+// dispatchers (notify handlers), so both follow one rule for order and leases.
+#pragma once
+
+#include "pg/pg_includes.hpp"
+
+namespace relaybus::pg {
+
+// Columns of a claimed row in SPI_tuptable (1-based): id, event_id, topic, key,
+// seq, payload, headers, attempt, priority, published_at, valid[, notify_json].
+constexpr int kFetchColumns = 10;
+constexpr int kNotifyJsonColumn = 12;
+
+struct ClaimRequest {
+    int32 handler_id;
+    int max;
+    int per_key;
+    int64 lease_ms;
+    const int16* lanes;  // nullptr: every lane
+    int nlanes;
+    bool with_notify_json;
+};
+
+struct ClaimResult {
+    int n;
+    int* rows;  // SPI_tuptable row numbers, in hand-over order
+    TimestampTz until;
+};
+
+// Within spi_begin()/spi_end(): leases up to max ready deliveries (see
+// claim.cpp) and leaves them in SPI_tuptable.
+void claim_deliveries(const ClaimRequest* req, ClaimResult* out);
+
+}  // namespace relaybus::pg

@@ -1,0 +1,13 @@
+// Recording a failed attempt; shared by relay_nack and the dispatchers.
+#pragma once
+
+#include "pg/pg_includes.hpp"
+
+namespace relaybus::pg {
+
+// Within spi_begin()/spi_end(): one more failed attempt of delivery id, with an
+// optional error text (Datum 0 = none); retry_in_ms < 0 uses the handler's
+// backoff. Returns "retry" or "dead"; the lease goes back at commit.
+const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms);
+
+}  // namespace relaybus::pg

@@ -1,0 +1,389 @@
+// A dispatcher: one background worker per (database, worker index). It holds a
+// share of the 64 lanes (leases in shared memory, renewed every loop, taken over
+// from a dispatcher that stops renewing them) and hands the deliveries of those
+// lanes to notify handlers:
+//
+//   one transaction: claim a batch per handler (the same rule as relay_claim),
+//   pg_notify each delivery, delete the fire-and-forget ones; commit, so the
+//   notifications and the completion become visible together.
+//
+// It sleeps on its latch, which publishers set when they commit; the poll
+// interval is only a fallback. An error aborts the iteration; the next one
+// hands over one delivery at a time, and a delivery that fails alone is nacked
+// (retried with backoff, then dead-lettered), so a poison delivery never
+// crash-loops the worker.
+
+#include "pg/claim.hpp"
+#include "pg/catalog_cache.hpp"
+#include "pg/complete.hpp"
+#include "pg/leases.hpp"
+#include "pg/pg_includes.hpp"
+#include "pg/settings.hpp"
+#include "pg/spi_support.hpp"
+#include "pg/worker_state.hpp"
+
+extern "C" {
+#include "commands/async.h"
+#include "commands/extension.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "tcop/tcopprot.h"
+#include "utils/json.h"
+
+PGDLLEXPORT void relay_dispatcher_main(Datum arg);
+}
+
+namespace relaybus::pg {
+
+static volatile sig_atomic_t got_sighup = false;
+static volatile sig_atomic_t got_sigterm = false;
+
+static void on_sighup(SIGNAL_ARGS) {
+    int save_errno = errno;
+    got_sighup = true;
+    SetLatch(MyLatch);
+    errno = save_errno;
+}
+
+static void on_sigterm(SIGNAL_ARGS) {
+    int save_errno = errno;
+    got_sigterm = true;
+    SetLatch(MyLatch);
+    errno = save_errno;
+}
+
+static int my_slot = -1;
+static int my_db = -1;  // index in workers->databases
+static int16 my_lanes[kNumLanes];
+static uint64 my_tokens[kNumLanes];
+static int my_nlanes = 0;
+
+// Deliveries leased by the running iteration, so an error can give them back.
+static int64* inflight = nullptr;
+static int ninflight = 0;
+static int inflight_cap = 0;
+static bool poison_mode = false;
+
+static SavedPlan complete_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1)", 1,
+                                  {INT8ARRAYOID}, nullptr};
+
+static void remember_inflight(int64 id) {
+    if (ninflight == inflight_cap) {
+        int cap = inflight_cap == 0 ? 1024 : inflight_cap * 2;
+        inflight = static_cast<int64*>(inflight == nullptr
+                                           ? MemoryContextAlloc(TopMemoryContext, sizeof(int64) * cap)
+                                           : repalloc(inflight, sizeof(int64) * cap));
+        inflight_cap = cap;
+    }
+    inflight[ninflight++] = id;
+}
+
+static void on_exit_release(int code, Datum) {
+    LWLockReleaseAll();
+    if (workers == nullptr || my_slot < 0) return;
+    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+    if (my_db >= 0)
+        for (int l = 0; l < kNumLanes; l++)
+            if (workers->lanes[my_db][l].owner_slot == my_slot) workers->lanes[my_db][l].owner_slot = -1;
+    DispatcherSlot& s = workers->slots[my_slot];
+    s.pid = 0;
+    s.lanes_held = 0;
+    if (code == 0) s.dboid = InvalidOid;  // an error exit keeps the slot for the postmaster's restart
+    LWLockRelease(workers->lock);
+}
+
+// Renews this dispatcher's lanes and takes or gives lanes to hold a fair share.
+static void balance_lanes() {
+    TimestampTz now = GetCurrentTimestamp();
+    TimestampTz until = TimestampTzPlusMilliseconds(now, guc_lease_timeout_ms);
+    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+    Oid dboid = workers->slots[my_slot].dboid;
+    int active = 0;
+    for (int s = 0; s < kMaxDispatchers; s++) {
+        const DispatcherSlot& o = workers->slots[s];
+        if (o.dboid == dboid && o.pid != 0 &&
+            (s == my_slot || o.heartbeat > TimestampTzPlusMilliseconds(now, -guc_lease_timeout_ms)))
+            active++;
+    }
+    int fair = (kNumLanes + active - 1) / Max(active, 1);
+    LaneLease* lanes = workers->lanes[my_db];
+    int held = 0;
+    for (int l = 0; l < kNumLanes; l++) {
+        if (lanes[l].owner_slot != my_slot) continue;
+        if (held >= fair) {
+            lanes[l].owner_slot = -1;  // give the surplus to the others
+            continue;
+        }
+        lanes[l].until = until;
+        held++;
+    }
+    for (int l = 0; l < kNumLanes && held < fair; l++) {
+        if (lanes[l].owner_slot == -1 || lanes[l].until < now) {
+            lanes[l].owner_slot = my_slot;
+            lanes[l].token = workers->next_token++;
+            lanes[l].until = until;
+            held++;
+        }
+    }
+    my_nlanes = 0;
+    for (int l = 0; l < kNumLanes; l++) {
+        if (lanes[l].owner_slot == my_slot) {
+            my_lanes[my_nlanes] = static_cast<int16>(l);
+            my_tokens[my_nlanes++] = lanes[l].token;
+        }
+    }
+    workers->slots[my_slot].heartbeat = now;
+    workers->slots[my_slot].lanes_held = my_nlanes;
+    LWLockRelease(workers->lock);
+}
+
+// Fencing: completing is allowed only while every lane read is still ours.
+static bool lanes_still_mine() {
+    bool mine = true;
+    LWLockAcquire(workers->lock, LW_SHARED);
+    for (int i = 0; i < my_nlanes && mine; i++) {
+        const LaneLease& l = workers->lanes[my_db][my_lanes[i]];
+        mine = l.owner_slot == my_slot && l.token == my_tokens[i];
+    }
+    LWLockRelease(workers->lock);
+    return mine;
+}
+
+// A NOTIFY payload too large to send inline: the delivery by reference.
+static char* reference_payload(int row) {
+    StringInfoData buf;
+    initStringInfo(&buf);
+    appendStringInfo(&buf, "{\"id\": %lld, \"event_id\": %lld, \"topic\": ",
+                     static_cast<long long>(spi_int64(row, 1)), static_cast<long long>(spi_int64(row, 2)));
+    escape_json(&buf, SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, 3));
+    char* key = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, 4);
+    appendStringInfoString(&buf, ", \"key\": ");
+    if (key != nullptr)
+        escape_json(&buf, key);
+    else
+        appendStringInfoString(&buf, "null");
+    char* seq = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, 5);
+    char* attempt = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, 8);
+    appendStringInfo(&buf, ", \"seq\": %s, \"attempt\": %s, \"ref\": true}", seq != nullptr ? seq : "null",
+                     attempt);
+    return buf.data;
+}
+
+// Hands one batch of a notify handler's deliveries over; returns how many.
+static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int32* delivered_handler,
+                           int* ndelivered) {
+    bool ack = h->options.ack;
+    ClaimRequest req = {};
+    req.handler_id = h->id;
+    req.max = poison_mode ? 1 : guc_batch_size;
+    req.per_key = ack ? 1 : req.max;  // fire mode sends a key's run in order in one transaction
+    req.lease_ms = h->options.lease_ms;
+    req.lanes = my_lanes;
+    req.nlanes = my_nlanes;
+    req.with_notify_json = true;
+    ClaimResult res;
+    claim_deliveries(&req, &res);
+    if (res.n == 0) return 0;
+
+    TimestampTz now = GetCurrentTimestamp();
+    Datum* done = static_cast<Datum*>(palloc(sizeof(Datum) * res.n));
+    int ndone = 0;
+    for (int i = 0; i < res.n; i++) {
+        int row = res.rows[i];
+        int64 id = spi_int64(row, 1);
+        remember_inflight(id);
+        char* json = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, kNotifyJsonColumn);
+        bool by_reference = static_cast<int>(strlen(json)) > guc_notify_payload_limit;
+        if (by_reference) json = reference_payload(row);
+        Async_Notify(h->channel, json);
+        if (!ack && !by_reference) {
+            done[ndone++] = Int64GetDatum(id);
+            bool isnull = false;
+            TimestampTz published = DatumGetTimestampTz(spi_col(row, 10, &isnull));
+            delivered_latency[*ndelivered] = now - published;
+            delivered_handler[*ndelivered] = h->id;
+            (*ndelivered)++;
+        }
+    }
+    if (ndone > 0) {
+        Datum arg = PointerGetDatum(construct_array(done, ndone, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+        spi_exec(&complete_plan, &arg, nullptr, false, 0);
+        for (int i = 0; i < ndone; i++) leases_release_at_commit(DatumGetInt64(done[i]));
+    }
+    return res.n;
+}
+
+static void mark_no_extension() {
+    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+    workers->databases[my_db].no_extension = true;
+    LWLockRelease(workers->lock);
+}
+
+// One pass over every notify handler; true if some handler had a full batch.
+static bool iterate() {
+    bool busy = false;
+    SetCurrentStatementStartTimestamp();
+    StartTransactionCommand();
+    PushActiveSnapshot(GetTransactionSnapshot());
+    if (!OidIsValid(get_extension_oid("relaybus", true))) {
+        PopActiveSnapshot();
+        CommitTransactionCommand();
+        mark_no_extension();
+        ereport(LOG, (errmsg("relaybus dispatcher: extension not installed in this database, exiting")));
+        proc_exit(0);
+    }
+    pgstat_report_activity(STATE_RUNNING, "relaybus: dispatching");
+    balance_lanes();
+
+    int nh = catalog_handler_count();
+    int32* notify_ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
+    int nnotify = 0;
+    for (int i = 0; i < nh; i++) {
+        const HandlerEntry* h = catalog_handler_at(i);
+        if (h->kind == core::HandlerKind::Notify) notify_ids[nnotify++] = h->id;
+    }
+    int cap = (poison_mode ? 1 : guc_batch_size) * (nnotify + 1);
+    int64* latency = static_cast<int64*>(palloc(sizeof(int64) * cap));
+    int32* handler_of = static_cast<int32*>(palloc(sizeof(int32) * cap));
+    int ndelivered = 0;
+    int handed = 0;
+    if (nnotify > 0 && my_nlanes > 0) {
+        SpiScope scope;
+        spi_begin(&scope);
+        for (int i = 0; i < nnotify; i++) {
+            const HandlerEntry* h = catalog_handler_by_id(notify_ids[i]);
+            if (h == nullptr) continue;
+            int n = dispatch_notify(h, latency, handler_of, &ndelivered);
+            handed += n;
+            if (n >= guc_batch_size) busy = true;
+        }
+        spi_end(&scope);
+    }
+    if (handed > 0 && !lanes_still_mine())
+        ereport(ERROR, (errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+                        errmsg("relaybus dispatcher lost its lanes during a batch; not completing it")));
+    PopActiveSnapshot();
+    CommitTransactionCommand();
+    pgstat_report_stat(false);
+    pgstat_report_activity(STATE_IDLE, nullptr);
+
+    count_delivered(MyDatabaseId, handler_of, latency, ndelivered);
+    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+    workers->slots[my_slot].delivered += handed;
+    LWLockRelease(workers->lock);
+    ninflight = 0;
+    if (handed > 0) poison_mode = false;
+    return busy;
+}
+
+// A delivery that failed alone is nacked in its own transaction.
+static void nack_poison(int64 id, const char* message) {
+    PG_TRY();
+    {
+        StartTransactionCommand();
+        PushActiveSnapshot(GetTransactionSnapshot());
+        SpiScope scope;
+        spi_begin(&scope);
+        const char* outcome = nack_delivery(id, CStringGetTextDatum(message), -1);
+        spi_end(&scope);
+        PopActiveSnapshot();
+        CommitTransactionCommand();
+        ereport(LOG, (errmsg("relaybus dispatcher: delivery %lld failed alone (%s); %s",
+                             static_cast<long long>(id), message,
+                             outcome[0] == 'd' ? "dead-lettered" : "will retry")));
+    }
+    PG_CATCH();
+    {
+        EmitErrorReport();
+        FlushErrorState();
+        AbortCurrentTransaction();
+    }
+    PG_END_TRY();
+}
+
+static void after_error(MemoryContext cxt) {
+    MemoryContextSwitchTo(cxt);
+    ErrorData* ed = CopyErrorData();
+    FlushErrorState();
+    AbortCurrentTransaction();
+    ereport(LOG, (errmsg("relaybus dispatcher: iteration failed: %s", ed->message)));
+    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+    workers->slots[my_slot].failed++;
+    strlcpy(workers->slots[my_slot].last_error, ed->message, sizeof(workers->slots[my_slot].last_error));
+    LWLockRelease(workers->lock);
+    if (poison_mode && ninflight == 1) {
+        int64 id = inflight[0];
+        leases_release(&id, 1);
+        nack_poison(id, ed->message);
+    } else {
+        leases_release(inflight, ninflight);
+        poison_mode = true;
+    }
+    ninflight = 0;
+    FreeErrorData(ed);
+}
+
+}  // namespace relaybus::pg
+
+using namespace relaybus::pg;
+
+extern "C" void relay_dispatcher_main(Datum) {
+    DispatcherArgs args;
+    memcpy(&args, MyBgworkerEntry->bgw_extra, sizeof(args));
+    pqsignal(SIGHUP, on_sighup);
+    pqsignal(SIGTERM, on_sigterm);
+    BackgroundWorkerUnblockSignals();
+
+    if (workers == nullptr || args.slot < 0 || args.slot >= kMaxDispatchers || args.epoch != workers->epoch)
+        proc_exit(0);  // started before a crash-restart: the new launcher starts its own
+    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+    DispatcherSlot& slot = workers->slots[args.slot];
+    Oid dboid = slot.dboid;
+    bool taken = slot.pid != 0 && slot.pid != MyProcPid;
+    if (!taken && dboid != InvalidOid) {
+        slot.pid = MyProcPid;
+        slot.pgprocno = MyProc->pgprocno;
+        slot.started_at = GetCurrentTimestamp();
+        slot.heartbeat = slot.started_at;
+        my_slot = args.slot;
+        my_db = database_slot(dboid, true);
+    }
+    LWLockRelease(workers->lock);
+    if (my_slot < 0 || my_db < 0) proc_exit(0);
+    before_shmem_exit(on_exit_release, 0);
+
+    BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
+    pgstat_report_appname("relaybus dispatcher");
+
+    MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "relaybus dispatcher", ALLOCSET_DEFAULT_SIZES);
+    while (!got_sigterm) {
+        if (got_sighup) {
+            got_sighup = false;
+            ProcessConfigFile(PGC_SIGHUP);
+        }
+        if (!guc_enabled) break;
+        volatile bool busy = false;
+        MemoryContextSwitchTo(cxt);
+        PG_TRY();
+        {
+            busy = iterate();
+        }
+        PG_CATCH();
+        {
+            after_error(cxt);
+        }
+        PG_END_TRY();
+        MemoryContextReset(cxt);
+        if (busy) {
+            CHECK_FOR_INTERRUPTS();
+            continue;
+        }
+        (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+                        poison_mode ? 100L : static_cast<long>(guc_poll_interval_ms), PG_WAIT_EXTENSION);
+        ResetLatch(MyLatch);
+        CHECK_FOR_INTERRUPTS();
+    }
+    proc_exit(0);
+}
