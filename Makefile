@@ -15,8 +15,8 @@ PG_SRCS     = $(wildcard src/pg/*.cpp)
 OBJS        = $(CORE_SRCS:.cpp=.o) $(PG_SRCS:.cpp=.o)
 
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-register \
-              -fno-omit-frame-pointer -Isrc
-SHLIB_LINK  = -lstdc++
+              -fno-omit-frame-pointer -Isrc -MMD -MP
+SHLIB_LINK  = -lstdc++ -lcurl -lssl -lcrypto
 
 # pg_regress tests: sql/<name>.sql with expected/<name>.out (the install script excluded).
 REGRESS      = $(sort $(filter-out relaybus--%,$(notdir $(basename $(wildcard sql/*.sql)))))
@@ -25,7 +25,7 @@ REGRESS_OPTS = --inputdir=. --outputdir=results_regress
 ISOLATION      = $(sort $(notdir $(basename $(wildcard test/isolation/specs/*.spec))))
 ISOLATION_OPTS = --inputdir=test/isolation --outputdir=results_isolation
 
-EXTRA_CLEAN = results_regress results_isolation
+EXTRA_CLEAN = results_regress results_isolation $(OBJS:.o=.d)
 
 # We build without LLVM bitcode: relaybus's functions gain nothing from JIT
 # inlining, and this keeps clang out of the build requirements.
@@ -34,6 +34,9 @@ override with_llvm = no
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# Header dependencies (-MMD), so an incremental build never mixes old and new layouts.
+-include $(OBJS:.o=.d)
 
 .PHONY: test demo deps core-test
 deps:

@@ -54,7 +54,7 @@ static int cmp_int64(const void* a, const void* b) {
     return x < y ? -1 : (x > y ? 1 : 0);
 }
 
-const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms) {
+const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms, int status, bool force_dead) {
     Datum idd = Int64GetDatum(id);
     spi_exec_latest(&attempt_plan, &idd, nullptr, true, 1);
     if (SPI_processed == 0)
@@ -71,9 +71,10 @@ const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms) {
     core::BackoffPolicy policy = opts.backoff();
     int attempts_now = attempt + 1;
     const char* outcome;
-    if (attempts_now >= max_attempts) {
-        Datum values[4] = {idd, CStringGetTextDatum(h != nullptr ? h->name : "?"), error, (Datum)0};
-        char nulls[5] = "   n";
+    if (force_dead || attempts_now >= max_attempts) {
+        Datum values[4] = {idd, CStringGetTextDatum(h != nullptr ? h->name : "?"), error, Int32GetDatum(status)};
+        char nulls[5] = "    ";
+        if (status == 0) nulls[3] = 'n';
         if (error == (Datum)0) nulls[2] = 'n';
         spi_exec_latest(&dead_plan, values, nulls, false, 0);
         outcome = "dead";
@@ -141,11 +142,20 @@ extern "C" Datum relay_ack(PG_FUNCTION_ARGS) {
     int32* handlers = static_cast<int32*>(palloc(sizeof(int32) * (deleted + 1)));
     int64* latency = static_cast<int64*>(palloc(sizeof(int64) * (deleted + 1)));
     TimestampTz now = GetCurrentTimestamp();
+    bool wake = false;
     for (int i = 0; i < deleted; i++) {
         bool isnull = false;
         handlers[i] = DatumGetInt32(spi_col(i, 2, &isnull));
         latency[i] = now - DatumGetTimestampTz(spi_col(i, 3, &isnull));
+        if (!wake) {
+            const HandlerEntry* h = catalog_handler_by_id(handlers[i]);
+            wake = h != nullptr && h->kind == core::HandlerKind::Notify;
+        }
     }
+    // An acked notify delivery (ack mode, or sent by reference) releases its
+    // key: wake the dispatchers at commit so the key's next delivery goes out
+    // at once, not at the next poll.
+    if (wake) wake_dispatchers_at_commit();
     spi_end(&scope);
     count_delivered(MyDatabaseId, handlers, latency, deleted);
     for (int i = 0; i < unique; i++) leases_release_at_commit(ids[i]);
@@ -162,11 +172,13 @@ extern "C" Datum relay_nack(PG_FUNCTION_ARGS) {
         retry_in_ms = interval_to_ms(PG_GETARG_INTERVAL_P(2));
         if (retry_in_ms < 0)
             ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("retry_in must not be negative")));
+        if (retry_in_ms > 366LL * 86400000LL)
+            ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("retry_in must be at most 366 days")));
     }
 
     SpiScope scope;
     spi_begin(&scope);
-    const char* outcome = nack_delivery(id, error, retry_in_ms);
+    const char* outcome = nack_delivery(id, error, retry_in_ms, 0, false);
     spi_end(&scope);
     PG_RETURN_TEXT_P(cstring_to_text(outcome));
 }

@@ -7,7 +7,9 @@ namespace relaybus::pg {
 
 // Within spi_begin()/spi_end(): one more failed attempt of delivery id, with an
 // optional error text (Datum 0 = none); retry_in_ms < 0 uses the handler's
-// backoff. Returns "retry" or "dead"; the lease goes back at commit.
-const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms);
+// backoff; status is the HTTP status of the attempt (0 = none), kept with a dead
+// letter; force_dead dead-letters at once (a permanent failure). Returns "retry"
+// or "dead"; the lease goes back at commit.
+const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms, int status, bool force_dead);
 
 }  // namespace relaybus::pg

@@ -178,6 +178,12 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
     ClaimRequest req = {};
     req.handler_id = h->id;
     req.max = poison_mode ? 1 : guc_batch_size;
+    if (ack) {
+        // Deliveries waiting for relay_ack count against relaybus.max_in_flight.
+        int waiting = leases_count_handler(h->id, GetCurrentTimestamp());
+        req.max = Min(req.max, guc_max_in_flight - waiting);
+        if (req.max <= 0) return 0;
+    }
     req.per_key = ack ? 1 : req.max;  // fire mode sends a key's run in order in one transaction
     req.lease_ms = h->options.lease_ms;
     req.lanes = my_lanes;
@@ -286,7 +292,7 @@ static void nack_poison(int64 id, const char* message) {
         PushActiveSnapshot(GetTransactionSnapshot());
         SpiScope scope;
         spi_begin(&scope);
-        const char* outcome = nack_delivery(id, CStringGetTextDatum(message), -1);
+        const char* outcome = nack_delivery(id, CStringGetTextDatum(message), -1, 0, false);
         spi_end(&scope);
         PopActiveSnapshot();
         CommitTransactionCommand();

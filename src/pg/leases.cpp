@@ -100,6 +100,19 @@ void leases_release(const int64* ids, int n) {
     LWLockRelease(shared->lease_lock);
 }
 
+int leases_count_handler(int32 handler_id, TimestampTz now) {
+    require_shared();
+    int n = 0;
+    LWLockAcquire(shared->lease_lock, LW_SHARED);
+    HASH_SEQ_STATUS seq;
+    hash_seq_init(&seq, lease_table);
+    LeaseEntry* e;
+    while ((e = static_cast<LeaseEntry*>(hash_seq_search(&seq))) != nullptr)
+        if (e->key.database_id == MyDatabaseId && e->handler_id == handler_id && e->until > now) n++;
+    LWLockRelease(shared->lease_lock);
+    return n;
+}
+
 int leases_copy(LeaseEntry* out, int max) {
     require_shared();
     int n = 0;

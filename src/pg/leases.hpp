@@ -27,12 +27,15 @@ struct LeaseEntry {
 Size leases_shmem_size();
 void leases_shmem_init();
 
+// All functions work on deliveries of the current database.
 // leased[i] = ids[i] holds an unexpired lease at now.
 void leases_lookup(const int64* ids, int n, TimestampTz now, bool* leased);
 // Takes the leases that are free (absent or expired); got[i] tells which. Returns how many.
 int leases_acquire(const int64* ids, int n, int32 handler_id, TimestampTz now, TimestampTz until,
                    bool* got);
 void leases_release(const int64* ids, int n);
+// Unexpired leases of a handler of this database (for the in-flight cap).
+int leases_count_handler(int32 handler_id, TimestampTz now);
 // Copies up to max entries of the current database (for the relay._leases() view); returns how many.
 int leases_copy(LeaseEntry* out, int max);
 

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""A real HTTP receiver on loopback for the webhook tests.
+
+    http_receiver.py --port-file F [--log F]
+
+Serves HTTP/1.1 with keep-alive on 127.0.0.1 (a free port, written to
+--port-file). Every request to any path except /_control/... is recorded as
+one JSON line in --log: {"t", "path", "headers" (lower-case names), "body",
+"answered"} and answered by the path's behaviour:
+
+    POST /_control/<path>   body: a JSON list of behaviours applied to the next
+                            requests of /<path>, in order; when the list is empty
+                            the answer is 200. A behaviour:
+                            {"status": 500}, {"status": 429, "retry_after": "2"},
+                            {"delay": 3.0} (then 200), {"drop": true}
+                            (close the connection without answering),
+                            {"status": 200, "repeat": true} (sticky).
+    GET  /_requests         every recorded request as a JSON list
+    GET  /_health           200
+"""
+import argparse
+import json
+import socketserver
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+LOCK = threading.Lock()
+PLANS = {}      # path -> list of behaviours
+RECORDS = []
+LOG = None
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, status, body=b"", headers=None):
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/_requests":
+            with LOCK:
+                body = json.dumps(RECORDS).encode()
+            self._reply(200, body, {"Content-Type": "application/json"})
+        elif self.path == "/_health":
+            self._reply(200, b"ok")
+        else:
+            self._reply(404)
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        if self.path.startswith("/_control/"):
+            path = "/" + self.path[len("/_control/"):]
+            with LOCK:
+                PLANS[path] = list(json.loads(body or b"[]"))
+            self._reply(204)
+            return
+        with LOCK:
+            plan = PLANS.get(self.path, [])
+            behaviour = plan[0] if plan else {"status": 200}
+            if plan and not behaviour.get("repeat"):
+                plan.pop(0)
+            record = {
+                "t": time.time(),
+                "path": self.path,
+                "headers": {k.lower(): v for k, v in self.headers.items()},
+                "body": body.decode("utf-8", "replace"),
+                "answered": behaviour,
+            }
+            RECORDS.append(record)
+            if LOG:
+                LOG.write(json.dumps(record) + "\n")
+                LOG.flush()
+        if behaviour.get("delay"):
+            time.sleep(float(behaviour["delay"]))
+        if behaviour.get("drop"):
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
+        headers = {}
+        if "retry_after" in behaviour:
+            headers["Retry-After"] = str(behaviour["retry_after"])
+        self._reply(int(behaviour.get("status", 200)), b"", headers)
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256
+
+
+def main():
+    global LOG
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port-file", required=True)
+    ap.add_argument("--log")
+    ap.add_argument("--port", type=int, default=0)
+    args = ap.parse_args()
+    if args.log:
+        LOG = open(args.log, "a", encoding="utf-8")
+    srv = Server(("127.0.0.1", args.port), Handler)
+    with open(args.port_file + ".tmp", "w") as f:
+        f.write(str(srv.server_address[1]))
+    import os
+    os.replace(args.port_file + ".tmp", args.port_file)
+    srv.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
