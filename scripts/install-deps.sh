@@ -21,6 +21,9 @@ PACKAGES=(
     postgresql-15-pgtap
     libtap-parser-sourcehandler-pgtap-perl   # pg_prove
     python3
+    python3-pip
+    nghttp2-server                           # nghttpd: the HTTP/2 TLS peer of the core HTTP tests
+    openssl                                  # test certificates
 )
 # Extra packages can be asked for by the caller (space separated).
 if [[ -n "${RELAYBUS_EXTRA_PACKAGES:-}" ]]; then
@@ -39,8 +42,19 @@ for pkg in "${PACKAGES[@]}"; do
     is_installed "$pkg" || missing+=("$pkg")
 done
 
+# Python packages the tests use, from PyPI: standardwebhooks, an independent
+# implementation that checks relaybus's webhook signatures.
+python_deps() {
+    if ! python3 -c 'import standardwebhooks' >/dev/null 2>&1; then
+        echo "install-deps: pip install standardwebhooks"
+        python3 -m pip install -q standardwebhooks 2>/dev/null ||
+            python3 -m pip install -q --break-system-packages standardwebhooks
+    fi
+}
+
 if ((${#missing[@]} == 0)); then
     echo "install-deps: all ${#PACKAGES[@]} packages present"
+    python_deps
     exit 0
 fi
 
@@ -79,4 +93,5 @@ if ((${#still[@]} > 0)); then
     echo "install-deps: still missing after apt-get: ${still[*]}" >&2
     exit 1
 fi
+python_deps
 echo "install-deps: done"

@@ -138,7 +138,10 @@ RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_workers' LANGUAGE C;
 
 CREATE FUNCTION relay._handler_counters(OUT handler_id integer, OUT delivered bigint,
                                         OUT retried bigint, OUT dead_lettered bigint,
-                                        OUT latency_p50_ms float8, OUT latency_p99_ms float8)
+                                        OUT latency_p50_ms float8, OUT latency_p99_ms float8,
+                                        OUT http_2xx bigint, OUT http_3xx bigint, OUT http_4xx bigint,
+                                        OUT http_5xx bigint, OUT http_errors bigint,
+                                        OUT breaker_until timestamptz)
 RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_counters' LANGUAGE C;
 
 CREATE FUNCTION relay.lane_of(key text) RETURNS integer
@@ -339,7 +342,9 @@ SELECT h.name AS handler,
        coalesce(c.delivered, 0) AS delivered,
        coalesce(c.retried, 0)   AS retried,
        c.latency_p50_ms,
-       c.latency_p99_ms
+       c.latency_p99_ms,
+       c.http_2xx, c.http_3xx, c.http_4xx, c.http_5xx, c.http_errors,
+       CASE WHEN c.breaker_until > now() THEN c.breaker_until END AS breaker_until
   FROM relay.handlers h
   LEFT JOIN relay._handler_counters() c ON c.handler_id = h.id
   LEFT JOIN LATERAL (

@@ -270,6 +270,9 @@ const OptionRule* find_rule(std::string_view name) {
       {"secret", kHttp, "http handlers"},
       {"headers", kHttp, "http handlers"},
       {"ack", kind_bit(HandlerKind::Notify), "notify handlers"},
+      {"envelope", kHttp, "http handlers"},
+      {"retry_4xx", kHttp, "http handlers"},
+      {"follow_redirects", kHttp, "http handlers"},
       {"lease", kAll, ""},
   };
   for (const auto& r : kRules)
@@ -318,11 +321,16 @@ bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOpt
       ok = parse_interval_option("timeout", "30s", v, 1, kMsPerHour, &o.timeout_ms, why);
     } else if (name == "lease") {
       ok = parse_interval_option("lease", "30s", v, kMsPerSecond, kMsPerDay, &o.lease_ms, why);
-    } else if (name == "ack") {
+    } else if (name == "ack" || name == "envelope" || name == "retry_4xx" ||
+               name == "follow_redirects") {
       if (v.is_boolean()) {
-        o.ack = v.get<bool>();
+        bool b = v.get<bool>();
+        if (name == "ack") o.ack = b;
+        if (name == "envelope") o.envelope = b;
+        if (name == "retry_4xx") o.retry_4xx = b;
+        if (name == "follow_redirects") o.follow_redirects = b;
       } else {
-        set_why(why, "option \"ack\" must be true or false");
+        set_why(why, "option " + quote(name) + " must be true or false");
         ok = false;
       }
     } else if (name == "secret") {
@@ -590,6 +598,9 @@ std::string options_public_json(HandlerKind kind, const HandlerOptions& o) {
     if (kind == HandlerKind::Notify) j["ack"] = o.ack;
     if (kind == HandlerKind::Http) {
       j["timeout"] = format_duration_ms(o.timeout_ms);
+      j["envelope"] = o.envelope;
+      j["retry_4xx"] = o.retry_4xx;
+      j["follow_redirects"] = o.follow_redirects;
       json h = json::object();
       for (const auto& kv : o.headers) h[kv.first] = "[redacted]";
       j["headers"] = std::move(h);

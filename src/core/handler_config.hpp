@@ -55,6 +55,9 @@ struct HandlerOptions {
   // http only: extra request headers, names as given.
   std::vector<std::pair<std::string, std::string>> headers;
   bool ack = false;                 // notify only
+  bool envelope = true;             // http only: POST the envelope (id, topic, key, seq, ...) or just the payload
+  bool retry_4xx = false;           // http only: retry 4xx other than 408/429 instead of dead-lettering
+  bool follow_redirects = false;    // http only
   int64_t lease_ms = 30000;         // all; 1s..1d
   BackoffPolicy backoff() const;
 };

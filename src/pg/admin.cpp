@@ -204,10 +204,17 @@ extern "C" Datum relay_handler_counters(PG_FUNCTION_ARGS) {
         if (c.dboid != MyDatabaseId) continue;
         double p50 = percentile_ms(c.latency, c.delivered, 0.50);
         double p99 = percentile_ms(c.latency, c.delivered, 0.99);
-        Datum v[6] = {Int32GetDatum(c.handler_id), Int64GetDatum(static_cast<int64>(c.delivered)),
-                      Int64GetDatum(static_cast<int64>(c.retried)), Int64GetDatum(static_cast<int64>(c.dead)),
-                      Float8GetDatum(p50), Float8GetDatum(p99)};
-        bool n[6] = {false, false, false, false, p50 < 0, p99 < 0};
+        Datum v[12] = {Int32GetDatum(c.handler_id), Int64GetDatum(static_cast<int64>(c.delivered)),
+                       Int64GetDatum(static_cast<int64>(c.retried)), Int64GetDatum(static_cast<int64>(c.dead)),
+                       Float8GetDatum(p50), Float8GetDatum(p99),
+                       Int64GetDatum(static_cast<int64>(c.http_status[2])),
+                       Int64GetDatum(static_cast<int64>(c.http_status[3])),
+                       Int64GetDatum(static_cast<int64>(c.http_status[4])),
+                       Int64GetDatum(static_cast<int64>(c.http_status[5])),
+                       Int64GetDatum(static_cast<int64>(c.http_status[0] + c.http_status[1])),
+                       TimestampTzGetDatum(c.breaker_until)};
+        bool n[12] = {false, false, false, false, p50 < 0, p99 < 0, false, false, false, false, false,
+                      c.breaker_until == 0};
         tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
     }
     return (Datum)0;

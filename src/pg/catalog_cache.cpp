@@ -102,7 +102,10 @@ void reload(Oid schema, uint64 generation) {
                 HandlerEntry h{};
                 h.id = hs[i].id;
                 strlcpy(h.name, hs[i].name, sizeof(h.name));
-                if (hs[i].target != nullptr) strlcpy(h.channel, hs[i].target, sizeof(h.channel));
+                if (hs[i].target != nullptr) {
+                    strlcpy(h.channel, hs[i].target, sizeof(h.channel));
+                    h.target = hs[i].target;
+                }
                 if (!core::parse_handler_kind(hs[i].kind, &h.kind, why)) return false;
                 // Stored options were validated on the way in; a failure here means
                 // the row was written by hand, and defaults are the safe reading.

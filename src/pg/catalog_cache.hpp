@@ -6,6 +6,8 @@
 // backend changed them itself, or when the relay schema was recreated.
 #pragma once
 
+#include <string>
+
 #include "core/handler_config.hpp"
 #include "pg/pg_includes.hpp"
 
@@ -16,6 +18,7 @@ struct HandlerEntry {
     char name[NAMEDATALEN];
     core::HandlerKind kind;
     char channel[NAMEDATALEN];  // notify handlers: the LISTEN channel
+    std::string target;         // the target as stored (the URL of an http handler)
     core::HandlerOptions options;
 };
 

@@ -54,9 +54,10 @@ static int cmp_int64(const void* a, const void* b) {
     return x < y ? -1 : (x > y ? 1 : 0);
 }
 
-const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms, int status, bool force_dead) {
+const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms, int status, bool force_dead, bool missing_ok) {
     Datum idd = Int64GetDatum(id);
     spi_exec_latest(&attempt_plan, &idd, nullptr, true, 1);
+    if (SPI_processed == 0 && missing_ok) return "gone";
     if (SPI_processed == 0)
         ereport(ERROR, (errcode(ERRCODE_NO_DATA_FOUND),
                         errmsg("delivery %lld does not exist", static_cast<long long>(id))));
@@ -178,7 +179,7 @@ extern "C" Datum relay_nack(PG_FUNCTION_ARGS) {
 
     SpiScope scope;
     spi_begin(&scope);
-    const char* outcome = nack_delivery(id, error, retry_in_ms, 0, false);
+    const char* outcome = nack_delivery(id, error, retry_in_ms, 0, false, false);
     spi_end(&scope);
     PG_RETURN_TEXT_P(cstring_to_text(outcome));
 }

@@ -16,6 +16,7 @@
 #include "pg/claim.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/complete.hpp"
+#include "pg/http_delivery.hpp"
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/settings.hpp"
@@ -65,6 +66,7 @@ static int64* inflight = nullptr;
 static int ninflight = 0;
 static int inflight_cap = 0;
 static bool poison_mode = false;
+static MemoryContext loop_cxt = nullptr;  // reset after every loop
 
 static SavedPlan complete_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1)", 1,
                                   {INT8ARRAYOID}, nullptr};
@@ -245,17 +247,20 @@ static bool iterate() {
 
     int nh = catalog_handler_count();
     int32* notify_ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
-    int nnotify = 0;
+    int32* http_ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
+    int nnotify = 0, nhttp = 0;
     for (int i = 0; i < nh; i++) {
         const HandlerEntry* h = catalog_handler_at(i);
         if (h->kind == core::HandlerKind::Notify) notify_ids[nnotify++] = h->id;
+        if (h->kind == core::HandlerKind::Http) http_ids[nhttp++] = h->id;
     }
     int cap = (poison_mode ? 1 : guc_batch_size) * (nnotify + 1);
-    int64* latency = static_cast<int64*>(palloc(sizeof(int64) * cap));
-    int32* handler_of = static_cast<int32*>(palloc(sizeof(int32) * cap));
+    // Read after commit, so not in the transaction's memory.
+    int64* latency = static_cast<int64*>(MemoryContextAlloc(loop_cxt, sizeof(int64) * cap));
+    int32* handler_of = static_cast<int32*>(MemoryContextAlloc(loop_cxt, sizeof(int32) * cap));
     int ndelivered = 0;
     int handed = 0;
-    if (nnotify > 0 && my_nlanes > 0) {
+    if ((nnotify > 0 || nhttp > 0) && my_nlanes > 0) {
         SpiScope scope;
         spi_begin(&scope);
         for (int i = 0; i < nnotify; i++) {
@@ -264,6 +269,25 @@ static bool iterate() {
             int n = dispatch_notify(h, latency, handler_of, &ndelivered);
             handed += n;
             if (n >= guc_batch_size) busy = true;
+        }
+        for (int i = 0; i < nhttp; i++) {
+            const HandlerEntry* h = catalog_handler_by_id(http_ids[i]);
+            if (h == nullptr) continue;
+            int room = http_capacity(h);
+            if (room <= 0) continue;
+            ClaimRequest req = {};
+            req.handler_id = h->id;
+            req.max = Min(poison_mode ? 1 : guc_batch_size, room);
+            req.per_key = 1;  // a key's next delivery waits for this one's success
+            req.lease_ms = http_lease_ms(h);
+            req.lanes = my_lanes;
+            req.nlanes = my_nlanes;
+            req.with_notify_json = true;
+            ClaimResult res;
+            claim_deliveries(&req, &res);
+            for (int k = 0; k < res.n; k++) remember_inflight(spi_int64(res.rows[k], 1));
+            http_stage(h, &res);
+            handed += res.n;
         }
         spi_end(&scope);
     }
@@ -274,6 +298,7 @@ static bool iterate() {
     CommitTransactionCommand();
     pgstat_report_stat(false);
     pgstat_report_activity(STATE_IDLE, nullptr);
+    http_send_staged();  // only now, with no transaction open
 
     count_delivered(MyDatabaseId, handler_of, latency, ndelivered);
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
@@ -292,7 +317,7 @@ static void nack_poison(int64 id, const char* message) {
         PushActiveSnapshot(GetTransactionSnapshot());
         SpiScope scope;
         spi_begin(&scope);
-        const char* outcome = nack_delivery(id, CStringGetTextDatum(message), -1, 0, false);
+        const char* outcome = nack_delivery(id, CStringGetTextDatum(message), -1, 0, false, true);
         spi_end(&scope);
         PopActiveSnapshot();
         CommitTransactionCommand();
@@ -314,6 +339,7 @@ static void after_error(MemoryContext cxt) {
     ErrorData* ed = CopyErrorData();
     FlushErrorState();
     AbortCurrentTransaction();
+    http_drop_staged();
     ereport(LOG, (errmsg("relaybus dispatcher: iteration failed: %s", ed->message)));
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     workers->slots[my_slot].failed++;
@@ -364,6 +390,7 @@ extern "C" void relay_dispatcher_main(Datum) {
     pgstat_report_appname("relaybus dispatcher");
 
     MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "relaybus dispatcher", ALLOCSET_DEFAULT_SIZES);
+    loop_cxt = cxt;
     while (!got_sigterm) {
         if (got_sighup) {
             got_sighup = false;
@@ -374,7 +401,8 @@ extern "C" void relay_dispatcher_main(Datum) {
         MemoryContextSwitchTo(cxt);
         PG_TRY();
         {
-            busy = iterate();
+            if (http_complete() > 0) busy = true;
+            busy = iterate() || busy;
         }
         PG_CATCH();
         {
@@ -386,10 +414,10 @@ extern "C" void relay_dispatcher_main(Datum) {
             CHECK_FOR_INTERRUPTS();
             continue;
         }
-        (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-                        poison_mode ? 100L : static_cast<long>(guc_poll_interval_ms), PG_WAIT_EXTENSION);
-        ResetLatch(MyLatch);
+        http_wait(poison_mode ? 100L : static_cast<long>(guc_poll_interval_ms));
+        MemoryContextReset(cxt);
         CHECK_FOR_INTERRUPTS();
     }
+    http_shutdown();
     proc_exit(0);
 }

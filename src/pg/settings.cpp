@@ -16,6 +16,7 @@ int guc_poll_interval_ms = 1000;
 int guc_lease_timeout_ms = 30000;
 int guc_max_in_flight = 10000;
 int guc_notify_payload_limit = 7900;
+char* guc_http_allowlist = nullptr;
 
 void define_settings() {
     DefineCustomIntVariable(
@@ -69,6 +70,11 @@ void define_settings() {
         "Largest NOTIFY payload sent inline; larger deliveries are sent by reference.",
         "PostgreSQL's own limit is 8000 bytes.", &guc_notify_payload_limit, 7900, 200, 7999,
         PGC_SIGHUP, GUC_UNIT_BYTE, nullptr, nullptr, nullptr);
+    DefineCustomStringVariable(
+        "relaybus.http_allowlist",
+        "Hosts and CIDRs that http handlers may call although they are loopback, private, link-local or metadata addresses.",
+        "Comma-separated, e.g. 'localhost, 127.0.0.0/8, 10.1.0.0/16'. Empty: only public addresses.",
+        &guc_http_allowlist, "", PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
     MarkGUCPrefixReserved("relaybus");
 }
 

@@ -16,6 +16,7 @@ extern int guc_poll_interval_ms;
 extern int guc_lease_timeout_ms;
 extern int guc_max_in_flight;
 extern int guc_notify_payload_limit;
+extern char* guc_http_allowlist;
 
 void define_settings();
 

@@ -105,3 +105,19 @@ void count_retried(Oid dboid, int32 handler_id, bool dead) {
 }
 
 }  // namespace relaybus::pg
+
+namespace relaybus::pg {
+
+void count_http(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until) {
+    if (workers == nullptr) return;
+    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+    HandlerCounters* c = counters_of(dboid, handler_id);
+    if (c != nullptr) {
+        int cls = status >= 100 && status < 600 ? status / 100 : 0;
+        c->http_status[cls]++;
+        c->breaker_until = breaker_until;
+    }
+    LWLockRelease(workers->lock);
+}
+
+}  // namespace relaybus::pg

@@ -49,6 +49,8 @@ struct HandlerCounters {
     uint64 retried;
     uint64 dead;
     uint64 latency[kLatencyBuckets];
+    uint64 http_status[6];   // http: responses 1xx..5xx by class (index 1..5); [0] = no response
+    TimestampTz breaker_until;  // http: calls suspended until then (circuit breaker), 0 = closed
 };
 
 struct WorkerState {
@@ -90,5 +92,6 @@ void workers_at_xact_end(bool commit);
 // Delivery counters of the workers, for relay.handler_stats.
 void count_delivered(Oid dboid, const int32* handler_ids, const int64* latency_us, int n);
 void count_retried(Oid dboid, int32 handler_id, bool dead);
+void count_http(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until);
 
 }  // namespace relaybus::pg

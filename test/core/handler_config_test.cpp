@@ -528,8 +528,9 @@ TEST(PublicJson, DefaultsPerKind) {
             R"({"ack":false,"backoff_base":"1s","backoff_max":"10min","concurrency":16,)"
             R"("lease":"30s","max_attempts":10})");
   EXPECT_EQ(options_public_json(K::Http, HandlerOptions{}),
-            R"({"backoff_base":"1s","backoff_max":"10min","concurrency":16,"headers":{},)"
-            R"("lease":"30s","max_attempts":10,"timeout":"30s"})");
+            R"({"backoff_base":"1s","backoff_max":"10min","concurrency":16,"envelope":true,)"
+            R"("follow_redirects":false,"headers":{},"lease":"30s","max_attempts":10,)"
+            R"("retry_4xx":false,"timeout":"30s"})");
 }
 
 TEST(PublicJson, HidesSecretsAndHeaderValues) {
@@ -540,9 +541,9 @@ TEST(PublicJson, HidesSecretsAndHeaderValues) {
   EXPECT_EQ(j.find("whsec_"), std::string::npos);
   EXPECT_EQ(j.find("sekrit"), std::string::npos);
   EXPECT_EQ(j,
-            R"({"backoff_base":"1s","backoff_max":"1h","concurrency":16,)"
-            R"("headers":{"Authorization":"[redacted]"},"lease":"30s","max_attempts":10,)"
-            R"("timeout":"1500ms"})");
+            R"({"backoff_base":"1s","backoff_max":"1h","concurrency":16,"envelope":true,)"
+            R"("follow_redirects":false,"headers":{"Authorization":"[redacted]"},"lease":"30s",)"
+            R"("max_attempts":10,"retry_4xx":false,"timeout":"1500ms"})");
 }
 
 TEST(PublicJson, ReparsesToTheSameOptionsForNonHttpKinds) {
@@ -558,3 +559,26 @@ TEST(PublicJson, ReparsesToTheSameOptionsForNonHttpKinds) {
 
 }  // namespace
 }  // namespace relaybus::core
+
+using namespace relaybus::core;
+
+TEST(HandlerOptionsHttpFlags, ParsedForHttpAndRejectedElsewhere) {
+  HandlerOptions o;
+  std::string why;
+  ASSERT_TRUE(parse_handler_options(HandlerKind::Http,
+                                    R"({"envelope": false, "retry_4xx": true, "follow_redirects": true})",
+                                    &o, &why))
+      << why;
+  EXPECT_FALSE(o.envelope);
+  EXPECT_TRUE(o.retry_4xx);
+  EXPECT_TRUE(o.follow_redirects);
+  HandlerOptions d;
+  ASSERT_TRUE(parse_handler_options(HandlerKind::Http, "{}", &d, &why));
+  EXPECT_TRUE(d.envelope);
+  EXPECT_FALSE(d.retry_4xx);
+  EXPECT_FALSE(d.follow_redirects);
+  EXPECT_FALSE(parse_handler_options(HandlerKind::Pull, R"({"envelope": true})", &o, &why));
+  EXPECT_EQ(why, "option \"envelope\" is only valid for http handlers");
+  EXPECT_FALSE(parse_handler_options(HandlerKind::Http, R"({"retry_4xx": "yes"})", &o, &why));
+  EXPECT_EQ(why, "option \"retry_4xx\" must be true or false");
+}

@@ -1,0 +1,142 @@
+#pragma once
+
+// The HTTP delivery engine: POST requests over one libcurl multi handle,
+// non-blocking, driven by the caller's single-threaded event loop (in the
+// extension a background worker's WaitEventSet, in tests a poll() loop; see
+// test/core/http_loop.hpp for the reference loop). The engine never blocks
+// and never waits by itself: the caller waits on sockets() and timeout_ms()
+// and reports back with on_socket() / on_timeout(); finished requests are
+// collected with take_results().
+//
+// Every public member is noexcept in effect (exceptions are caught inside;
+// submit reports failures through *why). Not thread-safe: one engine, one
+// thread. libcurl's threaded resolver starts helper threads; every libcurl
+// call that may start one runs with all signals blocked, so those threads
+// never receive the host process's signals.
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "outbound_policy.hpp"
+
+namespace relaybus::core {
+
+struct HttpRequest {
+  uint64_t tag = 0;     // the caller's id (the delivery id)
+  int handler_key = 0;  // concurrency group (the handler id)
+  std::string url;      // http:// or https:// only
+  // Sent besides "content-type: application/json" (a content-type given here
+  // replaces that one). Names must be tokens; values without CR, LF or NUL.
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  int64_t timeout_ms = 30000;     // total, > 0
+  bool follow_redirects = false;  // then at most 5 hops, each hop's address checked
+};
+
+enum class HttpOutcome { Success, Retry, Fail };
+const char* http_outcome_name(HttpOutcome o);  // "success", "retry", "fail"
+
+struct HttpResult {
+  uint64_t tag = 0;
+  int handler_key = 0;
+  HttpOutcome outcome = HttpOutcome::Retry;
+  int status = 0;              // final HTTP status; 0 = no HTTP response
+  // Human text, empty on success: "HTTP 500", "timeout after 30000 ms",
+  // "connection refused", "address 127.0.0.1 is not allowed (loopback) ...".
+  std::string error;
+  int64_t retry_after_ms = -1;  // from Retry-After on 429/503, else -1
+  int64_t elapsed_ms = 0;       // submit to completion
+  int http_version = 0;         // 10, 11, 20, 30; 0 = no response
+  int new_connections = 0;      // connections this request had to open (0 = reused one)
+  std::string body;             // first max_response_bytes bytes of the response body
+  uint64_t response_bytes = 0;  // body bytes received in all (beyond the kept ones too)
+};
+
+struct HttpEngineOptions {
+  int max_total = 256;                // global cap of requests in flight (>= 1); also the idle-connection cache size
+  int64_t connect_timeout_ms = 10000;
+  size_t max_response_bytes = 65536;  // kept in HttpResult::body; the rest is read and discarded
+  // A response body longer than this is cut off (its connection is closed
+  // rather than drained) and the request is classified by its status.
+  uint64_t max_drain_bytes = 16u << 20;
+  Allowlist allow;                    // outbound policy
+  bool verify_tls = true;
+  std::string ca_file;                // PEM bundle; empty = the system's trust store
+  std::string user_agent;             // empty = "relaybus/<version>"
+  int dns_cache_timeout_s = 60;       // libcurl's DNS cache; 0 = look names up every time
+};
+
+class HttpEngine {
+ public:
+  explicit HttpEngine(const HttpEngineOptions& options);
+  ~HttpEngine();  // drops whatever is in flight, closes every connection
+  HttpEngine(const HttpEngine&) = delete;
+  HttpEngine& operator=(const HttpEngine&) = delete;
+
+  // False if libcurl could not be initialized (every submit then fails).
+  bool ok() const { return multi_ != nullptr; }
+
+  // Requests of one handler_key in flight at once; default 16, < 1 means 1.
+  // Lowering it below what is in flight only stops new submits.
+  void set_handler_limit(int handler_key, int concurrency);
+  void forget_handler(int handler_key);  // drops its limit (back to the default)
+  // Below the global cap and the handler's limit.
+  bool can_submit(int handler_key) const;
+  // Starts a request. False (with *why) if over a cap, the URL is not
+  // http(s), a header is invalid, the timeout is not positive, or libcurl
+  // failed; nothing is then in flight for it and no result will come.
+  // Otherwise exactly one HttpResult with req.tag comes out of
+  // take_results() later (unless cancel_all() drops it first).
+  bool submit(HttpRequest req, std::string* why);
+
+  // Sockets to wait on and for what. The set may change after every call of
+  // submit, on_socket, on_timeout and cancel_all (a socket may be closed and
+  // its number reused): rebuild the wait set when sockets_generation()
+  // changed.
+  struct SocketWant {
+    int fd;
+    bool read;
+    bool write;
+  };
+  std::vector<SocketWant> sockets() const;
+  uint64_t sockets_generation() const { return sockets_generation_; }
+  // -1: no timer; otherwise ms until on_timeout() is due (0 = now).
+  int64_t timeout_ms() const;
+  // A socket became ready. Report errors/hang-ups as readable and writable.
+  // An fd the engine no longer watches is ignored.
+  void on_socket(int fd, bool readable, bool writable);
+  // Call when timeout_ms() has elapsed (calling it early is harmless).
+  void on_timeout();
+
+  std::vector<HttpResult> take_results();
+  size_t in_flight() const { return transfers_.size(); }
+  size_t in_flight(int handler_key) const;
+  // Drops everything in flight without results (their connections close).
+  void cancel_all();
+
+  struct Transfer;  // internal
+
+ private:
+  friend struct HttpEngineCallbacks;
+  int limit_of(int handler_key) const;
+  void socket_changed(int fd, int what);
+  void finish_done_transfers();
+  void remove_transfer(Transfer* t);
+
+  HttpEngineOptions options_;
+  void* multi_ = nullptr;  // CURLM*
+  std::unordered_map<Transfer*, std::unique_ptr<Transfer>> transfers_;
+  std::unordered_map<int, int> limits_;
+  std::unordered_map<int, int> running_;  // handler_key -> in flight
+  std::map<int, SocketWant> sockets_;
+  uint64_t sockets_generation_ = 0;
+  std::vector<HttpResult> results_;
+};
+
+}  // namespace relaybus::core

@@ -1,0 +1,351 @@
+#include "pg/http_delivery.hpp"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/http_engine.hpp"
+#include "core/outbound_policy.hpp"
+#include "core/webhook_signature.hpp"
+#include "pg/complete.hpp"
+#include "pg/guard.hpp"
+#include "pg/leases.hpp"
+#include "pg/settings.hpp"
+#include "pg/spi_support.hpp"
+#include "pg/worker_state.hpp"
+
+extern "C" {
+#include "pgstat.h"
+#include "storage/latch.h"
+}
+
+namespace relaybus::pg {
+
+namespace {
+
+// Consecutive failures that open a handler's breaker.
+constexpr int kBreakerThreshold = 5;
+
+struct Breaker {
+    int consecutive = 0;   // failures in a row (network errors, 408, 429, 5xx)
+    int opens = 0;         // times opened in a row, for its exponential backoff
+    int64 open_until_ms = 0;
+};
+
+// The dispatcher's HTTP state. Static storage: nothing here lives on a stack
+// frame that a PostgreSQL error could unwind.
+std::unique_ptr<core::HttpEngine> engine;
+std::string engine_allowlist;
+std::vector<core::HttpRequest> staged;
+std::vector<core::HttpResult> finished;
+std::unordered_map<uint64, int64> published_us;  // delivery id -> publish time (latency)
+std::unordered_map<int32, Breaker> breakers;
+
+SavedPlan delete_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1)", 1, {INT8ARRAYOID}, nullptr};
+
+int64 now_ms() { return timestamptz_to_epoch_ms(GetCurrentTimestamp()); }
+
+const char* allowlist_setting() { return guc_http_allowlist != nullptr ? guc_http_allowlist : ""; }
+
+// Creates the engine, or recreates it when relaybus.http_allowlist changed and
+// nothing is in flight. Returns false (with a log line) if the setting is bad.
+bool ensure_engine() {
+    const char* setting = allowlist_setting();
+    char err[kErrLen];
+    bool ok = run_core(
+        [&](std::string* why) {
+            if (engine && engine_allowlist == setting) return true;
+            if (engine && engine->in_flight() > 0) return true;  // switch once drained
+            core::HttpEngineOptions opts;
+            if (!core::parse_allowlist(setting, &opts.allow, why)) return false;
+            opts.max_total = std::clamp(guc_max_in_flight, 1, 4096);
+            engine = std::make_unique<core::HttpEngine>(opts);
+            engine_allowlist = setting;
+            if (!engine->ok()) {
+                *why = "libcurl could not be initialized";
+                engine.reset();
+                return false;
+            }
+            return true;
+        },
+        err);
+    if (!ok) ereport(WARNING, (errmsg("relaybus: http callouts are off: %s", err)));
+    return ok && engine != nullptr;
+}
+
+}  // namespace
+
+int64 http_lease_ms(const HandlerEntry* h) {
+    return std::max<int64>(h->options.lease_ms, h->options.timeout_ms + 30000);
+}
+
+int http_capacity(const HandlerEntry* h) {
+    if (!ensure_engine()) return 0;
+    int capacity = 0;
+    int64 now = now_ms();
+    char err[kErrLen];
+    (void)run_core(
+        [&](std::string*) {
+            engine->set_handler_limit(h->id, h->options.concurrency);
+            int in_flight = static_cast<int>(engine->in_flight(h->id));
+            int limit = h->options.concurrency;
+            auto it = breakers.find(h->id);
+            if (it != breakers.end() && it->second.consecutive >= kBreakerThreshold) {
+                // Open: nothing until the backoff ends; then one probe at a time.
+                limit = now < it->second.open_until_ms ? 0 : 1;
+            }
+            capacity = std::max(0, std::min(limit - in_flight,
+                                            static_cast<int>(std::clamp(guc_max_in_flight, 1, 4096) -
+                                                             static_cast<int>(engine->in_flight()))));
+            return true;
+        },
+        err);
+    return capacity;
+}
+
+void http_stage(const HandlerEntry* h, const ClaimResult* res) {
+    if (res->n == 0) return;
+    // Copy what the requests need out of SPI into plain memory first.
+    int n = res->n;
+    auto* ids = static_cast<int64*>(palloc(sizeof(int64) * n));
+    auto* bodies = static_cast<char**>(palloc(sizeof(char*) * n));
+    auto* published = static_cast<int64*>(palloc(sizeof(int64) * n));
+    for (int i = 0; i < n; i++) {
+        int row = res->rows[i];
+        bool isnull = false;
+        ids[i] = spi_int64(row, 1);
+        bodies[i] = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc,
+                                 h->options.envelope ? kNotifyJsonColumn : 6);
+        published[i] = DatumGetTimestampTz(spi_col(row, 10, &isnull));
+    }
+    int64 timestamp_s = now_ms() / 1000;
+    char err[kErrLen];
+    if (!run_core(
+            [&](std::string*) {
+                for (int i = 0; i < n; i++) {
+                    core::HttpRequest r;
+                    r.tag = static_cast<uint64>(ids[i]);
+                    r.handler_key = h->id;
+                    r.url = h->target;
+                    r.body = bodies[i];
+                    r.timeout_ms = h->options.timeout_ms;
+                    r.follow_redirects = h->options.follow_redirects;
+                    std::string msg_id = std::to_string(ids[i]);
+                    r.headers.emplace_back("webhook-id", msg_id);
+                    r.headers.emplace_back("webhook-timestamp", std::to_string(timestamp_s));
+                    if (!h->options.secrets.empty())
+                        r.headers.emplace_back("webhook-signature",
+                                               core::webhook_signature(h->options.secrets, msg_id, timestamp_s, r.body));
+                    for (const auto& kv : h->options.headers) r.headers.push_back(kv);
+                    published_us[r.tag] = published[i];
+                    staged.push_back(std::move(r));
+                }
+                return true;
+            },
+            err))
+        ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("relaybus could not prepare http requests: %s", err)));
+}
+
+void http_send_staged() {
+    if (staged.empty()) return;
+    char err[kErrLen];
+    (void)run_core(
+        [&](std::string*) {
+            for (auto& r : staged) {
+                std::string why;
+                uint64 tag = r.tag;
+                int key = r.handler_key;
+                // A full queue is not the delivery's fault: that is a retry. A
+                // request the engine refuses (bad URL or header) is a failure.
+                bool room = engine != nullptr && engine->can_submit(key);
+                if (!room || !engine->submit(std::move(r), &why)) {
+                    core::HttpResult failed;
+                    failed.tag = tag;
+                    failed.handler_key = key;
+                    failed.outcome = room ? core::HttpOutcome::Fail : core::HttpOutcome::Retry;
+                    failed.error = !room ? "no room to send (relaybus.max_in_flight or the handler's concurrency)"
+                                         : why;
+                    finished.push_back(std::move(failed));
+                }
+            }
+            staged.clear();
+            return true;
+        },
+        err);
+}
+
+void http_drop_staged() {
+    char err[kErrLen];
+    (void)run_core(
+        [&](std::string*) {
+            for (const auto& r : staged) published_us.erase(r.tag);
+            staged.clear();
+            return true;
+        },
+        err);
+}
+
+size_t http_in_flight() { return engine ? engine->in_flight() : 0; }
+
+int http_complete() {
+    char err[kErrLen];
+    (void)run_core(
+        [&](std::string*) {
+            if (engine) {
+                auto more = engine->take_results();
+                for (auto& r : more) finished.push_back(std::move(r));
+            }
+            return true;
+        },
+        err);
+    int n = static_cast<int>(finished.size());
+    if (n == 0) return 0;
+
+    // Breaker entries exist before the PostgreSQL part below, which must not allocate C++ memory.
+    (void)run_core(
+        [&](std::string*) {
+            for (const auto& r : finished) breakers.try_emplace(r.handler_key);
+            return true;
+        },
+        err);
+    TimestampTz now = GetCurrentTimestamp();
+    int64 nowms = timestamptz_to_epoch_ms(now);
+    Datum* done = static_cast<Datum*>(palloc(sizeof(Datum) * n));
+    int32* done_handler = static_cast<int32*>(palloc(sizeof(int32) * n));
+    int64* done_latency = static_cast<int64*>(palloc(sizeof(int64) * n));
+    int ndone = 0;
+
+    PG_TRY();
+    {
+        SetCurrentStatementStartTimestamp();
+        StartTransactionCommand();
+        PushActiveSnapshot(GetTransactionSnapshot());
+        SpiScope scope;
+        spi_begin(&scope);
+        for (int i = 0; i < n; i++) {
+            const core::HttpResult& r = finished[i];
+            int64 id = static_cast<int64>(r.tag);
+            Breaker& b = breakers.find(r.handler_key)->second;
+            if (r.outcome == core::HttpOutcome::Success) {
+                b = Breaker{};
+                done[ndone] = Int64GetDatum(id);
+                done_handler[ndone] = r.handler_key;
+                auto it = published_us.find(r.tag);
+                done_latency[ndone++] = it != published_us.end() ? now - it->second : 0;
+            } else {
+                bool network = r.status == 0 || r.status == 408 || r.status == 429 || r.status >= 500;
+                if (r.outcome == core::HttpOutcome::Retry && network && ++b.consecutive >= kBreakerThreshold) {
+                    const HandlerEntry* h = catalog_handler_by_id(r.handler_key);
+                    int64 base = h != nullptr ? h->options.backoff_base_ms : 1000;
+                    int64 cap = h != nullptr ? h->options.backoff_max_ms : 600000;
+                    int64 wait = std::min(cap, base << std::min(b.opens, 20));
+                    b.open_until_ms = nowms + wait;
+                    b.opens++;
+                }
+                const HandlerEntry* h = catalog_handler_by_id(r.handler_key);
+                bool dead = r.outcome == core::HttpOutcome::Fail &&
+                            !(h != nullptr && h->options.retry_4xx && r.status >= 400 && r.status < 500);
+                (void)nack_delivery(id, CStringGetTextDatum(r.error.c_str()), r.retry_after_ms, r.status, dead, true);
+            }
+            count_http(MyDatabaseId, r.handler_key, r.status,
+                       b.consecutive >= kBreakerThreshold ? TimestampTzPlusMilliseconds(now, b.open_until_ms - nowms) : 0);
+        }
+        if (ndone > 0) {
+            Datum arg = PointerGetDatum(construct_array(done, ndone, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+            spi_exec(&delete_plan, &arg, nullptr, false, 0);
+            for (int i = 0; i < ndone; i++) leases_release_at_commit(DatumGetInt64(done[i]));
+        }
+        spi_end(&scope);
+        PopActiveSnapshot();
+        CommitTransactionCommand();
+        pgstat_report_stat(false);
+    }
+    PG_CATCH();
+    {
+        // The results are lost; their leases lapse and the deliveries are sent again.
+        finished.clear();
+        PG_RE_THROW();
+    }
+    PG_END_TRY();
+    count_delivered(MyDatabaseId, done_handler, done_latency, ndone);
+    (void)run_core(
+        [&](std::string*) {
+            for (const auto& r : finished) published_us.erase(r.tag);
+            finished.clear();
+            return true;
+        },
+        err);
+    return n;
+}
+
+void http_wait(long timeout_ms) {
+    int nsock = 0;
+    int* fds = nullptr;
+    uint32* events = nullptr;
+    int64 engine_timeout = -1;
+    if (engine) {
+        size_t cap = 0;
+        char err[kErrLen];
+        (void)run_core(
+            [&](std::string*) {
+                cap = engine->sockets().size();
+                return true;
+            },
+            err);
+        fds = static_cast<int*>(palloc(sizeof(int) * (cap + 1)));
+        events = static_cast<uint32*>(palloc(sizeof(uint32) * (cap + 1)));
+        (void)run_core(
+            [&](std::string*) {
+                for (const auto& w : engine->sockets()) {
+                    uint32 ev = (w.read ? WL_SOCKET_READABLE : 0) | (w.write ? WL_SOCKET_WRITEABLE : 0);
+                    if (ev == 0 || nsock >= static_cast<int>(cap)) continue;
+                    fds[nsock] = w.fd;
+                    events[nsock++] = ev;
+                }
+                engine_timeout = engine->timeout_ms();
+                return true;
+            },
+            err);
+    }
+    if (engine_timeout >= 0 && engine_timeout < timeout_ms) timeout_ms = static_cast<long>(engine_timeout);
+
+    WaitEventSet* set = CreateWaitEventSet(CurrentMemoryContext, nsock + 2);
+    AddWaitEventToSet(set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
+    AddWaitEventToSet(set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
+    for (int i = 0; i < nsock; i++) AddWaitEventToSet(set, events[i], fds[i], nullptr, nullptr);
+    WaitEvent occurred[64];
+    int n = WaitEventSetWait(set, timeout_ms, occurred, lengthof(occurred), PG_WAIT_EXTENSION);
+    FreeWaitEventSet(set);
+    bool latch = false;
+    for (int i = 0; i < n; i++)
+        if (occurred[i].events & WL_LATCH_SET) latch = true;
+    if (latch) ResetLatch(MyLatch);
+    if (!engine) return;
+    char err[kErrLen];
+    (void)run_core(
+        [&](std::string*) {
+            for (int i = 0; i < n; i++) {
+                const WaitEvent& e = occurred[i];
+                if (e.events & (WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE))
+                    engine->on_socket(e.fd, (e.events & WL_SOCKET_READABLE) != 0,
+                                      (e.events & WL_SOCKET_WRITEABLE) != 0);
+            }
+            if (engine->timeout_ms() == 0 || n == 0) engine->on_timeout();
+            return true;
+        },
+        err);
+}
+
+void http_shutdown() {
+    char err[kErrLen];
+    (void)run_core(
+        [&](std::string*) {
+            engine.reset();
+            return true;
+        },
+        err);
+}
+
+}  // namespace relaybus::pg

@@ -1,0 +1,35 @@
+// Webhook callouts from a dispatcher, over the core's HTTP engine.
+//
+// Claiming happens in the dispatcher's transaction (leases in shared memory,
+// no row written); the requests are sent after that transaction committed and
+// run while the dispatcher waits on its latch and the engine's sockets, with no
+// transaction open; the results are completed in a transaction of their own:
+// delete on 2xx, nack with backoff (honouring Retry-After) on 408/429/5xx and
+// network errors, dead letter on other 4xx.
+#pragma once
+
+#include "pg/catalog_cache.hpp"
+#include "pg/claim.hpp"
+#include "pg/pg_includes.hpp"
+
+namespace relaybus::pg {
+
+// How many more deliveries of h may be claimed now (its concurrency minus what
+// is in flight; 0 while its circuit breaker is open).
+int http_capacity(const HandlerEntry* h);
+// Lease of a claimed delivery: covers the request's timeout.
+int64 http_lease_ms(const HandlerEntry* h);
+// Within the dispatcher's transaction and SPI: turns the claimed rows into
+// requests to send once the transaction has committed.
+void http_stage(const HandlerEntry* h, const ClaimResult* res);
+void http_send_staged();  // after commit
+void http_drop_staged();  // after an aborted iteration
+// Completes finished requests in one transaction; returns how many.
+int http_complete();
+// Waits for the latch, postmaster death, the engine's sockets or its timer, up
+// to timeout_ms, and lets the engine work.
+void http_wait(long timeout_ms);
+size_t http_in_flight();
+void http_shutdown();
+
+}  // namespace relaybus::pg
