@@ -89,9 +89,66 @@ SELECT count(*) AS deliveries_left FROM relay.deliveries;
 SQL
 
 echo
+echo "== notify: a LISTEN consumer prints deliveries as they are published =="
+CLIENT_DIR=$(mktemp -d /tmp/relaybus-demo-bin.XXXXXX)
+g++ -std=c++17 -O2 -o "$CLIENT_DIR/listen_client" test/integration/listen_client.cpp \
+    -I"$("$PG_CONFIG" --includedir)" -L"$("$PG_CONFIG" --libdir)" -lpq
+sql <<'SQL'
+SELECT relay_create_handler('mailer', 'notify', 'demo_events');
+SELECT relay_route('shipment.#', 'mailer');
+SQL
+"$CLIENT_DIR/listen_client" --channel demo_events --count 3 --idle-timeout 10 \
+    --ready-file "$CLIENT_DIR/ready" >"$CLIENT_DIR/received" &
+client=$!
+for _ in $(seq 100); do [[ -e "$CLIENT_DIR/ready" ]] && break; sleep 0.1; done
+sql <<'SQL'
+SELECT relay_publish('shipment.packed', '{"order": 10}', key => 'order-10');
+SELECT relay_publish('shipment.sent', '{"order": 10}', key => 'order-10');
+SELECT relay_publish('shipment.delivered', '{"order": 10}', key => 'order-10');
+SQL
+wait "$client"
+echo "-- the LISTEN consumer received, one delivery per line, in key order:"
+cut -f2 "$CLIENT_DIR/received"
+
+echo
+echo "== http: signed webhooks to a local receiver =="
+python3 test/integration/http_receiver.py --port-file "$CLIENT_DIR/port" &
+receiver=$!
+trap 'kill "$receiver" 2>/dev/null || true; rm -rf "$CLIENT_DIR"; cleanup' EXIT
+for _ in $(seq 100); do [[ -s "$CLIENT_DIR/port" ]] && break; sleep 0.1; done
+port=$(cat "$CLIENT_DIR/port")
+sql <<SQL
+-- loopback is refused unless the allow-list opens it
+ALTER SYSTEM SET relaybus.http_allowlist = '127.0.0.1';
+SELECT pg_reload_conf();
+SELECT relay_create_handler('billing-hook', 'http', 'http://127.0.0.1:$port/hooks',
+       '{"secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}');
+SELECT relay_route('invoice.*', 'billing-hook');
+SELECT relay_publish('invoice.issued', '{"invoice": 7, "total": 1999}', key => 'customer-3');
+SELECT relay_publish('invoice.paid', '{"invoice": 7}', key => 'customer-3');
+SQL
+for _ in $(seq 100); do
+    n=$(python3 -c "import json,urllib.request;print(len(json.load(urllib.request.urlopen('http://127.0.0.1:$port/_requests'))))")
+    [[ "$n" -ge 2 ]] && break
+    sleep 0.1
+done
+echo "-- the receiver got (verified with the standardwebhooks package):"
+python3 - "$port" <<'PY'
+import json, sys, urllib.request
+from standardwebhooks.webhooks import Webhook
+reqs = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/_requests"))
+hook = Webhook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+for r in reqs:
+    h = r["headers"]
+    hook.verify(r["body"], {k: h[k] for k in ("webhook-id", "webhook-timestamp", "webhook-signature")})
+    print(f"POST {r['path']}  webhook-id={h['webhook-id']}  signature ok  body={r['body']}")
+PY
+
+echo
 echo "== stats =="
 sql <<'SQL'
-SELECT * FROM relay.handler_stats;
+SELECT handler, kind, pending, delivered, http_2xx, latency_p50_ms FROM relay.handler_stats;
+SELECT pid, lanes_held, delivered FROM relay.workers;
 SQL
 
 echo
