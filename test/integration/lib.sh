@@ -1,0 +1,264 @@
+# Helpers for the integration tests (sourced, not run: this file is not executable).
+#
+# A test script does:
+#     source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+#     new_db db notify               # db=a fresh database with relaybus installed
+#     check "name" cmd args...       # one assertion: passes if cmd exits 0
+#     finish                         # prints "N passed, N failed" (last line), exits
+#
+# The cluster comes from the environment (PGHOST, PGPORT, PGUSER as set by
+# test/run_all.sh or `source DIR/env` of test/cluster.sh). Everything a test
+# starts or creates (background processes, databases, ALTER SYSTEM settings,
+# temporary files) is undone by an EXIT trap.
+set -uo pipefail
+
+RELAYBUS_ROOT=${RELAYBUS_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)}
+INTEG_DIR=$RELAYBUS_ROOT/test/integration
+CLIENT=$INTEG_DIR/build/listen_client
+TEST_NAME=$(basename "${0%.sh}")
+
+if [[ -z "${PG_CONFIG:-}" ]]; then
+    if [[ -x /usr/lib/postgresql/15/bin/pg_config ]]; then
+        PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+    else
+        PG_CONFIG=pg_config
+    fi
+fi
+PATH="$("$PG_CONFIG" --bindir):$PATH"
+export PATH PG_CONFIG
+
+PASSED=0
+FAILED=0
+T0=$(date +%s%N)
+
+# log MESSAGE: progress on stdout, with the seconds since the test started.
+log() {
+    local ms=$((($(date +%s%N) - T0) / 1000000))
+    printf '# [%s %d.%03ds] %s\n' "$TEST_NAME" $((ms / 1000)) $((ms % 1000)) "$*"
+}
+
+pass() {
+    PASSED=$((PASSED + 1))
+    echo "ok - $1"
+}
+
+fail() {
+    FAILED=$((FAILED + 1))
+    echo "FAIL - $1"
+    shift
+    (($# > 0)) && printf '    %s\n' "$@"
+    return 0
+}
+
+# check NAME CMD...: one assertion; CMD's output is shown only when it fails.
+check() {
+    local name=$1 out rc
+    shift
+    out=$("$@" 2>&1)
+    rc=$?
+    if ((rc == 0)); then
+        pass "$name"
+    else
+        fail "$name" "(exit $rc) $(head -c 3000 <<<"$out")"
+    fi
+}
+
+# check_eq NAME EXPECTED ACTUAL
+check_eq() {
+    if [[ "$2" == "$3" ]]; then
+        pass "$1"
+    else
+        fail "$1" "expected: $2" "actual:   $3"
+    fi
+}
+
+finish() {
+    cleanup
+    trap - EXIT
+    echo "$PASSED passed, $FAILED failed"
+    ((FAILED == 0)) && exit 0
+    exit 1
+}
+
+die() {
+    echo "$TEST_NAME: $*" >&2
+    FAILED=$((FAILED + 1))
+    finish
+}
+
+# ---------------------------------------------------------------- cleanup
+TMP=$(mktemp -d "/tmp/relaybus-${TEST_NAME}.XXXXXX")
+BG_PIDS=()
+DBS=()
+CONF_SET=()
+
+bg_track() { BG_PIDS+=("$1"); }
+
+cleanup() {
+    local p s
+    for p in "${BG_PIDS[@]}"; do
+        kill "$p" 2>/dev/null
+    done
+    for p in "${BG_PIDS[@]}"; do
+        wait "$p" 2>/dev/null
+    done
+    BG_PIDS=()
+    if ((${#CONF_SET[@]} > 0)); then
+        for s in "${CONF_SET[@]}"; do
+            psql_q -d postgres -c "ALTER SYSTEM RESET $s" >/dev/null 2>&1
+        done
+        psql_q -d postgres -c "SELECT pg_reload_conf()" >/dev/null 2>&1
+        CONF_SET=()
+    fi
+    for p in "${DBS[@]}"; do
+        psql_q -d postgres -c "DROP DATABASE IF EXISTS \"$p\" WITH (FORCE)" >/dev/null 2>&1
+    done
+    DBS=()
+    [[ "${RELAYBUS_KEEP_TMP:-0}" == 1 ]] || rm -rf "$TMP"
+}
+trap 'cleanup; echo "$TEST_NAME: interrupted"; echo "$PASSED passed, $((FAILED + 1)) failed"; exit 1' INT TERM
+trap 'cleanup' EXIT
+
+# ---------------------------------------------------------------- SQL helpers
+psql_q() { psql -X -q -At -v ON_ERROR_STOP=1 "$@" </dev/null; }
+
+# sql DB QUERY...: tuples only, unaligned, '|' separated.
+sql() {
+    local db=$1
+    shift
+    local args=() q
+    for q in "$@"; do args+=(-c "$q"); done
+    psql_q -d "$db" "${args[@]}"
+}
+
+# new_db VAR PREFIX: creates a fresh database with relaybus installed (dropped
+# by the EXIT trap) and stores its name in VAR.
+new_db() {
+    local name="it_${2}_$$_${RANDOM}"
+    psql_q -d postgres -c "CREATE DATABASE \"$name\"" >/dev/null || return 1
+    DBS+=("$name")
+    psql_q -d "$name" -c "CREATE EXTENSION relaybus" >/dev/null || return 1
+    printf -v "$1" '%s' "$name"
+}
+
+# set_conf NAME VALUE: ALTER SYSTEM SET + reload; reset by the EXIT trap.
+set_conf() {
+    psql_q -d postgres -c "ALTER SYSTEM SET $1 = '$2'" -c "SELECT pg_reload_conf()" >/dev/null || return 1
+    CONF_SET+=("$1")
+}
+
+reset_conf() {
+    psql_q -d postgres -c "ALTER SYSTEM RESET $1" -c "SELECT pg_reload_conf()" >/dev/null
+}
+
+# wait_until TIMEOUT_SECONDS CMD...: polls CMD every 0.1 s until it exits 0.
+wait_until() {
+    local limit=$1 deadline
+    shift
+    deadline=$(($(date +%s%N) + limit * 1000000000))
+    while :; do
+        "$@" >/dev/null 2>&1 && return 0
+        (($(date +%s%N) > deadline)) && return 1
+        sleep 0.1
+    done
+}
+
+# dispatcher_pids DB: pids of the running relaybus dispatchers of DB (from pg_stat_activity).
+dispatcher_pids() {
+    psql_q -d postgres -c "SELECT pid FROM pg_stat_activity
+        WHERE backend_type = 'relaybus dispatcher' AND datname = '$1' ORDER BY pid"
+}
+
+# workers_ready DB N: relay.workers shows N dispatchers holding all 64 lanes.
+workers_ready() {
+    local r
+    r=$(psql_q -d "$1" -c "SELECT count(*), coalesce(sum(lanes_held), 0) FROM relay.workers") || return 1
+    [[ "$r" == "${2:-1}|64" ]]
+}
+
+# wait_workers DB [N] [TIMEOUT]
+wait_workers() { wait_until "${3:-20}" workers_ready "$1" "${2:-1}"; }
+
+# ---------------------------------------------------------------- the LISTEN client
+build_client() {
+    local src=$INTEG_DIR/listen_client.cpp tmp
+    if [[ -x "$CLIENT" && "$CLIENT" -nt "$src" ]]; then
+        return 0
+    fi
+    mkdir -p "$INTEG_DIR/build"
+    tmp=$(mktemp "$INTEG_DIR/build/listen_client.XXXXXX")
+    if ! g++ -std=c++17 -O2 -Wall -Wextra -I"$("$PG_CONFIG" --includedir)" -o "$tmp" "$src" \
+            -L"$("$PG_CONFIG" --libdir)" -lpq; then
+        rm -f "$tmp"
+        return 1
+    fi
+    mv -f "$tmp" "$CLIENT"
+}
+
+# start_client NAME DB CHANNEL [client options...]: runs the client in the
+# background with stdout in $TMP/NAME.out and stderr in $TMP/NAME.err; waits
+# until it LISTENs. Sets CLIENT_PID.
+start_client() {
+    local name=$1 db=$2 channel=$3
+    shift 3
+    rm -f "$TMP/$name.ready"
+    "$CLIENT" --channel "$channel" --ready-file "$TMP/$name.ready" "$@" "dbname=$db" \
+        >"$TMP/$name.out" 2>"$TMP/$name.err" &
+    CLIENT_PID=$!
+    bg_track "$CLIENT_PID"
+    if ! wait_until 15 test -s "$TMP/$name.ready"; then
+        echo "client $name did not start listening" >&2
+        cat "$TMP/$name.err" >&2
+        return 1
+    fi
+}
+
+# wait_lines FILE N TIMEOUT: waits until FILE has at least N lines.
+line_count() { if [[ -f "$1" ]]; then wc -l <"$1"; else echo 0; fi; }
+has_lines() { (($(line_count "$1") >= $2)); }
+wait_lines() { wait_until "$3" has_lines "$1" "$2"; }
+
+# wait_pid PID TIMEOUT: waits for a background process to exit; its status in WAIT_RC.
+wait_pid() {
+    local pid=$1 limit=$2
+    if ! wait_until "$limit" bash -c "! kill -0 $pid 2>/dev/null"; then
+        kill "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+        WAIT_RC=124
+        return 1
+    fi
+    wait "$pid" 2>/dev/null
+    WAIT_RC=$?
+    return 0
+}
+
+# notify_handler DB NAME CHANNEL OPTIONS PATTERN: a notify handler routed from PATTERN.
+notify_handler() {
+    sql "$1" "SELECT relay_create_handler('$2', 'notify', '$3', '$4')" \
+        "SELECT relay_route('$5', '$2')" >/dev/null
+}
+
+# analyze ARGS...: runs deliveries.py (see there) and fills the associative array R.
+declare -A R
+analyze() {
+    local line
+    R=()
+    while IFS= read -r line; do
+        R[${line%%=*}]=${line#*=}
+    done < <(python3 "$INTEG_DIR/deliveries.py" "$@")
+    [[ -n "${R[lines]:-}" ]]
+}
+
+# pub_log DB: the table publishers insert their committed event ids into, in the
+# publishing transaction itself (so it holds exactly the committed events).
+create_pub_log() {
+    sql "$1" "CREATE TABLE pub_log (id bigint PRIMARY KEY, key text)" >/dev/null
+}
+
+# dump_pub_log DB FILE
+dump_pub_log() { sql "$1" "SELECT id, key FROM pub_log ORDER BY id" >"$2"; }
+
+# python3 runs the analyses (JSON parsing of the client's output).
+command -v python3 >/dev/null 2>&1 || die "python3 is needed"
+[[ -n "${PGHOST:-}" && -n "${PGPORT:-}" ]] || die "no cluster: PGHOST/PGPORT not set (source DIR/env of test/cluster.sh)"
+build_client || die "could not build $CLIENT"
