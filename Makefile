@@ -5,6 +5,7 @@
 #                           that preloads relaybus (PGHOST/PGPORT/PGUSER)
 #   make test               every suite on a throwaway cluster (what CI runs)
 #   make demo               build, start a throwaway cluster, publish and consume
+#   make mongo              build ./relaybus-mongo (the MongoDB sidecar, docs/mongo.md)
 
 EXTENSION   = relaybus
 MODULE_big  = relaybus
@@ -38,7 +39,10 @@ include $(PGXS)
 # Header dependencies (-MMD), so an incremental build never mixes old and new layouts.
 -include $(OBJS:.o=.d)
 
-.PHONY: test demo deps core-test
+.PHONY: test demo deps core-test mongo
+# relaybus-mongo, the MongoDB sidecar (src/core + src/mongo, libmongoc): not part of PGXS.
+mongo:
+	$(MAKE) -C src/mongo
 deps:
 	bash scripts/install-deps.sh
 test:

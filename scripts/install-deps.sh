@@ -24,6 +24,10 @@ PACKAGES=(
     python3-pip
     nghttp2-server                           # nghttpd: the HTTP/2 TLS peer of the core HTTP tests
     openssl                                  # test certificates
+    libmongoc-dev                            # relaybus-mongo (libmongoc 1.23 on Debian 12)
+    libbson-dev
+    python3-pymongo                          # the MongoDB sidecar tests: application-side publishing, raw documents
+    curl                                     # the sidecar tests read /metrics
 )
 # Extra packages can be asked for by the caller (space separated).
 if [[ -n "${RELAYBUS_EXTRA_PACKAGES:-}" ]]; then
@@ -52,9 +56,19 @@ python_deps() {
     fi
 }
 
+# Go builds FerretDB v1.24.2 (test/ferretdb) for the sidecar tests; it is
+# preinstalled on the test machines, otherwise Debian's golang is too old
+# (FerretDB v1.24 needs Go >= 1.24); the machines this project runs on have it.
+go_check() {
+    if ! command -v go >/dev/null 2>&1; then
+        echo "install-deps: warning: go not found; test/integration/mongo.sh needs Go >= 1.24 to build FerretDB" >&2
+    fi
+}
+
 if ((${#missing[@]} == 0)); then
     echo "install-deps: all ${#PACKAGES[@]} packages present"
     python_deps
+    go_check
     exit 0
 fi
 
@@ -94,4 +108,5 @@ if ((${#still[@]} > 0)); then
     exit 1
 fi
 python_deps
+go_check
 echo "install-deps: done"

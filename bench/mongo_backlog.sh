@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# relaybus-mongo drain rate from a preloaded backlog, against FerretDB v1.24.2
+# (SQLite backend) on this machine: one instance, then two, each on a fresh
+# database with the same backlog. Not a test: prints numbers.
+#
+#   bash bench/mongo_backlog.sh [EVENTS=1000] [KEYS=100]
+#
+# Per run: deliveries/s (first delivery to last), MongoDB commands per delivery
+# (relaybus_mongo_commands_total / delivered, from /metrics: the sidecar counts
+# every command it sends), and the sidecar's peak RSS (VmHWM).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
+N=${1:-1000}
+KEYS=${2:-100}
+BIN=$ROOT/relaybus-mongo
+TMP=$(mktemp -d /tmp/relaybus-mongo-bench.XXXXXX)
+PYM=python3; $PYM -c 'import pymongo' 2>/dev/null || PYM=/usr/bin/python3
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill $p 2>/dev/null; done; wait 2>/dev/null; rm -rf "$TMP"' EXIT
+bash "$ROOT/test/ferretdb/build.sh" && make -s -C "$ROOT/src/mongo" >/dev/null || exit 1
+"$ROOT/test/ferretdb/bin/ferretdb-test" -dir "$TMP/fdb" -uri-file "$TMP/uri" >/dev/null 2>&1 & PIDS+=($!)
+python3 "$ROOT/test/integration/http_receiver.py" --port-file "$TMP/rport" 2>/dev/null & PIDS+=($!)
+for _ in $(seq 100); do [[ -s $TMP/uri && -s $TMP/rport ]] && break; sleep 0.1; done
+export RELAYBUS_MONGO_URI=$(cat "$TMP/uri")
+RPORT=$(cat "$TMP/rport")
+echo "# $(nproc) CPUs, FerretDB v1.24.2 SQLite, backlog $N events over $KEYS keys, handler concurrency 64, batch_size 100"
+
+run() {  # INSTANCES
+    local k=$1 db=bench_$1 i
+    "$BIN" init --database $db >/dev/null
+    "$BIN" handler create hook http "http://127.0.0.1:$RPORT/$db" --options '{"concurrency":64}' --database $db >/dev/null
+    "$BIN" route 'bench.#' hook --database $db
+    $PYM "$ROOT/test/integration/mongo_preload.py" "$RELAYBUS_MONGO_URI" $db bench.e "$N" "$KEYS" >/dev/null
+    local pids=() t0 t1
+    for i in $(seq "$k"); do
+        "$BIN" run --database $db --instance "b$i" --lease 10s --poll-interval 20ms --batch-size 100 \
+            --http-allowlist 127.0.0.1 --metrics-listen 127.0.0.1:0 --log-level warn 2>"$TMP/b$k-$i.err" &
+        pids+=($!)
+    done
+    sleep 0.3
+    local addrs=()
+    for i in $(seq "$k"); do
+        addrs+=("$(ss -ltnp 2>/dev/null | awk -v p="pid=${pids[$((i - 1))]}," '$0 ~ p {print $4}' | head -1)")
+    done
+    t0=$(date +%s.%N)
+    local delivered=0 commands=0
+    while :; do
+        delivered=0; commands=0
+        for a in "${addrs[@]}"; do
+            m=$(curl -s "http://$a/metrics")
+            delivered=$((delivered + $(awk '/^relaybus_mongo_delivered_total/ {s+=$2} END {print s+0}' <<<"$m")))
+            commands=$((commands + $(awk '/^relaybus_mongo_commands_total/ {s+=$2} END {print s+0}' <<<"$m")))
+        done
+        ((delivered >= N)) && break
+        sleep 0.1
+    done
+    t1=$(date +%s.%N)
+    local rss=""
+    for p in "${pids[@]}"; do rss+="$(awk '/VmHWM/ {print $2}' /proc/$p/status)kB "; kill -TERM $p; done
+    wait "${pids[@]}" 2>/dev/null
+    python3 -c "
+n=$delivered; dt=$t1-$t0
+print(f'instances=$k delivered={n} seconds={dt:.2f} deliveries_per_s={n/dt:.0f} commands={$commands} commands_per_delivery={$commands/n:.3f} peak_rss=$rss')"
+}
+run 1
+run 2

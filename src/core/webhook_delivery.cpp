@@ -1,0 +1,95 @@
+#include "webhook_delivery.hpp"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "backoff.hpp"
+#include "webhook_signature.hpp"
+
+namespace relaybus::core {
+
+HttpRequest make_webhook_request(const HandlerOptions& options, std::string_view target,
+                                 int handler_key, int64_t delivery_id, std::string body,
+                                 int64_t timestamp_s) {
+  HttpRequest r;
+  r.tag = static_cast<uint64_t>(delivery_id);
+  r.handler_key = handler_key;
+  r.url = std::string(target);
+  r.body = std::move(body);
+  r.timeout_ms = options.timeout_ms;
+  r.follow_redirects = options.follow_redirects;
+  std::string msg_id = std::to_string(delivery_id);
+  r.headers.emplace_back("webhook-id", msg_id);
+  r.headers.emplace_back("webhook-timestamp", std::to_string(timestamp_s));
+  if (!options.secrets.empty())
+    r.headers.emplace_back("webhook-signature",
+                           webhook_signature(options.secrets, msg_id, timestamp_s, r.body));
+  for (const auto& kv : options.headers) r.headers.push_back(kv);
+  return r;
+}
+
+std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view topic,
+                                  const std::string* key, std::optional<int64_t> seq, int attempt,
+                                  std::string_view headers_json, std::string_view payload_json) {
+  std::string out;
+  out.reserve(128 + topic.size() + payload_json.size() + headers_json.size());
+  out += "{\"id\":";
+  out += std::to_string(id);
+  out += ",\"event_id\":";
+  out += std::to_string(event_id);
+  out += ",\"topic\":";
+  out += nlohmann::json(std::string(topic)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  out += ",\"key\":";
+  out += key != nullptr ? nlohmann::json(*key).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                        : "null";
+  out += ",\"seq\":";
+  out += seq ? std::to_string(*seq) : "null";
+  out += ",\"attempt\":";
+  out += std::to_string(attempt);
+  out += ",\"headers\":";
+  out += headers_json.empty() ? std::string_view("null") : headers_json;
+  out += ",\"payload\":";
+  out += payload_json.empty() ? std::string_view("null") : payload_json;
+  out += "}";
+  return out;
+}
+
+bool webhook_failure_is_permanent(const HandlerOptions& options, const HttpResult& result) {
+  if (result.outcome != HttpOutcome::Fail) return false;
+  return !(options.retry_4xx && result.status >= 400 && result.status < 500);
+}
+
+FailureDecision decide_failure(const HandlerOptions& options, bool permanent, int attempts_now,
+                               int64_t retry_after_ms, uint64_t random64) {
+  FailureDecision d;
+  if (permanent || attempts_now >= options.max_attempts) {
+    d.dead = true;
+    return d;
+  }
+  d.retry_in_ms = retry_after_ms >= 0 ? retry_after_ms
+                                      : backoff_delay_ms(options.backoff(), attempts_now, random64);
+  return d;
+}
+
+void CircuitBreaker::record(const HttpResult& r, const HandlerOptions& options, int64_t now_ms) {
+  if (r.outcome == HttpOutcome::Success) {
+    *this = CircuitBreaker{};
+    return;
+  }
+  bool network = r.status == 0 || r.status == 408 || r.status == 429 || r.status >= 500;
+  // Failures of requests already in flight when the breaker opened neither
+  // reopen it nor grow its backoff: only the tripping failure or a failed probe.
+  if (r.outcome == HttpOutcome::Retry && network && ++consecutive_ >= kThreshold && now_ms >= open_until_ms_) {
+    int64_t wait = std::min(options.backoff_max_ms, options.backoff_base_ms << std::min(opens_, 20));
+    open_until_ms_ = now_ms + wait;
+    opens_++;
+  }
+}
+
+int CircuitBreaker::limit(int concurrency, int64_t now_ms) const {
+  if (!is_open()) return concurrency;
+  return now_ms < open_until_ms_ ? 0 : 1;
+}
+
+}  // namespace relaybus::core

@@ -1,0 +1,563 @@
+#include "mongo/dispatcher.hpp"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "core/claim_planner.hpp"
+#include "core/lane_hash.hpp"
+#include "core/outbound_policy.hpp"
+#include "mongo/util.hpp"
+
+namespace relaybus::mongo {
+
+namespace {
+using nlohmann::json;
+}
+
+Dispatcher::Dispatcher(Config cfg, std::map<std::string, std::string> flags, Store& store, int signal_fd)
+    : cfg_(std::move(cfg)), flags_(std::move(flags)), store_(store), signal_fd_(signal_fd), rng_(std::random_device{}()) {
+  metrics_.commands = &store_.command_counts();
+  metrics_.started_ms = wall_ms();
+}
+
+Dispatcher::~Dispatcher() = default;
+
+// Lease margin: a lane's results are completed only while its lease has at
+// least this much left (clock skew between instances + the completing write).
+static int64_t margin_ms(int64_t lease_ms) { return std::max<int64_t>(200, lease_ms / 5); }
+
+bool Dispatcher::lane_valid(int lane, int64_t now) const {
+  auto it = held_.find(lane);
+  return it != held_.end() && now < it->second.until_ms - margin_ms(cfg_.lease_ms);
+}
+
+bool Dispatcher::ensure_engine() {
+  if (engine_ && engine_allowlist_ == cfg_.http_allowlist) return true;
+  if (engine_ && engine_->in_flight() > 0) return true;  // switch once drained
+  core::HttpEngineOptions opts;
+  std::string why;
+  if (!core::parse_allowlist(cfg_.http_allowlist, &opts.allow, &why)) {
+    log_error("http_allowlist is invalid; http callouts are off", {{"error", why}});
+    return false;
+  }
+  opts.max_total = cfg_.max_in_flight;
+  engine_ = std::make_unique<core::HttpEngine>(opts);
+  engine_allowlist_ = cfg_.http_allowlist;
+  if (!engine_->ok()) {
+    log_error("libcurl could not be initialized");
+    engine_.reset();
+    return false;
+  }
+  return true;
+}
+
+void Dispatcher::reload() {
+  Config c;
+  std::string why;
+  if (!load_config(flags_, &c, &why)) {
+    log_error("reload failed; keeping the current settings", {{"error", why}});
+    return;
+  }
+  // Settings that need a restart keep their values.
+  c.uri = cfg_.uri;
+  c.database = cfg_.database;
+  c.instance = cfg_.instance;
+  c.metrics_listen = cfg_.metrics_listen;
+  c.max_in_flight = cfg_.max_in_flight;
+  cfg_ = c;
+  LogLevel l;
+  if (parse_log_level(cfg_.log_level, &l)) set_log_level(l);
+  next_tick_ms_ = 0;  // re-read handlers and lanes now
+  log_info("configuration reloaded", {{"config_file", cfg_.config_file}, {"lease_ms", cfg_.lease_ms},
+                                      {"batch_size", cfg_.batch_size}, {"http_allowlist", cfg_.http_allowlist}});
+}
+
+// ---------------------------------------------------------------- leases
+
+void Dispatcher::lease_tick() {
+  const int64_t now = wall_ms();
+  next_tick_ms_ = now + std::max<int64_t>(100, cfg_.lease_ms / 3);
+
+  // The handler catalog (cheap: a handful of documents).
+  std::vector<std::string> bad;
+  auto docs = store_.load_handlers(&bad);
+  for (const auto& b : bad)
+    if (warned_.insert("handler " + b).second) log_warn("handler skipped", {{"error", b}});
+  std::set<std::string> seen;
+  for (auto& d : docs) {
+    seen.insert(d.name);
+    if (d.kind != core::HandlerKind::Http) {
+      if (warned_.insert("kind " + d.name).second)
+        log_warn("handler kind not served by relaybus-mongo (http only)",
+                 {{"handler", d.name}, {"kind", core::handler_kind_name(d.kind)}});
+      continue;
+    }
+    auto [kit, fresh] = handler_keys_.try_emplace(d.name, static_cast<int>(handler_keys_.size()) + 1);
+    HandlerState& hs = handlers_[d.name];
+    hs.key = kit->second;
+    hs.doc = std::move(d);
+    (void)fresh;
+  }
+  for (auto it = handlers_.begin(); it != handlers_.end();)
+    it = seen.count(it->first) ? std::next(it) : handlers_.erase(it);
+
+  store_.heartbeat(cfg_.instance, now + cfg_.lease_ms);
+  const int live = std::max(1, store_.live_instances(now));
+  const int share = (core::kLanes + live - 1) / live;
+
+  std::map<int, LaneDoc> top;  // highest epoch per lane
+  for (auto& l : store_.read_lanes()) {
+    auto it = top.find(l.lane);
+    if (it == top.end() || l.epoch > it->second.epoch) top[l.lane] = l;
+  }
+  // Lanes someone else moved past our epoch are lost already.
+  for (auto it = held_.begin(); it != held_.end();) {
+    auto t = top.find(it->first);
+    if (t != top.end() && t->second.epoch > it->second.epoch) {
+      log_warn("lane lease lost", {{"lane", it->first}, {"epoch", it->second.epoch}, {"now_epoch", t->second.epoch},
+                                   {"owner", t->second.owner}});
+      metrics_.lanes_lost++;
+      it = held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Above the fair share: drain the extra lanes (no new fetches), give them
+  // back once nothing of theirs is in flight or awaiting completion.
+  std::map<int, int> busy;  // lane -> in flight or done
+  for (const auto& [id, f] : in_flight_) busy[f.lane]++;
+  for (const auto& d : done_) busy[d.info.lane]++;
+  int active = 0;
+  for (const auto& [lane, h] : held_) active += h.draining ? 0 : 1;
+  for (auto it = held_.rbegin(); it != held_.rend() && active > share; ++it)
+    if (!it->second.draining) {
+      it->second.draining = true;
+      active--;
+    }
+
+  struct Op {
+    int lane;
+    enum { Renew, Release, Take } what;
+  };
+  std::vector<LaneDoc> inserts;
+  std::vector<Op> ops;
+  const int64_t until = now + cfg_.lease_ms;
+  for (const auto& [lane, h] : held_) {
+    bool release = stopping_ ? busy[lane] == 0 : (h.draining && busy[lane] == 0);
+    inserts.push_back({lane, h.epoch + 1, release ? std::string() : cfg_.instance, release ? 0 : until});
+    ops.push_back({lane, release ? Op::Release : Op::Renew});
+  }
+  if (!stopping_) {
+    std::vector<int> free;
+    for (int lane = 0; lane < core::kLanes; lane++) {
+      if (held_.count(lane)) continue;
+      auto t = top.find(lane);
+      if (t == top.end() || t->second.owner.empty() || t->second.until_ms < now || t->second.owner == cfg_.instance)
+        free.push_back(lane);
+    }
+    // Start at a random free lane so that instances starting together spread out.
+    if (!free.empty()) std::rotate(free.begin(), free.begin() + rng_() % free.size(), free.end());
+    for (int lane : free) {
+      if (active >= share) break;
+      auto t = top.find(lane);
+      inserts.push_back({lane, t == top.end() ? 1 : t->second.epoch + 1, cfg_.instance, until});
+      ops.push_back({lane, Op::Take});
+      active++;
+    }
+  }
+  auto ok = store_.insert_lanes(inserts);
+  std::vector<std::pair<int, int64_t>> old;
+  std::vector<int> taken, released, lost;
+  for (size_t i = 0; i < ops.size(); i++) {
+    const int lane = ops[i].lane;
+    const int64_t epoch = inserts[i].epoch;
+    switch (ops[i].what) {
+      case Op::Renew:
+        if (ok[i]) {
+          held_[lane].epoch = epoch;
+          held_[lane].until_ms = until;
+        } else {
+          lost.push_back(lane);
+          held_.erase(lane);
+          metrics_.lanes_lost++;
+        }
+        break;
+      case Op::Release:
+        held_.erase(lane);
+        if (ok[i]) {
+          released.push_back(lane);
+          metrics_.lanes_released++;
+        }
+        break;
+      case Op::Take:
+        if (ok[i]) {
+          held_[lane] = Held{epoch, until, false};
+          taken.push_back(lane);
+          metrics_.lanes_taken++;
+        }
+        break;
+    }
+    if (ok[i])
+      for (int64_t e = std::max<int64_t>(1, epoch - 3); e < epoch; e++) old.emplace_back(lane, e);
+  }
+  store_.delete_lane_docs(old);
+  metrics_.lanes_held = static_cast<int>(held_.size());
+  metrics_.last_store_ok_ms = wall_ms();
+  if (!taken.empty() || !released.empty() || !lost.empty())
+    log_info("lanes", {{"taken", taken}, {"released", released}, {"lost", lost}, {"held", held_.size()},
+                       {"instances", live}, {"share", share}});
+}
+
+void Dispatcher::release_all() {
+  stopping_ = true;
+  if (held_.empty()) return;
+  try {
+    lease_tick();  // with stopping_ set: every idle lane gets a release document
+    store_.remove_instance(cfg_.instance);
+  } catch (const StoreError& e) {
+    log_warn("could not release lanes; they lapse after the lease", {{"error", e.what()}});
+  }
+}
+
+// ---------------------------------------------------------------- fetching
+
+void Dispatcher::fetch_all() {
+  const int64_t now = wall_ms();
+  next_fetch_ms_ = now + cfg_.poll_interval_ms;
+  if (!ensure_engine()) return;
+  bool any_lane = false;
+  for (const auto& [lane, h] : held_)
+    if (!h.draining && lane_valid(lane, now)) any_lane = true;
+  if (!any_lane) return;
+  for (auto& [name, h] : handlers_) {
+    try {
+      fetch_handler(h);
+    } catch (const StoreError& e) {
+      metrics_.store_errors++;
+      log_warn("fetch failed", {{"handler", name}, {"error", e.what()}});
+    }
+  }
+}
+
+void Dispatcher::fetch_handler(HandlerState& h) {
+  const int64_t now = wall_ms();
+  const auto& o = h.doc.options;
+  engine_->set_handler_limit(h.key, o.concurrency);
+  const int in_flight = static_cast<int>(engine_->in_flight(h.key));
+  const int limit = h.breaker.limit(o.concurrency, now);
+  metrics_.breaker_open[h.doc.name] = h.breaker.is_open();
+  int cap = std::min({limit - in_flight, cfg_.max_in_flight - static_cast<int>(engine_->in_flight()), cfg_.batch_size});
+  // Wait for room for a reasonable batch rather than reading the window for one row.
+  if (cap <= 0 || (in_flight > 0 && cap < std::min(limit, cfg_.batch_size) / 2)) return;
+
+  std::vector<int> lanes;
+  for (const auto& [lane, held] : held_)
+    if (!held.draining && lane_valid(lane, now)) lanes.push_back(lane);
+  if (lanes.empty()) return;
+  const int window = cfg_.scan_window > 0 ? cfg_.scan_window : std::max(64, 4 * cfg_.batch_size);
+  std::vector<Delivery> rows = store_.fetch_window(h.doc.name, lanes, window);
+  metrics_.fetches++;
+  metrics_.last_store_ok_ms = wall_ms();
+  if (rows.empty()) return;
+  const bool truncated = static_cast<int>(rows.size()) >= window;
+
+  // Malformed documents: dead letters at once, with the reason (they would
+  // never become deliverable). Their keys stay blocked until then.
+  std::vector<Failure> bad;
+  std::set<std::string> bad_keys;
+  for (const auto& d : rows)
+    if (!d.malformed.empty() && d.id != 0 && !in_flight_.count(d.id) && !done_ids_.count(d.id)) {
+      bad.push_back({d.id, d.malformed, 0, true, 0, h.doc.name});
+      if (d.has_key) bad_keys.insert(d.key);
+      if (warned_.insert("malformed " + std::to_string(d.id)).second)
+        log_warn("malformed delivery document", {{"id", d.id}, {"handler", h.doc.name}, {"error", d.malformed}});
+    }
+  if (!bad.empty()) {
+    store_.fail(bad, now);
+    metrics_.handlers[h.doc.name].dead += bad.size();
+  }
+
+  // Planner ids: the window is in _id order; within a key, seq order is the
+  // truth, so each key's rows get that key's ids re-dealt in seq order (on a
+  // server without transactions two publishers of one key may draw ids and
+  // seqs in different orders).
+  std::vector<size_t> idx;
+  for (size_t i = 0; i < rows.size(); i++)
+    if (rows[i].malformed.empty()) idx.push_back(i);
+  std::map<std::string, std::vector<size_t>> by_key;
+  for (size_t i : idx)
+    if (rows[i].has_key) by_key[rows[i].key].push_back(i);
+  std::vector<int64_t> plan_id(rows.size());
+  for (size_t i : idx) plan_id[i] = rows[i].id;
+  for (auto& [key, members] : by_key) {
+    std::vector<int64_t> ids;
+    for (size_t i : members) ids.push_back(rows[i].id);
+    std::sort(ids.begin(), ids.end());
+    std::sort(members.begin(), members.end(), [&](size_t a, size_t b) { return rows[a].seq < rows[b].seq; });
+    for (size_t k = 0; k < members.size(); k++) plan_id[members[k]] = ids[k];
+  }
+  std::unordered_map<int64_t, size_t> row_of;
+  std::array<std::vector<core::ClaimRow>, 4> streams;
+  for (size_t i : idx) {
+    const Delivery& d = rows[i];
+    row_of[plan_id[i]] = i;
+    bool leased = in_flight_.count(d.id) || done_ids_.count(d.id) || (d.has_key && bad_keys.count(d.key));
+    streams[d.priority].push_back({plan_id[i], d.priority, d.has_key, d.key, d.not_before_ms, leased});
+  }
+  for (auto& s : streams)
+    std::sort(s.begin(), s.end(), [](const core::ClaimRow& a, const core::ClaimRow& b) { return a.id < b.id; });
+  core::ClaimLimits lim;
+  lim.max = cap;
+  lim.per_key = 1;  // HTTP requests run concurrently: one per key in flight keeps the order
+  core::ClaimPlan plan = core::plan_claim(streams, {truncated, truncated, truncated, truncated}, lim, now,
+                                          cfg_.priority_aging_ms);
+  if (plan.ids.empty()) return;
+
+  // Fence, when the window was cut short: a chosen row is a key's head only if
+  // no earlier seq of its key exists outside the window.
+  std::vector<int64_t> chosen;
+  if (truncated) {
+    std::vector<std::pair<std::string, int64_t>> ks;
+    for (int64_t pid : plan.ids) {
+      const Delivery& d = rows[row_of[pid]];
+      if (d.has_key) ks.emplace_back(d.key, d.seq);
+    }
+    std::set<std::string> earlier;  // keys with an earlier seq still pending
+    if (!ks.empty())
+      for (auto& k : store_.earlier_keys(h.doc.name, ks)) earlier.insert(std::move(k));
+    std::vector<core::CheckedRow> checked;
+    for (int64_t pid : plan.ids) {
+      const Delivery& d = rows[row_of[pid]];
+      checked.push_back({pid, d.has_key, d.key, true, !(d.has_key && earlier.count(d.key))});
+    }
+    chosen = core::finalize_claim(checked);
+  } else {
+    chosen = plan.ids;
+  }
+
+  const int64_t ts = wall_ms() / 1000;
+  for (int64_t pid : chosen) {
+    const Delivery& d = rows[row_of[pid]];
+    std::string body = o.envelope ? core::webhook_envelope_json(d.id, d.event_id, d.topic, d.has_key ? &d.key : nullptr,
+                                                                d.has_key ? std::optional<int64_t>(d.seq) : std::nullopt,
+                                                                d.attempt + 1, d.headers_json, d.payload_json)
+                                  : d.payload_json;
+    core::HttpRequest req = core::make_webhook_request(o, h.doc.target, h.key, d.id, std::move(body), ts);
+    InFlight info{h.doc.name, d.lane, d.attempt, d.published_ms};
+    std::string why;
+    if (!engine_->can_submit(h.key)) break;
+    if (!engine_->submit(std::move(req), &why)) {
+      core::HttpResult failed;
+      failed.tag = static_cast<uint64_t>(d.id);
+      failed.handler_key = h.key;
+      failed.outcome = core::HttpOutcome::Fail;
+      failed.error = why;
+      if (done_.empty()) first_done_ms_ = monotonic_ms();
+      done_.push_back({d.id, std::move(failed), info});
+      done_ids_.insert(d.id);
+      continue;
+    }
+    in_flight_[d.id] = info;
+  }
+  metrics_.in_flight = static_cast<int>(engine_->in_flight());
+  // More may be waiting: look again as soon as there is room.
+  if (static_cast<int>(chosen.size()) >= cap || plan.may_have_more) next_fetch_ms_ = 0;
+}
+
+// ---------------------------------------------------------------- completing
+
+void Dispatcher::collect_results() {
+  if (!engine_) return;
+  const int64_t now = wall_ms();
+  for (core::HttpResult& r : engine_->take_results()) {
+    int64_t id = static_cast<int64_t>(r.tag);
+    auto it = in_flight_.find(id);
+    if (it == in_flight_.end()) continue;
+    auto h = handlers_.find(it->second.handler);
+    if (h != handlers_.end()) h->second.breaker.record(r, h->second.doc.options, now);
+    if (done_.empty()) first_done_ms_ = monotonic_ms();
+    done_.push_back({id, std::move(r), std::move(it->second)});
+    done_ids_.insert(id);
+    in_flight_.erase(it);
+  }
+  metrics_.in_flight = static_cast<int>(engine_->in_flight());
+}
+
+void Dispatcher::flush() {
+  if (done_.empty()) return;
+  const int64_t now = wall_ms();
+  std::vector<int64_t> ok_ids;
+  std::vector<Failure> failures;
+  std::vector<const Done*> ok_done;
+  std::vector<Done> keep;
+  for (Done& d : done_) {
+    if (!lane_valid(d.info.lane, now)) {
+      // Fencing: the lease ran out or moved; whoever holds the lane now sends
+      // this delivery again (a duplicate after a lease loss, never a loss).
+      metrics_.handlers[d.info.handler].dropped++;
+      log_warn("result dropped: lane lease not held", {{"id", d.id}, {"lane", d.info.lane}});
+      continue;
+    }
+    if (d.result.outcome == core::HttpOutcome::Success) {
+      ok_ids.push_back(d.id);
+      ok_done.push_back(&d);
+      continue;
+    }
+    auto h = handlers_.find(d.info.handler);
+    core::HandlerOptions defaults;
+    const core::HandlerOptions& o = h != handlers_.end() ? h->second.doc.options : defaults;
+    bool permanent = core::webhook_failure_is_permanent(o, d.result);
+    core::FailureDecision fd = core::decide_failure(o, permanent, d.info.attempt + 1, d.result.retry_after_ms, rng_());
+    failures.push_back({d.id, d.result.error, d.result.status, fd.dead, now + fd.retry_in_ms, d.info.handler});
+  }
+  try {
+    store_.complete(ok_ids);
+    store_.fail(failures, now);
+    metrics_.last_store_ok_ms = wall_ms();
+  } catch (const StoreError& e) {
+    // Keep the results: retried at the next flush while the lanes are held.
+    metrics_.store_errors++;
+    log_warn("completing a batch failed; will retry", {{"error", e.what()}, {"results", done_.size()}});
+    next_flush_retry_ms_ = monotonic_ms() + 500;
+    return;
+  }
+  for (const Done* d : ok_done) {
+    auto& m = metrics_.handlers[d->info.handler];
+    m.delivered++;
+    if (d->info.published_ms > 0) metrics_.observe_latency(d->info.handler, (now - d->info.published_ms) / 1000.0);
+  }
+  for (const auto& f : failures) {
+    auto& m = metrics_.handlers[f.handler];
+    (f.dead ? m.dead : m.retried)++;
+    log(f.dead ? LogLevel::Warn : LogLevel::Info, f.dead ? "delivery dead-lettered" : "delivery will be retried",
+        {{"id", f.id}, {"handler", f.handler}, {"error", f.error}, {"status", f.status},
+         {"retry_in_ms", f.dead ? 0 : f.not_before_ms - now}});
+  }
+  done_.clear();
+  done_ids_.clear();
+  next_flush_retry_ms_ = 0;
+  // A completed key may have a successor ready now.
+  next_fetch_ms_ = 0;
+}
+
+// ---------------------------------------------------------------- loop
+
+void Dispatcher::wait(int64_t max_ms) {
+  std::vector<pollfd> fds;
+  fds.push_back({signal_fd_, POLLIN, 0});
+  const size_t engine_from = fds.size();
+  if (engine_)
+    for (const auto& w : engine_->sockets())
+      fds.push_back({w.fd, static_cast<short>((w.read ? POLLIN : 0) | (w.write ? POLLOUT : 0)), 0});
+  const size_t engine_to = fds.size();
+  server_.add_fds(&fds);
+  int64_t t = max_ms;
+  if (engine_) {
+    int64_t et = engine_->timeout_ms();
+    if (et >= 0) t = std::min(t, et);
+  }
+  t = std::max<int64_t>(0, t);
+  int n = poll(fds.data(), fds.size(), static_cast<int>(t));
+  if (n < 0 && errno != EINTR) log_warn("poll failed", {{"error", strerror(errno)}});
+  if (n > 0) {
+    if (fds[0].revents & POLLIN) {
+      char buf[64];
+      ssize_t k = read(signal_fd_, buf, sizeof buf);
+      for (ssize_t i = 0; i < k; i++) {
+        if (buf[i] == 'T' && !stopping_) {
+          stopping_ = true;
+          stop_deadline_ms_ = monotonic_ms() + cfg_.drain_timeout_ms;
+          log_info("stopping: draining in-flight deliveries", {{"in_flight", in_flight_.size()},
+                                                               {"drain_timeout_ms", cfg_.drain_timeout_ms}});
+        } else if (buf[i] == 'H') {
+          reload();
+        }
+      }
+    }
+    if (engine_)
+      for (size_t i = engine_from; i < engine_to; i++) {
+        const pollfd& p = fds[i];
+        if (p.revents == 0 || (p.revents & POLLNVAL)) continue;
+        const bool failed = (p.revents & (POLLERR | POLLHUP)) != 0;
+        engine_->on_socket(p.fd, failed || (p.revents & POLLIN), failed || (p.revents & POLLOUT));
+      }
+    std::vector<pollfd> rest(fds.begin() + static_cast<long>(engine_to), fds.end());
+    const int64_t lease_ms = cfg_.lease_ms;
+    server_.on_ready(rest, metrics_, [this, lease_ms] { return wall_ms() - metrics_.last_store_ok_ms < 3 * lease_ms; });
+  }
+  if (engine_ && (engine_->timeout_ms() == 0 || n == 0)) engine_->on_timeout();
+}
+
+int Dispatcher::run() {
+  LogLevel l;
+  if (parse_log_level(cfg_.log_level, &l)) set_log_level(l);
+  if (!cfg_.metrics_listen.empty()) {
+    std::string why;
+    if (!server_.start(cfg_.metrics_listen, &why)) {
+      log_error("cannot start the metrics endpoint", {{"error", why}});
+      return 1;
+    }
+  }
+  log_info("relaybus-mongo dispatcher starting",
+           {{"instance", cfg_.instance}, {"database", cfg_.database}, {"metrics", server_.bound()},
+            {"lease_ms", cfg_.lease_ms}, {"batch_size", cfg_.batch_size}, {"config_file", cfg_.config_file}});
+  if (!ensure_engine()) return 1;
+  int64_t store_backoff_until = 0;
+  for (;;) {
+    const int64_t now = wall_ms();
+    if (stopping_) {
+      collect_results();
+      if (!done_.empty()) {
+        try {
+          flush();
+        } catch (...) {
+        }
+      }
+      if (in_flight_.empty() && done_.empty()) break;
+      if (monotonic_ms() > stop_deadline_ms_) {
+        log_warn("drain timeout: abandoning in-flight requests (they are sent again later)",
+                 {{"in_flight", in_flight_.size()}});
+        engine_->cancel_all();
+        in_flight_.clear();
+        done_.clear();
+        done_ids_.clear();
+        break;
+      }
+      wait(50);
+      continue;
+    }
+    if (now >= next_tick_ms_ && now >= store_backoff_until) {
+      try {
+        lease_tick();
+      } catch (const StoreError& e) {
+        metrics_.store_errors++;
+        log_warn("lease renewal failed", {{"error", e.what()}});
+        store_backoff_until = now + 1000;
+        next_tick_ms_ = now + 1000;
+      }
+    }
+    collect_results();
+    const int64_t mono = monotonic_ms();
+    if (!done_.empty() && mono >= next_flush_retry_ms_ &&
+        (static_cast<int>(done_.size()) >= cfg_.batch_size || in_flight_.empty() || mono - first_done_ms_ >= 20 ||
+         engine_->in_flight() == 0))
+      flush();
+    if (wall_ms() >= next_fetch_ms_) fetch_all();
+    int64_t wait_ms = std::min(next_tick_ms_, next_fetch_ms_) - wall_ms();
+    if (!done_.empty()) wait_ms = std::min<int64_t>(wait_ms, 20);
+    wait(std::clamp<int64_t>(wait_ms, 0, 1000));
+  }
+  release_all();
+  log_info("relaybus-mongo dispatcher stopped", {{"delivered", [&] {
+                                                    uint64_t n = 0;
+                                                    for (auto& [_, m] : metrics_.handlers) n += m.delivered;
+                                                    return n;
+                                                  }()},
+                                                 {"commands", store_.commands()}});
+  return 0;
+}
+
+}  // namespace relaybus::mongo

@@ -1,0 +1,866 @@
+#include "mongo/store.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <set>
+
+#include "core/lane_hash.hpp"
+#include "core/text_util.hpp"
+#include "core/topic.hpp"
+#include "mongo/util.hpp"
+
+namespace relaybus::mongo {
+
+namespace {
+
+constexpr const char* kDeliveries = "relay_deliveries";
+constexpr const char* kHandlers = "relay_handlers";
+constexpr const char* kRoutes = "relay_routes";
+constexpr const char* kKeySeqs = "relay_key_seqs";
+constexpr const char* kCounters = "relay_counters";
+constexpr const char* kLanes = "relay_lanes";
+constexpr const char* kInstances = "relay_instances";
+constexpr const char* kDeadLetters = "relay_dead_letters";
+
+[[noreturn]] void raise(const char* what, const bson_error_t& err) {
+  throw StoreError(std::string(what) + ": " + err.message, static_cast<int>(err.code));
+}
+
+// Indexes (into the inserted array) of write errors, with their codes.
+std::vector<std::pair<int, int>> write_errors(const bson_t* reply) {
+  std::vector<std::pair<int, int>> out;
+  bson_iter_t it, arr;
+  if (!bson_iter_init_find(&it, reply, "writeErrors") || !BSON_ITER_HOLDS_ARRAY(&it)) return out;
+  if (!bson_iter_recurse(&it, &arr)) return out;
+  while (bson_iter_next(&arr)) {
+    bson_iter_t e;
+    if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &e)) continue;
+    int index = -1, code = 0;
+    while (bson_iter_next(&e)) {
+      if (strcmp(bson_iter_key(&e), "index") == 0) index = static_cast<int>(bson_iter_as_int64(&e));
+      if (strcmp(bson_iter_key(&e), "code") == 0) code = static_cast<int>(bson_iter_as_int64(&e));
+    }
+    out.emplace_back(index, code);
+  }
+  return out;
+}
+
+void append_int64_array(bson_t* parent, const char* name, const std::vector<int64_t>& v) {
+  bson_t arr;
+  bson_append_array_begin(parent, name, -1, &arr);
+  char keybuf[16];
+  for (size_t i = 0; i < v.size(); i++) {
+    const char* k;
+    bson_uint32_to_string(static_cast<uint32_t>(i), &k, keybuf, sizeof keybuf);
+    bson_append_int64(&arr, k, -1, v[i]);
+  }
+  bson_append_array_end(parent, &arr);
+}
+
+void append_int32_array(bson_t* parent, const char* name, const std::vector<int>& v) {
+  bson_t arr;
+  bson_append_array_begin(parent, name, -1, &arr);
+  char keybuf[16];
+  for (size_t i = 0; i < v.size(); i++) {
+    const char* k;
+    bson_uint32_to_string(static_cast<uint32_t>(i), &k, keybuf, sizeof keybuf);
+    bson_append_int32(&arr, k, -1, v[i]);
+  }
+  bson_append_array_end(parent, &arr);
+}
+
+// {_id: {$in: ids}}
+void id_in(bson_t* filter, const std::vector<int64_t>& ids) {
+  bson_t in;
+  bson_append_document_begin(filter, "_id", 3, &in);
+  append_int64_array(&in, "$in", ids);
+  bson_append_document_end(filter, &in);
+}
+
+std::string lane_id(int lane, int64_t epoch) { return std::to_string(lane) + ":" + std::to_string(epoch); }
+
+// Parses a delivery document; malformed documents keep the reason in d.malformed.
+Delivery parse_delivery(const bson_t* doc) {
+  Delivery d;
+  std::vector<std::string> problems;
+  int64_t x = 0;
+  if (get_int64(doc, "_id", &x)) d.id = x; else problems.push_back("_id must be an integer");
+  if (get_int64(doc, "event_id", &x)) d.event_id = x; else problems.push_back("event_id must be an integer");
+  if (!get_string(doc, "handler", &d.handler)) problems.push_back("handler must be a string");
+  if (get_int64(doc, "lane", &x) && x >= 0 && x < core::kLanes) d.lane = static_cast<int>(x);
+  else problems.push_back("lane must be an integer 0..63");
+  bson_iter_t it;
+  if (bson_iter_init_find(&it, doc, "key") && !BSON_ITER_HOLDS_NULL(&it)) {
+    if (get_string(doc, "key", &d.key)) d.has_key = true; else problems.push_back("key must be a string or absent");
+  }
+  if (get_int64(doc, "seq", &x)) d.seq = x; else problems.push_back("seq must be an integer");
+  if (get_int64(doc, "priority", &x) && x >= 0 && x <= 3) d.priority = static_cast<int>(x);
+  else problems.push_back("priority must be an integer 0..3");
+  if (bson_iter_init_find(&it, doc, "not_before") && !get_date_ms(doc, "not_before", &d.not_before_ms))
+    problems.push_back("not_before must be a date");
+  if (bson_iter_init_find(&it, doc, "published_at") && !get_date_ms(doc, "published_at", &d.published_ms))
+    problems.push_back("published_at must be a date");
+  if (bson_iter_init_find(&it, doc, "attempt")) {
+    if (get_int64(doc, "attempt", &x) && x >= 0 && x < 1000000) d.attempt = static_cast<int>(x);
+    else problems.push_back("attempt must be a non-negative integer");
+  }
+  std::string topic, wire;
+  if (!get_string(doc, "topic", &topic) || !core::is_valid_topic(topic, nullptr)) problems.push_back("topic must be a valid topic");
+  if (bson_iter_init_find(&it, doc, "wire_topic") && !BSON_ITER_HOLDS_NULL(&it) && !get_string(doc, "wire_topic", &wire))
+    problems.push_back("wire_topic must be a string");
+  d.topic = wire.empty() ? topic : wire;
+  if (bson_iter_init_find(&it, doc, "payload")) d.payload_json = bson_value_to_json(bson_iter_value(&it));
+  else problems.push_back("payload is missing");
+  if (bson_iter_init_find(&it, doc, "headers") && !BSON_ITER_HOLDS_NULL(&it)) {
+    if (BSON_ITER_HOLDS_DOCUMENT(&it)) d.headers_json = bson_value_to_json(bson_iter_value(&it));
+    else problems.push_back("headers must be an object or absent");
+  }
+  if (problems.empty() && d.has_key && d.lane != core::lane_for_key(d.key))
+    problems.push_back("lane " + std::to_string(d.lane) + " is not the key's lane " +
+                       std::to_string(core::lane_for_key(d.key)) + " (fnv1a64(key) mod 64)");
+  if (!problems.empty()) {
+    d.malformed = "malformed delivery document: ";
+    for (size_t i = 0; i < problems.size(); i++) d.malformed += (i ? "; " : "") + problems[i];
+  }
+  return d;
+}
+
+}  // namespace
+
+namespace {
+// libmongoc's own log lines become structured log lines. FerretDB v1 has no
+// sessions, so the driver's "endSessions" warning at exit is noise: debug.
+void mongoc_log(mongoc_log_level_t level, const char* domain, const char* message, void*) {
+  if (level > MONGOC_LOG_LEVEL_INFO) return;
+  LogLevel l = level <= MONGOC_LOG_LEVEL_CRITICAL ? LogLevel::Error
+               : level == MONGOC_LOG_LEVEL_WARNING ? LogLevel::Warn
+                                                    : LogLevel::Info;
+  if (strstr(message, "endSessions") != nullptr) l = LogLevel::Debug;
+  log(l, "libmongoc", {{"domain", domain}, {"message", message}});
+}
+}  // namespace
+
+void mongo_global_init() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    mongoc_log_set_handler(mongoc_log, nullptr);
+    mongoc_init();
+    atexit(mongoc_cleanup);
+  });
+}
+
+Store::Store(const std::string& uri, const std::string& database) : db_(database) {
+  mongo_global_init();
+  bson_error_t err;
+  mongoc_uri_t* u = mongoc_uri_new_with_error(uri.c_str(), &err);
+  if (u == nullptr) throw StoreError(std::string("bad MongoDB URI: ") + err.message, 0);
+  // FerretDB v1 has no retryable writes (no transactions); on a replica set a
+  // retried write is fine because every write of the sidecar is idempotent or
+  // guarded by a unique index. Let the URI decide; default off for v1.
+  if (!mongoc_uri_has_option(u, MONGOC_URI_RETRYWRITES)) mongoc_uri_set_option_as_bool(u, MONGOC_URI_RETRYWRITES, false);
+  client_ = mongoc_client_new_from_uri(u);
+  mongoc_uri_destroy(u);
+  if (client_ == nullptr) throw StoreError("cannot create a MongoDB client for " + uri, 0);
+  mongoc_client_set_error_api(client_, MONGOC_ERROR_API_VERSION_2);
+  mongoc_client_set_appname(client_, "relaybus-mongo");
+}
+
+Store::~Store() {
+  for (auto& [_, c] : colls_) mongoc_collection_destroy(c);
+  if (client_ != nullptr) mongoc_client_destroy(client_);
+}
+
+mongoc_collection_t* Store::coll(const char* name) {
+  auto it = colls_.find(name);
+  if (it != colls_.end()) return it->second;
+  mongoc_collection_t* c = mongoc_client_get_collection(client_, db_.c_str(), name);
+  colls_[name] = c;
+  return c;
+}
+
+void Store::ping() {
+  Bson cmd, reply;
+  BSON_APPEND_INT32(cmd, "ping", 1);
+  bson_error_t err;
+  count("ping");
+  if (!mongoc_client_command_simple(client_, "admin", cmd, nullptr, reply, &err)) raise("ping", err);
+}
+
+std::vector<std::string> Store::init() {
+  std::vector<std::string> created;
+  mongoc_database_t* db = mongoc_client_get_database(client_, db_.c_str());
+  for (const char* name : {kHandlers, kRoutes, kDeliveries, kKeySeqs, kCounters, kLanes, kInstances, kDeadLetters}) {
+    bson_error_t err;
+    count("create");
+    mongoc_collection_t* c = mongoc_database_create_collection(db, name, nullptr, &err);
+    if (c != nullptr) {
+      created.push_back(name);
+      mongoc_collection_destroy(c);
+    } else if (err.code != 48 /* NamespaceExists */) {
+      mongoc_database_destroy(db);
+      raise((std::string("create collection ") + name).c_str(), err);
+    }
+  }
+  mongoc_database_destroy(db);
+  struct Index {
+    const char* coll;
+    const char* name;
+    std::vector<std::pair<const char*, int>> keys;
+    bool unique;
+  };
+  const std::vector<Index> indexes = {
+      // The dispatcher's window: a handler's deliveries in its leased lanes, oldest first.
+      {kDeliveries, "dispatch", {{"handler", 1}, {"lane", 1}, {"_id", 1}}, false},
+      // Per-key order: one delivery per (handler, key, seq); finds a key's head.
+      {kDeliveries, "key_seq", {{"handler", 1}, {"key", 1}, {"seq", 1}}, true},
+      // Lane leases: one document per (lane, epoch); the lease race rests on it.
+      {kLanes, "lane_epoch", {{"lane", 1}, {"epoch", 1}}, true},
+      {kRoutes, "pattern_handler", {{"pattern", 1}, {"handler", 1}}, true},
+      {kDeadLetters, "handler_id", {{"handler", 1}, {"_id", 1}}, false},
+  };
+  for (const auto& ix : indexes) {
+    Bson cmd, reply;
+    BSON_APPEND_UTF8(cmd, "createIndexes", ix.coll);
+    bson_t arr, spec, key;
+    bson_append_array_begin(cmd, "indexes", -1, &arr);
+    bson_append_document_begin(&arr, "0", 1, &spec);
+    bson_append_document_begin(&spec, "key", 3, &key);
+    for (const auto& [f, dir] : ix.keys) bson_append_int32(&key, f, -1, dir);
+    bson_append_document_end(&spec, &key);
+    BSON_APPEND_UTF8(&spec, "name", ix.name);
+    if (ix.unique) BSON_APPEND_BOOL(&spec, "unique", true);
+    bson_append_document_end(&arr, &spec);
+    bson_append_array_end(cmd, &arr);
+    bson_error_t err;
+    count("createIndexes");
+    mongoc_database_t* d = mongoc_client_get_database(client_, db_.c_str());
+    bool ok = mongoc_database_write_command_with_opts(d, cmd, nullptr, reply, &err);
+    mongoc_database_destroy(d);
+    if (!ok) raise((std::string("create index ") + ix.coll + "." + ix.name).c_str(), err);
+    int64_t before = 0, after = 0;
+    if (get_int64(reply, "numIndexesBefore", &before) && get_int64(reply, "numIndexesAfter", &after) &&
+        after > before)
+      created.push_back(std::string(ix.coll) + "." + ix.name);
+  }
+  return created;
+}
+
+// ------------------------------------------------------------------ catalog
+
+void Store::put_handler(const HandlerDoc& h) {
+  Bson filter, doc, opts, reply;
+  BSON_APPEND_UTF8(filter, "_id", h.name.c_str());
+  BSON_APPEND_UTF8(doc, "_id", h.name.c_str());
+  BSON_APPEND_UTF8(doc, "kind", core::handler_kind_name(h.kind));
+  BSON_APPEND_UTF8(doc, "target", h.target.c_str());
+  BSON_APPEND_UTF8(doc, "options", h.options_json.c_str());
+  BSON_APPEND_BOOL(opts, "upsert", true);
+  bson_error_t err;
+  count("replace");
+  if (!mongoc_collection_replace_one(coll(kHandlers), filter, doc, opts, reply, &err)) raise("store handler", err);
+}
+
+bool Store::drop_handler(const std::string& name) {
+  Bson filter, reply;
+  BSON_APPEND_UTF8(filter, "_id", name.c_str());
+  bson_error_t err;
+  count("delete");
+  if (!mongoc_collection_delete_one(coll(kHandlers), filter, nullptr, reply, &err)) raise("drop handler", err);
+  int64_t n = 0;
+  get_int64(reply, "deletedCount", &n);
+  Bson rf, rr;
+  BSON_APPEND_UTF8(rf, "handler", name.c_str());
+  count("delete");
+  if (!mongoc_collection_delete_many(coll(kRoutes), rf, nullptr, rr, &err)) raise("drop routes", err);
+  return n > 0;
+}
+
+std::vector<HandlerDoc> Store::load_handlers(std::vector<std::string>* bad) {
+  std::vector<HandlerDoc> out;
+  Bson filter;
+  count("find");
+  mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kHandlers), filter, nullptr, nullptr);
+  const bson_t* doc;
+  while (mongoc_cursor_next(cur, &doc)) {
+    HandlerDoc h;
+    std::string kind, why;
+    if (!get_string(doc, "_id", &h.name) || !get_string(doc, "kind", &kind) || !get_string(doc, "target", &h.target)) {
+      if (bad) bad->push_back(h.name + ": _id, kind and target must be strings");
+      continue;
+    }
+    get_string(doc, "options", &h.options_json);
+    if (!core::parse_handler_kind(kind, &h.kind, &why) || !core::validate_target(h.kind, h.target, false, &why) ||
+        !core::parse_handler_options(h.kind, h.options_json, &h.options, &why)) {
+      if (bad) bad->push_back(h.name + ": " + why);
+      continue;
+    }
+    out.push_back(std::move(h));
+  }
+  bson_error_t err;
+  bool failed = mongoc_cursor_error(cur, &err);
+  mongoc_cursor_destroy(cur);
+  if (failed) raise("read handlers", err);
+  return out;
+}
+
+void Store::put_route(const RouteDoc& r) {
+  Bson filter, doc, opts, reply;
+  std::string id = r.handler + "|" + r.pattern;
+  BSON_APPEND_UTF8(filter, "_id", id.c_str());
+  BSON_APPEND_UTF8(doc, "_id", id.c_str());
+  BSON_APPEND_UTF8(doc, "pattern", r.pattern.c_str());
+  BSON_APPEND_UTF8(doc, "handler", r.handler.c_str());
+  if (!r.wire_name.empty()) BSON_APPEND_UTF8(doc, "wire_name", r.wire_name.c_str());
+  BSON_APPEND_BOOL(opts, "upsert", true);
+  bson_error_t err;
+  count("replace");
+  if (!mongoc_collection_replace_one(coll(kRoutes), filter, doc, opts, reply, &err)) raise("store route", err);
+}
+
+bool Store::drop_route(const std::string& pattern, const std::string& handler) {
+  Bson filter, reply;
+  BSON_APPEND_UTF8(filter, "_id", (handler + "|" + pattern).c_str());
+  bson_error_t err;
+  count("delete");
+  if (!mongoc_collection_delete_one(coll(kRoutes), filter, nullptr, reply, &err)) raise("drop route", err);
+  int64_t n = 0;
+  get_int64(reply, "deletedCount", &n);
+  return n > 0;
+}
+
+std::vector<RouteDoc> Store::load_routes() {
+  std::vector<RouteDoc> out;
+  Bson filter;
+  count("find");
+  mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kRoutes), filter, nullptr, nullptr);
+  const bson_t* doc;
+  while (mongoc_cursor_next(cur, &doc)) {
+    RouteDoc r;
+    if (!get_string(doc, "pattern", &r.pattern) || !get_string(doc, "handler", &r.handler)) continue;
+    get_string(doc, "wire_name", &r.wire_name);
+    out.push_back(std::move(r));
+  }
+  bson_error_t err;
+  bool failed = mongoc_cursor_error(cur, &err);
+  mongoc_cursor_destroy(cur);
+  if (failed) raise("read routes", err);
+  return out;
+}
+
+// ------------------------------------------------------------------ publish
+
+int64_t Store::next_ids(int n) {
+  for (int attempt = 0;; attempt++) {
+    Bson query, update, inc, reply;
+    BSON_APPEND_UTF8(query, "_id", "ids");
+    bson_append_document_begin(update, "$inc", 4, inc.get());
+    BSON_APPEND_INT64(inc.get(), "n", n);
+    bson_append_document_end(update, inc.get());
+    mongoc_find_and_modify_opts_t* opts = mongoc_find_and_modify_opts_new();
+    mongoc_find_and_modify_opts_set_update(opts, update);
+    mongoc_find_and_modify_opts_set_flags(
+        opts, static_cast<mongoc_find_and_modify_flags_t>(MONGOC_FIND_AND_MODIFY_UPSERT |
+                                                          MONGOC_FIND_AND_MODIFY_RETURN_NEW));
+    bson_error_t err;
+    count("findAndModify");
+    bool ok = mongoc_collection_find_and_modify_with_opts(coll(kCounters), query, opts, reply, &err);
+    mongoc_find_and_modify_opts_destroy(opts);
+    if (!ok) {
+      if (err.code == kDuplicateKey && attempt < 3) continue;  // two first upserts raced
+      raise("draw ids", err);
+    }
+    bson_iter_t it, v;
+    if (bson_iter_init_find(&it, reply, "value") && BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &v) &&
+        bson_iter_find(&v, "n"))
+      return bson_iter_as_int64(&v) - n + 1;
+    throw StoreError("draw ids: no value in the findAndModify reply", 0);
+  }
+}
+
+int64_t Store::next_seq(const std::string& key) {
+  for (int attempt = 0;; attempt++) {
+    Bson query, update, inc, reply;
+    BSON_APPEND_UTF8(query, "_id", key.c_str());
+    bson_append_document_begin(update, "$inc", 4, inc.get());
+    BSON_APPEND_INT64(inc.get(), "seq", 1);
+    bson_append_document_end(update, inc.get());
+    mongoc_find_and_modify_opts_t* opts = mongoc_find_and_modify_opts_new();
+    mongoc_find_and_modify_opts_set_update(opts, update);
+    mongoc_find_and_modify_opts_set_flags(
+        opts, static_cast<mongoc_find_and_modify_flags_t>(MONGOC_FIND_AND_MODIFY_UPSERT |
+                                                          MONGOC_FIND_AND_MODIFY_RETURN_NEW));
+    bson_error_t err;
+    count("findAndModify");
+    bool ok = mongoc_collection_find_and_modify_with_opts(coll(kKeySeqs), query, opts, reply, &err);
+    mongoc_find_and_modify_opts_destroy(opts);
+    if (!ok) {
+      if (err.code == kDuplicateKey && attempt < 3) continue;
+      raise("draw key seq", err);
+    }
+    bson_iter_t it, v;
+    if (bson_iter_init_find(&it, reply, "value") && BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &v) &&
+        bson_iter_find(&v, "seq"))
+      return bson_iter_as_int64(&v);
+    throw StoreError("draw key seq: no value in the findAndModify reply", 0);
+  }
+}
+
+PublishResult Store::publish(const PublishRequest& req, int64_t now_ms) {
+  // Resolve routes: per handler the most specific matching route gives the wire name.
+  std::vector<std::string> bad;
+  auto handlers = load_handlers(&bad);
+  std::set<std::string> known;
+  for (const auto& h : handlers) known.insert(h.name);
+  std::map<std::string, std::pair<int, std::string>> chosen;  // handler -> (specificity, wire)
+  for (const auto& r : load_routes()) {
+    if (!known.count(r.handler) || !core::topic_matches(r.pattern, req.topic)) continue;
+    int s = core::pattern_specificity(r.pattern);
+    auto it = chosen.find(r.handler);
+    if (it == chosen.end() || s < it->second.first) chosen[r.handler] = {s, r.wire_name};
+  }
+  PublishResult res;
+  if (chosen.empty()) {
+    res.event_id = next_ids(1);
+    return res;
+  }
+  const int n = static_cast<int>(chosen.size());
+  for (int attempt = 0;; attempt++) {
+    res = PublishResult{};
+    if (req.key) res.seq = next_seq(*req.key);
+    int64_t first = next_ids(n);
+    res.event_id = first;
+    int lane = req.key ? core::lane_for_key(*req.key) : core::lane_for_unkeyed(first);
+    std::vector<bson_t *> docs;
+    int i = 0;
+    for (const auto& [handler, sw] : chosen) {
+      bson_t* d = bson_new();
+      int64_t id = first + i++;
+      BSON_APPEND_INT64(d, "_id", id);
+      BSON_APPEND_INT64(d, "event_id", first);
+      BSON_APPEND_UTF8(d, "handler", handler.c_str());
+      BSON_APPEND_INT32(d, "lane", lane);
+      if (req.key) BSON_APPEND_UTF8(d, "key", req.key->c_str());
+      BSON_APPEND_INT64(d, "seq", req.key ? res.seq : id);
+      BSON_APPEND_INT32(d, "priority", req.priority);
+      BSON_APPEND_DATE_TIME(d, "not_before", req.not_before_ms > 0 ? req.not_before_ms : now_ms);
+      BSON_APPEND_DATE_TIME(d, "published_at", now_ms);
+      BSON_APPEND_INT32(d, "attempt", 0);
+      BSON_APPEND_UTF8(d, "topic", req.topic.c_str());
+      if (!sw.second.empty()) BSON_APPEND_UTF8(d, "wire_topic", sw.second.c_str());
+      std::string why;
+      if (!append_json_value(d, "payload", req.payload_json, &why) ||
+          (!req.headers_json.empty() && !append_json_value(d, "headers", req.headers_json, &why))) {
+        for (bson_t* x : docs) bson_destroy(x);
+        bson_destroy(d);
+        throw StoreError(why, -1);
+      }
+      docs.push_back(d);
+      res.delivery_ids.push_back(id);
+      res.lanes.push_back(lane);
+    }
+    Bson opts, reply;
+    BSON_APPEND_BOOL(opts, "ordered", true);
+    bson_error_t err;
+    count("insert");
+    bool ok = mongoc_collection_insert_many(coll(kDeliveries), const_cast<const bson_t**>(docs.data()), docs.size(),
+                                            opts, reply, &err);
+    for (bson_t* x : docs) bson_destroy(x);
+    if (ok) return res;
+    auto errs = write_errors(reply);
+    bool dup = !errs.empty() && errs[0].second == kDuplicateKey;
+    if (!dup || attempt >= 5) raise("insert deliveries", err);
+    // A duplicate id or (handler, key, seq): on a server whose findAndModify is
+    // not atomic (FerretDB v1) two publishers drew the same number. Remove what
+    // this attempt inserted and draw again.
+    if (errs[0].first > 0) {
+      Bson f, r2;
+      id_in(f, std::vector<int64_t>(res.delivery_ids.begin(), res.delivery_ids.begin() + errs[0].first));
+      BSON_APPEND_INT64(f, "event_id", first);
+      count("delete");
+      (void)mongoc_collection_delete_many(coll(kDeliveries), f, nullptr, r2, &err);
+    }
+  }
+}
+
+// ------------------------------------------------------------------ lanes
+
+std::vector<LaneDoc> Store::read_lanes() {
+  std::vector<LaneDoc> out;
+  Bson filter;
+  count("find");
+  mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kLanes), filter, nullptr, nullptr);
+  const bson_t* doc;
+  while (mongoc_cursor_next(cur, &doc)) {
+    LaneDoc l;
+    int64_t x;
+    if (!get_int64(doc, "lane", &x)) continue;
+    l.lane = static_cast<int>(x);
+    if (!get_int64(doc, "epoch", &l.epoch)) continue;
+    get_string(doc, "owner", &l.owner);
+    get_date_ms(doc, "until", &l.until_ms);
+    out.push_back(std::move(l));
+  }
+  bson_error_t err;
+  bool failed = mongoc_cursor_error(cur, &err);
+  mongoc_cursor_destroy(cur);
+  if (failed) raise("read lanes", err);
+  return out;
+}
+
+std::vector<bool> Store::insert_lanes(const std::vector<LaneDoc>& ls) {
+  std::vector<bool> inserted(ls.size(), true);
+  if (ls.empty()) return inserted;
+  std::vector<bson_t *> docs;
+  for (const auto& l : ls) {
+    bson_t* d = bson_new();
+    BSON_APPEND_UTF8(d, "_id", lane_id(l.lane, l.epoch).c_str());
+    BSON_APPEND_INT32(d, "lane", l.lane);
+    BSON_APPEND_INT64(d, "epoch", l.epoch);
+    BSON_APPEND_UTF8(d, "owner", l.owner.c_str());
+    BSON_APPEND_DATE_TIME(d, "until", l.until_ms);
+    docs.push_back(d);
+  }
+  Bson opts, reply;
+  BSON_APPEND_BOOL(opts, "ordered", false);
+  bson_error_t err;
+  count("insert");
+  bool ok = mongoc_collection_insert_many(coll(kLanes), const_cast<const bson_t**>(docs.data()), docs.size(), opts,
+                                          reply, &err);
+  for (bson_t* d : docs) bson_destroy(d);
+  if (ok) return inserted;
+  auto errs = write_errors(reply);
+  if (errs.empty()) raise("insert lane leases", err);
+  for (const auto& [index, code] : errs) {
+    if (code != kDuplicateKey) raise("insert lane leases", err);
+    if (index >= 0 && index < static_cast<int>(inserted.size())) inserted[index] = false;
+  }
+  return inserted;
+}
+
+void Store::delete_lane_docs(const std::vector<std::pair<int, int64_t>>& lane_epochs) {
+  if (lane_epochs.empty()) return;
+  Bson filter, reply;
+  bson_t in, arr;
+  bson_append_document_begin(filter, "_id", 3, &in);
+  bson_append_array_begin(&in, "$in", 3, &arr);
+  for (size_t i = 0; i < lane_epochs.size(); i++)
+    BSON_APPEND_UTF8(&arr, std::to_string(i).c_str(), lane_id(lane_epochs[i].first, lane_epochs[i].second).c_str());
+  bson_append_array_end(&in, &arr);
+  bson_append_document_end(filter, &in);
+  bson_error_t err;
+  count("delete");
+  if (!mongoc_collection_delete_many(coll(kLanes), filter, nullptr, reply, &err)) raise("delete old leases", err);
+}
+
+void Store::heartbeat(const std::string& instance, int64_t until_ms) {
+  Bson filter, doc, opts, reply;
+  BSON_APPEND_UTF8(filter, "_id", instance.c_str());
+  BSON_APPEND_UTF8(doc, "_id", instance.c_str());
+  BSON_APPEND_DATE_TIME(doc, "until", until_ms);
+  BSON_APPEND_BOOL(opts, "upsert", true);
+  bson_error_t err;
+  count("replace");
+  if (!mongoc_collection_replace_one(coll(kInstances), filter, doc, opts, reply, &err)) {
+    if (err.code == kDuplicateKey) return;  // a concurrent first upsert of our own doc: harmless
+    raise("heartbeat", err);
+  }
+}
+
+void Store::remove_instance(const std::string& instance) {
+  Bson filter, reply;
+  BSON_APPEND_UTF8(filter, "_id", instance.c_str());
+  bson_error_t err;
+  count("delete");
+  if (!mongoc_collection_delete_one(coll(kInstances), filter, nullptr, reply, &err)) raise("remove instance", err);
+}
+
+int Store::live_instances(int64_t now_ms) {
+  Bson filter;
+  count("find");
+  mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kInstances), filter, nullptr, nullptr);
+  const bson_t* doc;
+  int n = 0;
+  while (mongoc_cursor_next(cur, &doc)) {
+    int64_t until = 0;
+    if (get_date_ms(doc, "until", &until) && until > now_ms) n++;
+  }
+  bson_error_t err;
+  bool failed = mongoc_cursor_error(cur, &err);
+  mongoc_cursor_destroy(cur);
+  if (failed) raise("read instances", err);
+  return n;
+}
+
+// ------------------------------------------------------------------ dispatch
+
+std::vector<Delivery> Store::fetch_window(const std::string& handler, const std::vector<int>& lanes, int limit) {
+  std::vector<Delivery> out;
+  if (lanes.empty()) return out;
+  Bson filter, opts;
+  BSON_APPEND_UTF8(filter, "handler", handler.c_str());
+  if (static_cast<int>(lanes.size()) < core::kLanes) {
+    bson_t in;
+    bson_append_document_begin(filter, "lane", 4, &in);
+    append_int32_array(&in, "$in", lanes);
+    bson_append_document_end(filter, &in);
+  }
+  bson_t sort;
+  bson_append_document_begin(opts, "sort", 4, &sort);
+  BSON_APPEND_INT32(&sort, "_id", 1);
+  bson_append_document_end(opts, &sort);
+  BSON_APPEND_INT64(opts, "limit", limit);
+  BSON_APPEND_INT32(opts, "batchSize", limit);
+  count("find");
+  mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeliveries), filter, opts, nullptr);
+  const bson_t* doc;
+  while (mongoc_cursor_next(cur, &doc)) {
+    Delivery d = parse_delivery(doc);
+    if (d.handler.empty()) d.handler = handler;
+    out.push_back(std::move(d));
+  }
+  bson_error_t err;
+  bool failed = mongoc_cursor_error(cur, &err);
+  mongoc_cursor_destroy(cur);
+  if (failed) raise("fetch deliveries", err);
+  return out;
+}
+
+std::vector<std::string> Store::earlier_keys(const std::string& handler,
+                                             const std::vector<std::pair<std::string, int64_t>>& key_seqs) {
+  std::vector<std::string> out;
+  if (key_seqs.empty()) return out;
+  Bson filter, opts;
+  BSON_APPEND_UTF8(filter, "handler", handler.c_str());
+  bson_t orr;
+  bson_append_array_begin(filter, "$or", 3, &orr);
+  for (size_t i = 0; i < key_seqs.size(); i++) {
+    bson_t c, lt;
+    bson_append_document_begin(&orr, std::to_string(i).c_str(), -1, &c);
+    BSON_APPEND_UTF8(&c, "key", key_seqs[i].first.c_str());
+    bson_append_document_begin(&c, "seq", 3, &lt);
+    BSON_APPEND_INT64(&lt, "$lt", key_seqs[i].second);
+    bson_append_document_end(&c, &lt);
+    bson_append_document_end(&orr, &c);
+  }
+  bson_append_array_end(filter, &orr);
+  bson_t proj;
+  bson_append_document_begin(opts, "projection", -1, &proj);
+  BSON_APPEND_INT32(&proj, "key", 1);
+  bson_append_document_end(opts, &proj);
+  count("find");
+  mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeliveries), filter, opts, nullptr);
+  const bson_t* doc;
+  while (mongoc_cursor_next(cur, &doc)) {
+    std::string key;
+    if (get_string(doc, "key", &key)) out.push_back(std::move(key));
+  }
+  bson_error_t err;
+  bool failed = mongoc_cursor_error(cur, &err);
+  mongoc_cursor_destroy(cur);
+  if (failed) raise("fence read", err);
+  return out;
+}
+
+int64_t Store::complete(const std::vector<int64_t>& ids) {
+  if (ids.empty()) return 0;
+  Bson filter, reply;
+  id_in(filter, ids);
+  bson_error_t err;
+  count("delete");
+  if (!mongoc_collection_delete_many(coll(kDeliveries), filter, nullptr, reply, &err)) raise("complete", err);
+  int64_t n = 0;
+  get_int64(reply, "deletedCount", &n);
+  return n;
+}
+
+void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
+  std::vector<const Failure*> retries, deads;
+  for (const auto& f : failures) (f.dead ? deads : retries).push_back(&f);
+  bson_error_t err;
+  if (!retries.empty()) {
+    Bson bopts;
+    BSON_APPEND_BOOL(bopts, "ordered", false);
+    mongoc_bulk_operation_t* bulk = mongoc_collection_create_bulk_operation_with_opts(coll(kDeliveries), bopts);
+    for (const Failure* f : retries) {
+      Bson sel, upd;
+      BSON_APPEND_INT64(sel, "_id", f->id);
+      bson_t set, inc;
+      bson_append_document_begin(upd, "$set", 4, &set);
+      BSON_APPEND_DATE_TIME(&set, "not_before", f->not_before_ms);
+      BSON_APPEND_UTF8(&set, "last_error", core::text::truncate_utf8(f->error, 1000).c_str());
+      BSON_APPEND_INT32(&set, "last_status", f->status);
+      bson_append_document_end(upd, &set);
+      bson_append_document_begin(upd, "$inc", 4, &inc);
+      BSON_APPEND_INT32(&inc, "attempt", 1);
+      bson_append_document_end(upd, &inc);
+      mongoc_bulk_operation_update_one_with_opts(bulk, sel, upd, nullptr, &err);
+    }
+    Bson reply;
+    count("update");
+    uint32_t ok = mongoc_bulk_operation_execute(bulk, reply, &err);
+    mongoc_bulk_operation_destroy(bulk);
+    if (!ok) raise("record retries", err);
+  }
+  if (!deads.empty()) {
+    // Read the documents (one find), write them as dead letters (one insert),
+    // then delete them (one delete). A crash between the insert and the
+    // delete sends the delivery again; its dead letter is then a duplicate key,
+    // which counts as done.
+    std::vector<int64_t> ids;
+    std::map<int64_t, const Failure*> by_id;
+    for (const Failure* f : deads) {
+      ids.push_back(f->id);
+      by_id[f->id] = f;
+    }
+    Bson filter;
+    id_in(filter, ids);
+    count("find");
+    mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeliveries), filter, nullptr, nullptr);
+    const bson_t* doc;
+    std::vector<bson_t *> letters;
+    while (mongoc_cursor_next(cur, &doc)) {
+      int64_t id;
+      if (!get_int64(doc, "_id", &id) || !by_id.count(id)) continue;
+      const Failure* f = by_id[id];
+      bson_t* dl = bson_new();
+      bson_copy_to_excluding_noinit(doc, dl, "attempt", "last_error", "last_status", "not_before", nullptr);
+      int64_t attempt = 0;
+      get_int64(doc, "attempt", &attempt);
+      BSON_APPEND_INT32(dl, "attempts", static_cast<int32_t>(attempt + 1));
+      BSON_APPEND_UTF8(dl, "last_error", core::text::truncate_utf8(f->error, 1000).c_str());
+      if (f->status != 0) BSON_APPEND_INT32(dl, "last_status", f->status);
+      BSON_APPEND_DATE_TIME(dl, "failed_at", now_ms);
+      letters.push_back(dl);
+    }
+    bool failed = mongoc_cursor_error(cur, &err);
+    mongoc_cursor_destroy(cur);
+    if (failed) {
+      for (bson_t* d : letters) bson_destroy(d);
+      raise("read dead deliveries", err);
+    }
+    if (!letters.empty()) {
+      Bson opts, reply;
+      BSON_APPEND_BOOL(opts, "ordered", false);
+      count("insert");
+      bool ok = mongoc_collection_insert_many(coll(kDeadLetters), const_cast<const bson_t**>(letters.data()),
+                                              letters.size(), opts, reply, &err);
+      for (bson_t* d : letters) bson_destroy(d);
+      if (!ok) {
+        for (const auto& [index, code] : write_errors(reply))
+          if (code != kDuplicateKey) raise("insert dead letters", err);
+        if (write_errors(reply).empty()) raise("insert dead letters", err);
+      }
+    }
+    complete(ids);
+  }
+}
+
+// A malformed document whose _id is not an integer cannot be addressed by the
+// calls above; the dispatcher leaves it alone and `stats` counts it.
+
+// ------------------------------------------------------------------ operations
+
+int64_t Store::replay(const std::string& handler, const std::vector<int64_t>& ids, int64_t now_ms) {
+  Bson filter;
+  if (!handler.empty()) BSON_APPEND_UTF8(filter, "handler", handler.c_str());
+  if (!ids.empty()) id_in(filter, ids);
+  count("find");
+  mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeadLetters), filter, nullptr, nullptr);
+  const bson_t* doc;
+  std::vector<bson_t *> docs;
+  std::vector<int64_t> moved;
+  while (mongoc_cursor_next(cur, &doc)) {
+    int64_t id;
+    if (!get_int64(doc, "_id", &id)) continue;
+    bson_t* d = bson_new();
+    bson_copy_to_excluding_noinit(doc, d, "attempts", "last_error", "last_status", "failed_at", nullptr);
+    BSON_APPEND_INT32(d, "attempt", 0);
+    BSON_APPEND_DATE_TIME(d, "not_before", now_ms);
+    docs.push_back(d);
+    moved.push_back(id);
+  }
+  bson_error_t err;
+  bool failed = mongoc_cursor_error(cur, &err);
+  mongoc_cursor_destroy(cur);
+  if (failed || docs.empty()) {
+    for (bson_t* d : docs) bson_destroy(d);
+    if (failed) raise("read dead letters", err);
+    return 0;
+  }
+  Bson opts, reply;
+  BSON_APPEND_BOOL(opts, "ordered", false);
+  count("insert");
+  bool ok = mongoc_collection_insert_many(coll(kDeliveries), const_cast<const bson_t**>(docs.data()), docs.size(),
+                                          opts, reply, &err);
+  for (bson_t* d : docs) bson_destroy(d);
+  if (!ok) {
+    auto errs = write_errors(reply);
+    if (errs.empty()) raise("replay", err);
+    for (const auto& [index, code] : errs)
+      if (code != kDuplicateKey) raise("replay", err);  // duplicates: replayed already
+  }
+  Bson df, dr;
+  id_in(df, moved);
+  count("delete");
+  if (!mongoc_collection_delete_many(coll(kDeadLetters), df, nullptr, dr, &err)) raise("replay", err);
+  return static_cast<int64_t>(moved.size());
+}
+
+std::vector<HandlerStats> Store::stats() {
+  std::vector<HandlerStats> out;
+  for (const auto& h : load_handlers(nullptr)) {
+    HandlerStats s;
+    s.handler = h.name;
+    bson_error_t err;
+    {
+      Bson f;
+      BSON_APPEND_UTF8(f, "handler", h.name.c_str());
+      count("count");
+      s.pending = mongoc_collection_count_documents(coll(kDeliveries), f, nullptr, nullptr, nullptr, &err);
+      if (s.pending < 0) raise("count", err);
+      count("count");
+      s.dead = mongoc_collection_count_documents(coll(kDeadLetters), f, nullptr, nullptr, nullptr, &err);
+      if (s.dead < 0) raise("count", err);
+    }
+    {
+      Bson f;
+      BSON_APPEND_UTF8(f, "handler", h.name.c_str());
+      bson_t gt;
+      bson_append_document_begin(f, "attempt", -1, &gt);
+      BSON_APPEND_INT32(&gt, "$gt", 0);
+      bson_append_document_end(f, &gt);
+      count("count");
+      s.retrying = mongoc_collection_count_documents(coll(kDeliveries), f, nullptr, nullptr, nullptr, &err);
+      if (s.retrying < 0) raise("count", err);
+    }
+    if (s.pending > 0) {
+      Bson f, opts;
+      BSON_APPEND_UTF8(f, "handler", h.name.c_str());
+      bson_t sort;
+      bson_append_document_begin(opts, "sort", 4, &sort);
+      BSON_APPEND_INT32(&sort, "_id", 1);
+      bson_append_document_end(opts, &sort);
+      BSON_APPEND_INT64(opts, "limit", 1);
+      count("find");
+      mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeliveries), f, opts, nullptr);
+      const bson_t* doc;
+      if (mongoc_cursor_next(cur, &doc)) get_date_ms(doc, "published_at", &s.oldest_ms);
+      mongoc_cursor_destroy(cur);
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+int64_t Store::count_deliveries() {
+  Bson f;
+  bson_error_t err;
+  count("count");
+  int64_t n = mongoc_collection_count_documents(coll(kDeliveries), f, nullptr, nullptr, nullptr, &err);
+  if (n < 0) raise("count", err);
+  return n;
+}
+
+}  // namespace relaybus::mongo

@@ -1,0 +1,181 @@
+// The relaybus data model over libmongoc (docs/mongo.md describes it):
+//
+//   relay_handlers      {_id: name, kind: "http", target, options: JSON text}
+//   relay_routes        {_id: "<handler>|<pattern>", pattern, handler, wire_name?}
+//   relay_deliveries    {_id: delivery id, event_id, handler, lane, key?, seq, priority,
+//                        not_before, published_at, attempt, topic, wire_topic?, payload,
+//                        headers?, last_error?, last_status?}
+//   relay_key_seqs      {_id: key, seq}
+//   relay_counters      {_id: "ids", n}
+//   relay_lanes         {_id: "<lane>:<epoch>", lane, epoch, owner, until}
+//   relay_instances     {_id: instance, until}
+//   relay_dead_letters  a delivery document plus attempts, last_error, last_status, failed_at
+//
+// Every call that talks to the server counts one command (commands()).
+// Errors are thrown as StoreError (code = the server's error code when there
+// is one, 11000 for a duplicate key).
+#pragma once
+
+#include <mongoc/mongoc.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/handler_config.hpp"
+
+namespace relaybus::mongo {
+
+struct StoreError : std::runtime_error {
+  StoreError(const std::string& what, int code_) : std::runtime_error(what), code(code_) {}
+  int code;
+};
+
+constexpr int kDuplicateKey = 11000;
+
+struct HandlerDoc {
+  std::string name;
+  core::HandlerKind kind = core::HandlerKind::Http;
+  std::string target;
+  std::string options_json = "{}";
+  core::HandlerOptions options;  // parsed (load_handlers)
+};
+
+struct RouteDoc {
+  std::string pattern;
+  std::string handler;
+  std::string wire_name;  // empty: none
+};
+
+struct Delivery {
+  int64_t id = 0;
+  int64_t event_id = 0;
+  std::string handler;
+  int lane = 0;
+  bool has_key = false;
+  std::string key;
+  int64_t seq = 0;
+  int priority = 1;
+  int64_t not_before_ms = 0;
+  int64_t published_ms = 0;
+  int attempt = 0;  // failed attempts so far
+  std::string topic;       // the wire name when the route had one, else the topic
+  std::string payload_json;
+  std::string headers_json;  // empty: none
+  std::string malformed;     // why the document cannot be delivered; empty = fine
+};
+
+struct LaneDoc {
+  int lane = 0;
+  int64_t epoch = 0;
+  std::string owner;  // "" = released
+  int64_t until_ms = 0;
+};
+
+struct PublishRequest {
+  std::string topic;
+  std::string payload_json;
+  std::optional<std::string> key;
+  std::string headers_json;  // empty: none
+  int priority = 1;
+  int64_t not_before_ms = 0;  // 0: now
+};
+
+struct PublishResult {
+  int64_t event_id = 0;
+  std::vector<int64_t> delivery_ids;
+  int64_t seq = 0;  // keyed events
+  std::vector<int> lanes;
+};
+
+struct Failure {
+  int64_t id;
+  std::string error;
+  int status;
+  bool dead;
+  int64_t not_before_ms;  // retries
+  std::string handler;
+};
+
+struct HandlerStats {
+  std::string handler;
+  int64_t pending = 0;
+  int64_t retrying = 0;  // pending with attempt > 0
+  int64_t dead = 0;
+  int64_t oldest_ms = 0;  // published_at of the oldest pending, 0 = none
+};
+
+class Store {
+ public:
+  Store(const std::string& uri, const std::string& database);  // throws StoreError
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  void ping();
+  // Collections and indexes; idempotent. Returns what was created (names).
+  std::vector<std::string> init();
+
+  // Catalog.
+  void put_handler(const HandlerDoc& h);  // insert or replace
+  bool drop_handler(const std::string& name);
+  std::vector<HandlerDoc> load_handlers(std::vector<std::string>* bad);  // bad: "name: why"
+  void put_route(const RouteDoc& r);
+  bool drop_route(const std::string& pattern, const std::string& handler);
+  std::vector<RouteDoc> load_routes();
+
+  // Publishing without a transaction (see docs/mongo.md for the guarantees).
+  PublishResult publish(const PublishRequest& req, int64_t now_ms);
+
+  // Lanes.
+  std::vector<LaneDoc> read_lanes();
+  // Inserts lane documents; result[i] = true if docs[i] was inserted, false on
+  // a duplicate key (someone else holds that epoch). One command.
+  std::vector<bool> insert_lanes(const std::vector<LaneDoc>& docs);
+  void delete_lane_docs(const std::vector<std::pair<int, int64_t>>& lane_epochs);  // one command
+  void heartbeat(const std::string& instance, int64_t until_ms);
+  void remove_instance(const std::string& instance);
+  int live_instances(int64_t now_ms);
+
+  // Dispatch.
+  std::vector<Delivery> fetch_window(const std::string& handler, const std::vector<int>& lanes, int limit);
+  // Deliveries of `handler` with one of the keys at a seq below the given one
+  // (the fence when a window was cut short): returns the keys of the rows found.
+  std::vector<std::string> earlier_keys(const std::string& handler,
+                                       const std::vector<std::pair<std::string, int64_t>>& key_seqs);
+  int64_t complete(const std::vector<int64_t>& ids);  // one deleteMany
+  // Retries: one bulk of updates. Dead letters: one insert + one delete.
+  void fail(const std::vector<Failure>& failures, int64_t now_ms);
+
+  // Operations.
+  int64_t replay(const std::string& handler, const std::vector<int64_t>& ids, int64_t now_ms);
+  std::vector<HandlerStats> stats();
+  int64_t count_deliveries();
+
+  uint64_t commands() const { return commands_; }
+  const std::map<std::string, uint64_t>& command_counts() const { return by_op_; }
+
+ private:
+  mongoc_collection_t* coll(const char* name);
+  void count(const char* op) {
+    commands_++;
+    by_op_[op]++;
+  }
+  int64_t next_ids(int n);
+  int64_t next_seq(const std::string& key);
+
+  mongoc_client_t* client_ = nullptr;
+  std::string db_;
+  std::map<std::string, mongoc_collection_t*> colls_;
+  uint64_t commands_ = 0;
+  std::map<std::string, uint64_t> by_op_;
+};
+
+// A delivery document as written by publish (or by an application in its own
+// transaction): shared with the docs' examples.
+void mongo_global_init();
+
+}  // namespace relaybus::mongo

@@ -1,0 +1,63 @@
+// Small helpers of the sidecar: structured JSON log lines on stderr, clocks,
+// and the conversions between JSON text and BSON values.
+#pragma once
+
+#include <bson/bson.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+namespace relaybus::mongo {
+
+enum class LogLevel { Debug = 0, Info = 1, Warn = 2, Error = 3 };
+bool parse_log_level(std::string_view text, LogLevel* out);
+void set_log_level(LogLevel level);
+// One line: {"ts":"2024-01-02T03:04:05.678Z","level":"info","msg":...,<fields>}
+void log(LogLevel level, std::string_view msg, nlohmann::json fields = nlohmann::json::object());
+inline void log_info(std::string_view msg, nlohmann::json f = nlohmann::json::object()) { log(LogLevel::Info, msg, std::move(f)); }
+inline void log_warn(std::string_view msg, nlohmann::json f = nlohmann::json::object()) { log(LogLevel::Warn, msg, std::move(f)); }
+inline void log_error(std::string_view msg, nlohmann::json f = nlohmann::json::object()) { log(LogLevel::Error, msg, std::move(f)); }
+inline void log_debug(std::string_view msg, nlohmann::json f = nlohmann::json::object()) { log(LogLevel::Debug, msg, std::move(f)); }
+
+int64_t wall_ms();       // milliseconds since the Unix epoch
+int64_t monotonic_ms();  // for intervals
+std::string iso8601_ms(int64_t epoch_ms);
+
+// Owning bson_t.
+class Bson {
+ public:
+  Bson() { bson_init(&b_); }
+  ~Bson() { bson_destroy(&b_); }
+  Bson(const Bson&) = delete;
+  Bson& operator=(const Bson&) = delete;
+  bson_t* get() { return &b_; }
+  const bson_t* get() const { return &b_; }
+  operator bson_t*() { return &b_; }
+  operator const bson_t*() const { return &b_; }
+
+ private:
+  bson_t b_;
+};
+
+// JSON text of a BSON value in relaxed extended JSON (plain numbers, strings,
+// objects, arrays; ObjectIds and dates as {"$oid"}/{"$date"}).
+std::string bson_value_to_json(const bson_value_t* value);
+std::string bson_doc_to_json(const bson_t* doc);
+
+// Parses JSON text (any JSON value) and appends it to doc as field `name`.
+// false with *why ("invalid JSON at byte 7: ...") if the text is not JSON or
+// libbson refuses it (e.g. an object key starting with '$').
+bool append_json_value(bson_t* doc, const char* name, std::string_view json_text, std::string* why);
+
+// Field readers: false if absent or of another type (integers accept int32 and
+// int64, and doubles with an integral value).
+bool get_string(const bson_t* doc, const char* name, std::string* out);
+bool get_int64(const bson_t* doc, const char* name, int64_t* out);
+bool get_date_ms(const bson_t* doc, const char* name, int64_t* out);
+
+}  // namespace relaybus::mongo

@@ -1,0 +1,124 @@
+#include "core/webhook_delivery.hpp"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/webhook_signature.hpp"
+
+using namespace relaybus::core;
+
+namespace {
+
+std::string header(const HttpRequest& r, const std::string& name) {
+  for (const auto& kv : r.headers)
+    if (kv.first == name) return kv.second;
+  return "<none>";
+}
+
+}  // namespace
+
+TEST(WebhookDelivery, RequestCarriesStandardWebhookHeadersAndHandlerHeaders) {
+  HandlerOptions o;
+  std::string why;
+  ASSERT_TRUE(parse_handler_options(HandlerKind::Http,
+                                    R"({"secret":"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw","timeout":"5s",)"
+                                    R"("headers":{"authorization":"Bearer x"},"follow_redirects":true})",
+                                    &o, &why))
+      << why;
+  HttpRequest r = make_webhook_request(o, "http://127.0.0.1:1/h", 7, 42, "{\"a\":1}", 1700000000);
+  EXPECT_EQ(r.tag, 42u);
+  EXPECT_EQ(r.handler_key, 7);
+  EXPECT_EQ(r.url, "http://127.0.0.1:1/h");
+  EXPECT_EQ(r.timeout_ms, 5000);
+  EXPECT_TRUE(r.follow_redirects);
+  EXPECT_EQ(header(r, "webhook-id"), "42");
+  EXPECT_EQ(header(r, "webhook-timestamp"), "1700000000");
+  EXPECT_EQ(header(r, "webhook-signature"),
+            webhook_signature(o.secrets, "42", 1700000000, "{\"a\":1}"));
+  EXPECT_EQ(header(r, "authorization"), "Bearer x");
+  HandlerOptions plain;
+  EXPECT_EQ(header(make_webhook_request(plain, "http://x/", 1, 1, "{}", 1), "webhook-signature"), "<none>");
+}
+
+TEST(WebhookDelivery, EnvelopeIsJsonWithNullsForUnkeyed) {
+  std::string key = "order-\"42\"";
+  auto j = nlohmann::json::parse(
+      webhook_envelope_json(5, 4, "order.created", &key, 3, 1, R"({"h":"v"})", R"({"id":42})"));
+  EXPECT_EQ(j["id"], 5);
+  EXPECT_EQ(j["event_id"], 4);
+  EXPECT_EQ(j["topic"], "order.created");
+  EXPECT_EQ(j["key"], key);
+  EXPECT_EQ(j["seq"], 3);
+  EXPECT_EQ(j["attempt"], 1);
+  EXPECT_EQ(j["headers"]["h"], "v");
+  EXPECT_EQ(j["payload"]["id"], 42);
+  auto u = nlohmann::json::parse(webhook_envelope_json(6, 6, "t", nullptr, std::nullopt, 2, "", "[1,2]"));
+  EXPECT_TRUE(u["key"].is_null());
+  EXPECT_TRUE(u["seq"].is_null());
+  EXPECT_TRUE(u["headers"].is_null());
+  EXPECT_EQ(u["payload"][1], 2);
+}
+
+TEST(WebhookDelivery, FailureDecisions) {
+  HandlerOptions o;
+  o.max_attempts = 3;
+  o.backoff_base_ms = 1000;
+  o.backoff_max_ms = 60000;
+  HttpResult r;
+  r.outcome = HttpOutcome::Fail;
+  r.status = 404;
+  EXPECT_TRUE(webhook_failure_is_permanent(o, r));
+  o.retry_4xx = true;
+  EXPECT_FALSE(webhook_failure_is_permanent(o, r));
+  r.status = 0;  // refused address: always permanent
+  EXPECT_TRUE(webhook_failure_is_permanent(o, r));
+  r.outcome = HttpOutcome::Retry;
+  r.status = 500;
+  EXPECT_FALSE(webhook_failure_is_permanent(o, r));
+
+  FailureDecision d = decide_failure(o, false, 1, -1, 123456789);
+  EXPECT_FALSE(d.dead);
+  EXPECT_GE(d.retry_in_ms, 0);
+  EXPECT_LE(d.retry_in_ms, 1000);
+  d = decide_failure(o, false, 2, 7000, 0);  // Retry-After wins
+  EXPECT_FALSE(d.dead);
+  EXPECT_EQ(d.retry_in_ms, 7000);
+  EXPECT_TRUE(decide_failure(o, false, 3, -1, 0).dead);  // max_attempts reached
+  EXPECT_TRUE(decide_failure(o, true, 1, -1, 0).dead);
+}
+
+TEST(WebhookDelivery, CircuitBreakerOpensAfterFiveNetworkFailuresAndClosesOnSuccess) {
+  HandlerOptions o;
+  o.backoff_base_ms = 1000;
+  o.backoff_max_ms = 3000;
+  CircuitBreaker b;
+  HttpResult fail;
+  fail.outcome = HttpOutcome::Retry;
+  fail.status = 503;
+  for (int i = 0; i < 4; i++) b.record(fail, o, 0);
+  EXPECT_FALSE(b.is_open());
+  EXPECT_EQ(b.limit(16, 0), 16);
+  HttpResult notfound;
+  notfound.outcome = HttpOutcome::Fail;
+  notfound.status = 404;
+  b.record(notfound, o, 0);  // a 4xx is the request's fault, not the endpoint's
+  EXPECT_FALSE(b.is_open());
+  b.record(fail, o, 0);
+  EXPECT_TRUE(b.is_open());
+  EXPECT_EQ(b.open_until_ms(), 1000);
+  EXPECT_EQ(b.limit(16, 999), 0);
+  b.record(fail, o, 500);  // in flight when it opened: no longer backoff
+  EXPECT_EQ(b.open_until_ms(), 1000);
+  EXPECT_EQ(b.limit(16, 1000), 1);
+  b.record(fail, o, 1000);  // the probe failed: open again, longer
+  EXPECT_EQ(b.open_until_ms(), 3000);
+  b.record(fail, o, 3000);
+  EXPECT_EQ(b.open_until_ms(), 6000);  // capped at backoff_max
+  HttpResult ok;
+  ok.outcome = HttpOutcome::Success;
+  ok.status = 200;
+  b.record(ok, o, 6000);
+  EXPECT_FALSE(b.is_open());
+  EXPECT_EQ(b.limit(16, 6000), 16);
+}

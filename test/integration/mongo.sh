@@ -1,0 +1,388 @@
+#!/usr/bin/env bash
+# relaybus-mongo against a real MongoDB-wire server (FerretDB v1.24.2, SQLite
+# backend, built from the Go module proxy by test/ferretdb/build.sh) and the
+# real HTTP receiver. Ignores the PostgreSQL cluster. Prints "N passed, N failed".
+set -uo pipefail
+
+ROOT=${RELAYBUS_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)}
+INTEG=$ROOT/test/integration
+BIN=$ROOT/relaybus-mongo
+TMP=$(mktemp -d /tmp/relaybus-mongo.XXXXXX)
+PY=python3
+# pymongo (Debian's python3-pymongo) for the application-side publishing path and raw documents.
+PYM=python3
+$PYM -c 'import pymongo' 2>/dev/null || PYM=/usr/bin/python3
+PASSED=0
+FAILED=0
+T0=$(date +%s%N)
+PIDS=()
+
+log() {
+    local ms=$((($(date +%s%N) - T0) / 1000000))
+    printf '# [mongo %d.%03ds] %s\n' $((ms / 1000)) $((ms % 1000)) "$*"
+}
+pass() { PASSED=$((PASSED + 1)); echo "ok - $1"; }
+fail() {
+    FAILED=$((FAILED + 1)); echo "FAIL - $1"; shift
+    (($# > 0)) && printf '    %s\n' "$@"
+    return 0
+}
+check_eq() { if [[ "$2" == "$3" ]]; then pass "$1"; else fail "$1" "expected: $2" "actual:   $3"; fi; }
+# check_rc NAME EXPECTED_RC PATTERN CMD...: exit code and a stderr/stdout pattern.
+check_rc() {
+    local name=$1 want=$2 pat=$3 out rc
+    shift 3
+    out=$("$@" 2>&1)
+    rc=$?
+    if [[ $rc == "$want" ]] && grep -qE -- "$pat" <<<"$out"; then
+        pass "$name"
+    else
+        fail "$name" "want exit $want and /$pat/, got exit $rc:" "$(head -c 600 <<<"$out")"
+    fi
+}
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+    PIDS=()
+    [[ "${RELAYBUS_KEEP_TMP:-0}" == 1 ]] || rm -rf "$TMP"
+}
+finish() {
+    cleanup
+    trap - EXIT
+    echo "$PASSED passed, $FAILED failed"
+    ((FAILED == 0))
+    exit $?
+}
+die() { fail "$*"; finish; }
+trap 'cleanup' EXIT
+trap 'cleanup; echo "$PASSED passed, $((FAILED + 1)) failed (interrupted)"; exit 1' INT TERM
+
+wait_until() {
+    local limit=$1 deadline
+    shift
+    deadline=$(($(date +%s%N) + limit * 1000000000))
+    while :; do
+        "$@" >/dev/null 2>&1 && return 0
+        (($(date +%s%N) > deadline)) && return 1
+        sleep 0.1
+    done
+}
+
+# ------------------------------------------------------------------ build and start
+log "building FerretDB (once) and relaybus-mongo"
+bash "$ROOT/test/ferretdb/build.sh" || die "FerretDB build failed (needs Go and the module proxy)"
+make -s -C "$ROOT/src/mongo" -j"$(nproc)" >"$TMP/make.log" 2>&1 || { cat "$TMP/make.log"; die "relaybus-mongo build failed"; }
+
+"$ROOT/test/ferretdb/bin/ferretdb-test" -dir "$TMP/fdb" -uri-file "$TMP/uri" >"$TMP/ferretdb.out" 2>"$TMP/ferretdb.err" &
+PIDS+=($!)
+wait_until 20 test -s "$TMP/uri" || { cat "$TMP/ferretdb.err"; die "FerretDB did not start"; }
+URI="$(cat "$TMP/uri")?serverSelectionTimeoutMS=5000"
+export RELAYBUS_MONGO_URI=$URI
+
+$PY "$INTEG/http_receiver.py" --port-file "$TMP/rport" --log "$TMP/requests.log" 2>"$TMP/receiver.err" &
+PIDS+=($!)
+wait_until 15 test -s "$TMP/rport" || die "HTTP receiver did not start"
+RPORT=$(cat "$TMP/rport")
+HOOK="http://127.0.0.1:$RPORT"
+SECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
+log "FerretDB at $URI, receiver on $RPORT"
+
+control() { curl -s -o /dev/null -X POST --data "$2" "$HOOK/_control${1}"; }
+count_path() {
+    curl -s "$HOOK/_requests" | $PY -c "import json,sys; print(sum(1 for r in json.load(sys.stdin) if r['path']=='$1'))"
+}
+has_requests() { (($(count_path "$1") >= $2)); }
+declare -A R
+analyze() {
+    local line
+    R=()
+    while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done \
+        < <($PY "$INTEG/mongo_check.py" --receiver "$RPORT" "$@")
+    [[ -n "${R[requests]:-}" ]]
+}
+# start_instance NAME DB [settings...]: runs `relaybus-mongo run` in the background; sets IPID.
+start_instance() {
+    local name=$1 db=$2
+    shift 2
+    "$BIN" run --database "$db" --instance "$name" --lease 3s --poll-interval 50ms \
+        --http-allowlist 127.0.0.1 --metrics-listen 127.0.0.1:0 "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" &
+    IPID=$!
+    PIDS+=($IPID)
+}
+metrics_addr() { $PY -c "
+import json,sys
+for l in open('$TMP/$1.err'):
+    try: j=json.loads(l)
+    except Exception: continue
+    if j.get('metrics'): print(j['metrics']); break"; }
+metric() { curl -s "http://$(metrics_addr "$1")/metrics" | awk -v m="$2" '$1==m {print $2}'; }
+stats_field() { "$BIN" stats --database "$1" | $PY -c "import json,sys; print(sum(h['$2'] for h in json.load(sys.stdin)))"; }
+pending_is() { [[ "$(stats_field "$1" pending)" == "$2" ]]; }
+stop_instance() {  # PID: SIGTERM, wait; exit code in STOP_RC
+    kill -TERM "$1" 2>/dev/null
+    wait "$1"
+    STOP_RC=$?
+}
+
+# ------------------------------------------------------------------ init, vectors
+log "init"
+check_rc "init creates collections and indexes" 0 'relay_deliveries.key_seq' "$BIN" init --database t_init
+check_rc "init again is a no-op" 0 '"created":\[\]' "$BIN" init --database t_init
+
+log "lane hash vectors"
+tail -n +2 "$ROOT/test/vectors/lane_hash.tsv" | sed '/^$/d' >"$TMP/vectors.tsv"
+cut -f1 "$TMP/vectors.tsv" | "$BIN" lane >"$TMP/lanes.tsv"
+if diff -u "$TMP/vectors.tsv" "$TMP/lanes.tsv" >"$TMP/lanes.diff"; then
+    pass "relaybus-mongo lane == test/vectors/lane_hash.tsv ($(wc -l <"$TMP/vectors.tsv") keys)"
+else
+    fail "lane vectors differ" "$(head -20 "$TMP/lanes.diff")"
+fi
+"$BIN" init --database t_vec >/dev/null
+"$BIN" handler create vec http "$HOOK/vec" --database t_vec >/dev/null
+"$BIN" route 'vec.#' vec --database t_vec
+bad=0
+n=0
+while IFS= read -r line; do
+    key=${line%%$'\t'*}
+    lane=${line##*$'\t'}
+    [[ -z "$key" ]] && continue  # the empty key: publish refuses it (an unkeyed event has no key)
+    got=$("$BIN" publish vec.k '{}' --key "$key" --database t_vec | $PY -c 'import json,sys; print(json.load(sys.stdin)["lane"])')
+    n=$((n + 1))
+    [[ "$got" == "$lane" ]] || { bad=$((bad + 1)); echo "    key $key: stored lane $got, vector $lane"; }
+done <"$TMP/vectors.tsv"
+stored=$($PYM -c "
+import pymongo,sys
+db=pymongo.MongoClient('$URI')['t_vec']
+rows={}
+for l in open('$TMP/vectors.tsv'):
+    k,h,lane=l.rstrip('\n').split('\t'); rows[k]=int(lane)
+bad=[d['key'] for d in db.relay_deliveries.find({}) if rows.get(d['key'])!=d['lane']]
+assert db.relay_deliveries.count_documents({})==$n
+print(len(bad))")
+check_eq "stored lanes of $n published keys equal the vectors" "0 0" "$bad $stored"
+
+# ------------------------------------------------------------------ publish -> key order
+log "publish and key order"
+DB=t_order
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/a" --options "{\"secret\":\"$SECRET\",\"concurrency\":8}" --database $DB >/dev/null
+"$BIN" route 'order.*' hook --database $DB
+"$BIN" route 'order.created' hook --wire orders.v1.created --database $DB
+: >"$TMP/pub_a"
+for i in $(seq 1 120); do
+    if ((i % 10 == 0)); then
+        "$BIN" publish order.created "{\"n\":$i}" --database $DB >>"$TMP/pub_a" || fail "publish $i"
+    else
+        "$BIN" publish order.created "{\"n\":$i}" --key "order-$((i % 7))" --priority $((i % 4)) --database $DB \
+            >>"$TMP/pub_a" || fail "publish $i"
+    fi
+done
+start_instance one $DB
+P1=$IPID
+if wait_until 60 has_requests /a 120; then pass "receiver got 120 requests"; else fail "receiver got $(count_path /a) of 120"; fi
+wait_until 10 pending_is $DB 0
+analyze --path /a --published "$TMP/pub_a" --secret "$SECRET"
+check_eq "every delivery once, in key order, seqs and ids as published, signatures verify" \
+    "missing=0 dups=0 extra=0 order=0 seq_mismatch=0 gaps=0 badsig=0 env=0" \
+    "missing=${R[missing]} dups=${R[dups]} extra=${R[extra]} order=${R[order_violations]} seq_mismatch=${R[seq_mismatch]} gaps=${R[seq_gap_keys]} badsig=${R[bad_signature]} env=${R[envelope_errors]}"
+topic=$(curl -s "$HOOK/_requests" | $PY -c "import json,sys; print(sorted({json.loads(r['body'])['topic'] for r in json.load(sys.stdin) if r['path']=='/a'}))")
+check_eq "the most specific route's wire name is the topic" "['orders.v1.created']" "$topic"
+check_eq "metrics: delivered_total" 120 "$(metric one 'relaybus_mongo_delivered_total{handler="hook"}')"
+code=$(curl -s -o /dev/null -w '%{http_code}' "http://$(metrics_addr one)/healthz")
+check_eq "/healthz answers 200" 200 "$code"
+# SIGHUP reloads settings; SIGTERM drains and releases the lanes.
+kill -HUP "$P1"
+wait_until 5 grep -q '"configuration reloaded"' "$TMP/one.err" && pass "SIGHUP reloads the configuration" || fail "no reload log line"
+stop_instance "$P1"
+check_eq "SIGTERM exits 0" 0 "$STOP_RC"
+grep -q '"released":\[' "$TMP/one.err" && grep '"msg":"lanes"' "$TMP/one.err" | tail -1 | grep -q '"held":0' &&
+    pass "SIGTERM released every lane" || fail "lanes not released" "$(grep '"lanes"' "$TMP/one.err" | tail -2)"
+start_instance one_again $DB
+wait_until 5 grep -q '"held":64' "$TMP/one_again.err" && pass "a new instance takes the released lanes at once" ||
+    fail "released lanes not taken at once"
+stop_instance "$IPID"
+grep -c '"level"' "$TMP/one.err" >/dev/null && ! grep -v '^{' "$TMP/one.err" | grep -q . &&
+    pass "logs are JSON lines" || fail "non-JSON log lines" "$(grep -v '^{' "$TMP/one.err" | head -3)"
+
+# ------------------------------------------------------------------ two instances share a backlog
+log "two instances, preloaded backlog"
+DB=t_two
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/b" --options '{"concurrency":16}' --database $DB >/dev/null
+"$BIN" route 'job.*' hook --database $DB
+$PYM "$INTEG/mongo_preload.py" "$URI" $DB job.run 400 40 15 >"$TMP/pub_b" || fail "preload"
+control /b '[{"delay": 0.02, "repeat": true}]'
+start_instance two_x $DB
+PX=$IPID
+start_instance two_y $DB
+PY_=$IPID
+if wait_until 90 has_requests /b 400; then pass "400 deliveries with two instances"; else fail "got $(count_path /b) of 400"; fi
+wait_until 10 pending_is $DB 0
+analyze --path /b --published "$TMP/pub_b"
+check_eq "two instances: none lost, none twice, key order kept" \
+    "missing=0 dups=0 extra=0 order=0 gaps=0" \
+    "missing=${R[missing]} dups=${R[dups]} extra=${R[extra]} order=${R[order_violations]} gaps=${R[seq_gap_keys]}"
+dx=$(metric two_x 'relaybus_mongo_delivered_total{handler="hook"}')
+dy=$(metric two_y 'relaybus_mongo_delivered_total{handler="hook"}')
+if ((${dx:-0} > 0 && ${dy:-0} > 0 && dx + dy == 400)); then pass "both instances delivered ($dx + $dy)"; else fail "delivered by x=$dx y=$dy"; fi
+stop_instance $PX
+stop_instance $PY_
+control /b '[]'
+
+# ------------------------------------------------------------------ kill -9 mid-run
+log "kill -9 of one instance mid-run"
+DB=t_kill
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/c" --options '{"concurrency":16}' --database $DB >/dev/null
+"$BIN" route 'job.*' hook --database $DB
+$PYM "$INTEG/mongo_preload.py" "$URI" $DB job.run 400 30 20 >"$TMP/pub_c" || fail "preload"
+control /c '[{"delay": 0.05, "repeat": true}]'
+start_instance kill_x $DB
+PX=$IPID
+start_instance kill_y $DB
+PY_=$IPID
+wait_until 60 has_requests /c 100
+kill -9 $PX
+wait $PX 2>/dev/null
+log "killed instance x after $(count_path /c) requests"
+if wait_until 90 pending_is $DB 0; then pass "the survivor finished the backlog"; else fail "pending left: $(stats_field $DB pending)"; fi
+analyze --path /c --published "$TMP/pub_c"
+check_eq "kill -9: nothing lost, key order kept (duplicates allowed after the lease loss)" \
+    "missing=0 extra=0 order=0 gaps=0" \
+    "missing=${R[missing]} extra=${R[extra]} order=${R[order_violations]} gaps=${R[seq_gap_keys]}"
+log "kill -9 duplicates: ${R[dups]}"
+grep -q '"taken":\[' "$TMP/kill_y.err" && pass "the survivor took over the dead instance's lanes" || fail "no takeover"
+stop_instance $PY_
+control /c '[]'
+
+# ------------------------------------------------------------------ retries, dead letters, replay
+log "retries, dead letters, replay"
+DB=t_retry
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/d" --database $DB \
+    --options '{"max_attempts":3,"backoff_base":"100ms","backoff_max":"200ms"}' >/dev/null
+"$BIN" handler create gone http "$HOOK/e" --database $DB >/dev/null
+"$BIN" handler create slow http "$HOOK/f" --database $DB >/dev/null
+"$BIN" route 'r.#' hook --database $DB
+"$BIN" route 'g.#' gone --database $DB
+"$BIN" route 's.#' slow --database $DB
+control /d '[{"status":500},{"status":503},{"status":500}]'
+control /e '[{"status":404}]'
+control /f '[{"status":429,"retry_after":"1"}]'
+: >"$TMP/pub_d"
+"$BIN" publish r.one '{"v":1}' --key k1 --database $DB >>"$TMP/pub_d"
+"$BIN" publish r.one '{"v":2}' --key k1 --database $DB >>"$TMP/pub_d"
+"$BIN" publish g.one '{"v":3}' --key k2 --database $DB >/dev/null
+"$BIN" publish s.one '{"v":4}' --key k3 --database $DB >/dev/null
+start_instance retry $DB
+P1=$IPID
+wait_until 30 has_requests /d 4
+wait_until 30 has_requests /f 2
+wait_until 10 pending_is $DB 0
+attempts=$(curl -s "$HOOK/_requests" | $PY -c "
+import json,sys
+rs=[json.loads(r['body']) for r in json.load(sys.stdin) if r['path']=='/d']
+print(' '.join(f\"{b['seq']}:{b['attempt']}\" for b in rs))")
+check_eq "5xx retried up to max_attempts, then the key's next delivery" "1:1 1:2 1:3 2:1" "$attempts"
+gap=$(curl -s "$HOOK/_requests" | $PY -c "
+import json,sys
+ts=[r['t'] for r in json.load(sys.stdin) if r['path']=='/f']
+print('ok' if len(ts)==2 and ts[1]-ts[0] >= 0.9 else ts)")
+check_eq "429 honours Retry-After" ok "$gap"
+check_eq "stats: two dead letters (3 x 5xx, a 404)" 2 "$(stats_field $DB dead)"
+dl=$($PYM -c "
+import pymongo
+db=pymongo.MongoClient('$URI')['$DB']
+print(sorted((d['handler'], d['attempts'], d.get('last_status'), d['last_error']) for d in db.relay_dead_letters.find()))")
+check_eq "dead letters keep attempts, status and error" "[('gone', 1, 404, 'HTTP 404'), ('hook', 3, 500, 'HTTP 500')]" "$dl"
+check_rc "replay --handler of an unknown handler fails" 2 'handler "nope" does not exist' "$BIN" replay --handler nope --database $DB
+check_rc "replay moves the dead letters back" 0 '"replayed":2' "$BIN" replay --database $DB
+wait_until 20 has_requests /e 2
+wait_until 10 pending_is $DB 0
+check_eq "replayed deliveries are delivered" "0 0" "$(stats_field $DB dead) $(stats_field $DB pending)"
+check_eq "metrics: dead_total for hook" 1 "$(metric retry 'relaybus_mongo_dead_total{handler="hook"}')"
+stop_instance $P1
+
+# Outbound policy: without the allow-list, loopback is refused and dead-lettered at once.
+DB=t_policy
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/p" --database $DB >/dev/null
+"$BIN" route 'p.#' hook --database $DB
+"$BIN" publish p.x '{}' --database $DB >/dev/null
+"$BIN" run --database $DB --instance policy --lease 3s --poll-interval 50ms --metrics-listen '' \
+    >"$TMP/policy.out" 2>"$TMP/policy.err" &
+P1=$!
+PIDS+=($P1)
+wait_until 15 bash -c "[[ \$('$BIN' stats --database $DB) == *'\"dead\":1'* ]]"
+err=$($PYM -c "
+import pymongo
+print(pymongo.MongoClient('$URI')['$DB'].relay_dead_letters.find_one()['last_error'])")
+[[ "$err" == *"not allowed (loopback)"* && "$(count_path /p)" == 0 ]] && pass "loopback refused without http_allowlist" ||
+    fail "outbound policy" "$err"
+stop_instance $P1
+
+# ------------------------------------------------------------------ bad configuration and input
+log "bad configuration, input and documents"
+echo '{"lease": "3s", "bogus": 1}' >"$TMP/bad.json"
+echo '{"lease": ' >"$TMP/broken.json"
+check_rc "bad duration flag" 2 'option --lease: setting "lease": not a duration' "$BIN" stats --lease 5parsecs
+check_rc "unknown flag" 2 'unknown option --frobnicate' "$BIN" stats --frobnicate 1
+check_rc "config file: unknown setting" 2 "config file .*bad.json: unknown setting \"bogus\"" "$BIN" stats --config "$TMP/bad.json"
+check_rc "config file: invalid JSON" 2 "config file .*broken.json: .*parse error" "$BIN" stats --config "$TMP/broken.json"
+check_rc "config file missing" 2 "cannot be read" "$BIN" stats --config "$TMP/nope.json"
+check_rc "environment variable out of range" 2 'RELAYBUS_MONGO_BATCH_SIZE: setting "batch_size": must be an integer between 1 and 10000' \
+    env RELAYBUS_MONGO_BATCH_SIZE=0 "$BIN" stats
+check_rc "bad allow-list" 2 'setting "http_allowlist"' "$BIN" run --http-allowlist '10.0.0.0/99'
+check_rc "unknown command" 2 'unknown command "frob"' "$BIN" frob
+check_rc "server unreachable" 1 'error: .*(No suitable servers|connection|Failed)' \
+    "$BIN" stats --uri 'mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=300&connectTimeoutMS=300'
+DB=t_order
+check_rc "publish: invalid JSON payload" 2 'payload is not valid JSON' "$BIN" publish order.x '{"a":' --database $DB
+check_rc "publish: invalid topic" 2 'invalid topic "order..x": segment 2 is empty' "$BIN" publish order..x '{}' --database $DB
+check_rc "publish: priority out of range" 2 'priority must be 0, 1, 2 or 3' "$BIN" publish order.x '{}' --priority 7 --database $DB
+check_rc "publish: empty key" 2 'key must not be empty' "$BIN" publish order.x '{}' --key '' --database $DB
+check_rc "publish: headers not an object" 2 'headers must be a JSON object' "$BIN" publish order.x '{}' --headers '[1]' --database $DB
+check_rc "publish: bad --not-before" 2 'neither a duration' "$BIN" publish order.x '{}' --not-before yesterday --database $DB
+check_rc "publish: payload too large" 2 'payload is too large' "$BIN" publish order.x '"xxxxxxxxxxxxxxxxxxxx"' --max-payload-bytes 10 --database $DB
+check_rc "handler: bad URL" 2 'invalid target' "$BIN" handler create h2 http 'ftp://x/' --database $DB
+check_rc "handler: bad options" 2 'invalid options' "$BIN" handler create h2 http "$HOOK/x" --options '{"max_attempts":0}' --database $DB
+check_rc "handler: notify is PostgreSQL-only" 2 'not served by relaybus-mongo' "$BIN" handler create h2 notify chan --database $DB
+check_rc "route to an unknown handler" 2 'handler "nope" does not exist' "$BIN" route 'x.*' nope --database $DB
+check_rc "route: bad pattern" 2 'invalid pattern' "$BIN" route 'x..*' hook --database $DB
+
+# Bad documents written straight into relay_deliveries (an application bug):
+# dead-lettered with the reason, and the good delivery behind them still flows.
+DB=t_baddoc
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/g" --database $DB >/dev/null
+"$BIN" route 'b.#' hook --database $DB
+$PYM -c "
+import pymongo, datetime
+db=pymongo.MongoClient('$URI')['$DB']
+now=datetime.datetime.now(datetime.timezone.utc)
+base={'event_id':1,'handler':'hook','priority':1,'not_before':now,'published_at':now,'attempt':0,'topic':'b.x','payload':{}}
+db.relay_deliveries.insert_many([
+  dict(base, _id=900001, key='kx', lane=5, seq=1),                      # wrong lane for the key
+  dict({k:v for k,v in base.items() if k!='payload'}, _id=900002, key='order-42', lane=$("$BIN" lane order-42 | cut -f3), seq=1),  # no payload
+  dict(base, _id=900003, lane=7, seq=900003, priority=9),               # priority out of range
+])"
+"$BIN" publish b.ok '{"fine":true}' --key order-42 --database $DB >/dev/null
+start_instance baddoc $DB
+P1=$IPID
+wait_until 20 has_requests /g 1
+wait_until 10 pending_is $DB 0
+errs=$($PYM -c "
+import pymongo
+db=pymongo.MongoClient('$URI')['$DB']
+for d in db.relay_dead_letters.find().sort('_id'): print(d['_id'], d['last_error'])")
+grep -q "900001 malformed delivery document: lane 5 is not the key's lane" <<<"$errs" &&
+    grep -q '900002 malformed delivery document: payload is missing' <<<"$errs" &&
+    grep -q '900003 malformed delivery document: priority must be an integer 0..3' <<<"$errs" &&
+    pass "malformed documents are dead-lettered with the reason" || fail "malformed documents" "$errs"
+check_eq "the good delivery behind them was delivered" 1 "$(count_path /g)"
+kill -0 $P1 2>/dev/null && pass "the dispatcher survived bad documents" || fail "dispatcher died"
+stop_instance $P1
+
+log "done"
+finish
