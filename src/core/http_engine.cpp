@@ -573,14 +573,18 @@ void HttpEngine::finish_done_transfers() {
         r.http_version = 0;
         switch (rc) {
           case CURLE_OPERATION_TIMEDOUT: {
-            curl_off_t connect_us = 0;
+            // A reused connection has no connect time (0) either, but it got
+            // as far as sending the request (a pretransfer time).
+            curl_off_t connect_us = 0, pretransfer_us = 0;
             curl_easy_getinfo(e, CURLINFO_CONNECT_TIME_T, &connect_us);
+            curl_easy_getinfo(e, CURLINFO_PRETRANSFER_TIME_T, &pretransfer_us);
+            const bool connecting = connect_us == 0 && pretransfer_us == 0;
             const int64_t connect_limit = std::min(options_.connect_timeout_ms, t->req.timeout_ms);
-            if (connect_us == 0 && connect_limit < t->req.timeout_ms)
+            if (connecting && connect_limit < t->req.timeout_ms)
               r.error = "connect timeout after " + std::to_string(connect_limit) + " ms";
             else
               r.error = "timeout after " + std::to_string(t->req.timeout_ms) + " ms";
-            if (connect_us == 0 && connect_limit >= t->req.timeout_ms) r.error += " (while connecting)";
+            if (connecting && connect_limit >= t->req.timeout_ms) r.error += " (while connecting)";
             break;
           }
           case CURLE_COULDNT_CONNECT:

@@ -213,6 +213,7 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
     out->n = 0;
     out->rows = nullptr;
     out->until = until;
+    out->next_ready_ms = 0;
     int max = req->max;
 
     Datum lanes = (Datum)0;
@@ -230,6 +231,11 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
     for (;;) {
         ScannedRows rows;
         scan(req->handler_id, window, lanes, now, &rows);
+        out->next_ready_ms = 0;
+        for (int i = 0; i < rows.n; i++)
+            if (rows.ready_at_ms[i] >= now_ms && !rows.leased[i] &&
+                (out->next_ready_ms == 0 || rows.ready_at_ms[i] < out->next_ready_ms))
+                out->next_ready_ms = rows.ready_at_ms[i];
         bool more = false;
         nchosen = plan(rows, max, req->per_key, now_ms, &more, chosen);
         if (nchosen >= max || !more || window * 4 >= guc_claim_scan_limit) break;

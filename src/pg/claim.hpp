@@ -25,6 +25,10 @@ struct ClaimResult {
     int n;
     int* rows;  // SPI_tuptable row numbers, in hand-over order
     TimestampTz until;
+    // Epoch ms of the earliest scanned delivery that was not ready yet (its
+    // not_before: a retry's backoff, a delayed publish), 0 = none seen. The
+    // dispatchers wake up then instead of at their next poll.
+    int64 next_ready_ms;
 };
 
 // Within spi_begin()/spi_end(): leases up to max ready deliveries (see

@@ -66,6 +66,15 @@ static int64* inflight = nullptr;
 static int ninflight = 0;
 static int inflight_cap = 0;
 static bool poison_mode = false;
+// Epoch ms of the earliest not-yet-ready delivery the last iteration saw (0 =
+// none): the wait ends then, so a retry goes out when its backoff ends rather
+// than at the next poll.
+static int64 next_ready_ms = 0;
+
+static void note_next_ready(const ClaimResult* res) {
+    if (res->next_ready_ms > 0 && (next_ready_ms == 0 || res->next_ready_ms < next_ready_ms))
+        next_ready_ms = res->next_ready_ms;
+}
 static MemoryContext loop_cxt = nullptr;  // reset after every loop
 
 static SavedPlan complete_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1)", 1,
@@ -193,18 +202,35 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
     req.with_notify_json = true;
     ClaimResult res;
     claim_deliveries(&req, &res);
+    note_next_ready(&res);
     if (res.n == 0) return 0;
 
     TimestampTz now = GetCurrentTimestamp();
     Datum* done = static_cast<Datum*>(palloc(sizeof(Datum) * res.n));
     int ndone = 0;
+    // A delivery sent by reference stays until acked, so its key's run stops
+    // there: the rest of the run goes back unsent (their leases are released).
+    char** held_keys = static_cast<char**>(palloc(sizeof(char*) * res.n));
+    int nheld = 0;
+    int64* unsent = static_cast<int64*>(palloc(sizeof(int64) * res.n));
+    int nunsent = 0;
     for (int i = 0; i < res.n; i++) {
         int row = res.rows[i];
         int64 id = spi_int64(row, 1);
+        char* key = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, 4);
+        bool held = false;
+        for (int k = 0; key != nullptr && k < nheld && !held; k++) held = strcmp(held_keys[k], key) == 0;
+        if (held) {
+            unsent[nunsent++] = id;
+            continue;
+        }
         remember_inflight(id);
         char* json = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, kNotifyJsonColumn);
         bool by_reference = static_cast<int>(strlen(json)) > guc_notify_payload_limit;
-        if (by_reference) json = reference_payload(row);
+        if (by_reference) {
+            json = reference_payload(row);
+            if (key != nullptr && !ack) held_keys[nheld++] = key;
+        }
         Async_Notify(h->channel, json);
         if (!ack && !by_reference) {
             done[ndone++] = Int64GetDatum(id);
@@ -215,30 +241,36 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
             (*ndelivered)++;
         }
     }
+    leases_release(unsent, nunsent);
     if (ndone > 0) {
         Datum arg = PointerGetDatum(construct_array(done, ndone, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
         spi_exec(&complete_plan, &arg, nullptr, false, 0);
         for (int i = 0; i < ndone; i++) leases_release_at_commit(DatumGetInt64(done[i]));
     }
-    return res.n;
+    return res.n - nunsent;
 }
 
-static void mark_no_extension() {
+// Records that this database has no relaybus, unless a CREATE EXTENSION
+// committed since `seen` was read (before the snapshot that found none).
+static void mark_no_extension(uint64 seen) {
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
-    workers->databases[my_db].no_extension = true;
+    if (workers->databases[my_db].created == seen) workers->databases[my_db].no_extension = true;
     LWLockRelease(workers->lock);
 }
 
 // One pass over every notify handler; true if some handler had a full batch.
 static bool iterate() {
     bool busy = false;
+    next_ready_ms = 0;
+    uint64 created_seen = workers->databases[my_db].created;
+    pg_memory_barrier();
     SetCurrentStatementStartTimestamp();
     StartTransactionCommand();
     PushActiveSnapshot(GetTransactionSnapshot());
     if (!OidIsValid(get_extension_oid("relaybus", true))) {
         PopActiveSnapshot();
         CommitTransactionCommand();
-        mark_no_extension();
+        mark_no_extension(created_seen);
         ereport(LOG, (errmsg("relaybus dispatcher: extension not installed in this database, exiting")));
         proc_exit(0);
     }
@@ -285,6 +317,7 @@ static bool iterate() {
             req.with_notify_json = true;
             ClaimResult res;
             claim_deliveries(&req, &res);
+            note_next_ready(&res);
             for (int k = 0; k < res.n; k++) remember_inflight(spi_int64(res.rows[k], 1));
             http_stage(h, &res);
             handed += res.n;
@@ -414,7 +447,12 @@ extern "C" void relay_dispatcher_main(Datum) {
             CHECK_FOR_INTERRUPTS();
             continue;
         }
-        http_wait(poison_mode ? 100L : static_cast<long>(guc_poll_interval_ms));
+        long timeout = poison_mode ? 100L : static_cast<long>(guc_poll_interval_ms);
+        if (next_ready_ms > 0) {
+            int64 until = next_ready_ms - timestamptz_to_epoch_ms(GetCurrentTimestamp()) + 1;
+            timeout = static_cast<long>(Max(1, Min(static_cast<int64>(timeout), until)));
+        }
+        http_wait(timeout);
         MemoryContextReset(cxt);
         CHECK_FOR_INTERRUPTS();
     }

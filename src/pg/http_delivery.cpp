@@ -236,7 +236,11 @@ int http_complete() {
                 done_latency[ndone++] = it != published_us.end() ? now - it->second : 0;
             } else {
                 bool network = r.status == 0 || r.status == 408 || r.status == 429 || r.status >= 500;
-                if (r.outcome == core::HttpOutcome::Retry && network && ++b.consecutive >= kBreakerThreshold) {
+                // Failures of requests that were already in flight when the
+                // breaker opened do not open it again (nor grow its backoff):
+                // only the failure that trips it or a failed probe does.
+                if (r.outcome == core::HttpOutcome::Retry && network && ++b.consecutive >= kBreakerThreshold &&
+                    nowms >= b.open_until_ms) {
                     const HandlerEntry* h = catalog_handler_by_id(r.handler_key);
                     int64 base = h != nullptr ? h->options.backoff_base_ms : 1000;
                     int64 cap = h != nullptr ? h->options.backoff_max_ms : 600000;
@@ -310,6 +314,13 @@ void http_wait(long timeout_ms) {
             err);
     }
     if (engine_timeout >= 0 && engine_timeout < timeout_ms) timeout_ms = static_cast<long>(engine_timeout);
+    // An open breaker lets its probe through when its backoff ends.
+    int64 nowms = now_ms();
+    for (const auto& kv : breakers) {
+        const Breaker& b = kv.second;
+        if (b.consecutive >= kBreakerThreshold && b.open_until_ms >= nowms && b.open_until_ms - nowms + 1 < timeout_ms)
+            timeout_ms = static_cast<long>(b.open_until_ms - nowms + 1);
+    }
 
     WaitEventSet* set = CreateWaitEventSet(CurrentMemoryContext, nsock + 2);
     AddWaitEventToSet(set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);

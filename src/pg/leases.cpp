@@ -100,6 +100,17 @@ void leases_release(const int64* ids, int n) {
     LWLockRelease(shared->lease_lock);
 }
 
+void leases_purge_database(Oid dboid) {
+    if (shared == nullptr || lease_table == nullptr) return;
+    LWLockAcquire(shared->lease_lock, LW_EXCLUSIVE);
+    HASH_SEQ_STATUS seq;
+    hash_seq_init(&seq, lease_table);
+    LeaseEntry* e;
+    while ((e = static_cast<LeaseEntry*>(hash_seq_search(&seq))) != nullptr)
+        if (e->key.database_id == dboid) hash_search(lease_table, &e->key, HASH_REMOVE, nullptr);
+    LWLockRelease(shared->lease_lock);
+}
+
 int leases_count_handler(int32 handler_id, TimestampTz now) {
     require_shared();
     int n = 0;

@@ -36,6 +36,8 @@ int leases_acquire(const int64* ids, int n, int32 handler_id, TimestampTz now, T
 void leases_release(const int64* ids, int n);
 // Unexpired leases of a handler of this database (for the in-flight cap).
 int leases_count_handler(int32 handler_id, TimestampTz now);
+// Forgets every lease of a database (its extension was created again).
+void leases_purge_database(Oid dboid);
 // Copies up to max entries of the current database (for the relay._leases() view); returns how many.
 int leases_copy(LeaseEntry* out, int max);
 

@@ -4,6 +4,7 @@
 // relaybus never makes DROP DATABASE fail with "being accessed by other users".
 
 #include "pg/pg_includes.hpp"
+#include "pg/leases.hpp"
 #include "pg/worker_state.hpp"
 
 extern "C" {
@@ -76,9 +77,14 @@ void install_utility_hook() {
 void utility_at_xact_end(bool commit) {
     if (launcher_wake_at_commit && commit && workers != nullptr) {
         LWLockAcquire(workers->lock, LW_EXCLUSIVE);
-        int d = database_slot(MyDatabaseId, false);
-        if (d >= 0) workers->databases[d].no_extension = false;
+        int d = database_slot(MyDatabaseId, true);
+        if (d >= 0) {
+            workers->databases[d].no_extension = false;
+            workers->databases[d].created++;
+        }
         LWLockRelease(workers->lock);
+        // Delivery ids start again in a new extension: leases of the old one must not block them.
+        leases_purge_database(MyDatabaseId);
         wake_launcher();
     }
     launcher_wake_at_commit = false;

@@ -33,6 +33,7 @@ struct DispatcherSlot {
 struct DatabaseState {
     Oid dboid;               // InvalidOid: free
     bool no_extension;       // a dispatcher found no relaybus here; wait for CREATE EXTENSION
+    uint64 created;          // bumped when CREATE EXTENSION relaybus commits here
     bool dropping;           // DROP DATABASE in progress: keep out
 };
 

@@ -248,6 +248,26 @@ TEST(HttpEngine, DelayPastTheTimeoutRetriesWithATimeoutError) {
   EXPECT_EQ(server.requests().size(), 1u);  // it did arrive
 }
 
+// A reused keep-alive connection has no connect time either: its timeout is
+// not one "while connecting" (nor a "connect timeout" when the request
+// timeout is longer than the connect limit).
+TEST(HttpEngine, TimeoutOnAReusedConnectionIsNotAConnectTimeout) {
+  std::atomic<int> n{0};
+  TestHttpServer server([&](const RecordedRequest&) {
+    Reply r;
+    if (n++ > 0) r.delay_ms = 1500;
+    return r;
+  });
+  HttpEngineOptions o = loopback_options();
+  o.connect_timeout_ms = 200;
+  HttpEngine engine(o);
+  EXPECT_EQ(run_one(engine, post(server.url("/fast"), "{}", 1, 1000)).status, 200);
+  const HttpResult r = run_one(engine, post(server.url("/slow"), "{}", 1, 400));
+  EXPECT_EQ(r.new_connections, 0);  // it did reuse the connection
+  EXPECT_EQ(r.outcome, HttpOutcome::Retry);
+  EXPECT_EQ(r.error, "timeout after 400 ms");
+}
+
 TEST(HttpEngine, DroppedConnectionRetries) {
   TestHttpServer server([](const RecordedRequest&) {
     Reply r;

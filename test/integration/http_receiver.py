@@ -15,6 +15,9 @@ one JSON line in --log: {"t", "path", "headers" (lower-case names), "body",
                             {"delay": 3.0} (then 200), {"drop": true}
                             (close the connection without answering),
                             {"status": 200, "repeat": true} (sticky).
+                            With "match": "text", a behaviour applies only to
+                            requests whose body contains the text; the first
+                            behaviour of the list that applies is used.
     GET  /_requests         every recorded request as a JSON list
     GET  /_health           200
 """
@@ -66,14 +69,16 @@ class Handler(BaseHTTPRequestHandler):
             return
         with LOCK:
             plan = PLANS.get(self.path, [])
-            behaviour = plan[0] if plan else {"status": 200}
-            if plan and not behaviour.get("repeat"):
-                plan.pop(0)
+            text = body.decode("utf-8", "replace")
+            pick = next((i for i, b in enumerate(plan) if "match" not in b or b["match"] in text), None)
+            behaviour = plan[pick] if pick is not None else {"status": 200}
+            if pick is not None and not behaviour.get("repeat"):
+                plan.pop(pick)
             record = {
                 "t": time.time(),
                 "path": self.path,
                 "headers": {k.lower(): v for k, v in self.headers.items()},
-                "body": body.decode("utf-8", "replace"),
+                "body": text,
                 "answered": behaviour,
             }
             RECORDS.append(record)
