@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "core/backoff.hpp"
+#include "core/webhook_delivery.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/guard.hpp"
 #include "pg/leases.hpp"
@@ -68,11 +68,12 @@ const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms, int status, 
     // Plain copies: no C++ object with a destructor may live across PostgreSQL calls.
     const HandlerEntry* h = catalog_handler_by_id(handler_id);
     const core::HandlerOptions& opts = h != nullptr ? h->options : kDefaultOptions;
-    int max_attempts = opts.max_attempts;
-    core::BackoffPolicy policy = opts.backoff();
     int attempts_now = attempt + 1;
+    // The same rule as the sidecar's (core/webhook_delivery): a POD result.
+    core::FailureDecision decision = core::decide_failure(opts, force_dead, attempts_now, retry_in_ms,
+                                                          pg_prng_uint64(&pg_global_prng_state));
     const char* outcome;
-    if (force_dead || attempts_now >= max_attempts) {
+    if (decision.dead) {
         Datum values[4] = {idd, CStringGetTextDatum(h != nullptr ? h->name : "?"), error, Int32GetDatum(status)};
         char nulls[5] = "    ";
         if (status == 0) nulls[3] = 'n';
@@ -80,11 +81,7 @@ const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms, int status, 
         spi_exec_latest(&dead_plan, values, nulls, false, 0);
         outcome = "dead";
     } else {
-        int64 delay_ms = retry_in_ms >= 0
-                             ? retry_in_ms
-                             : core::backoff_delay_ms(policy, attempts_now,
-                                                      pg_prng_uint64(&pg_global_prng_state));
-        TimestampTz when = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), delay_ms);
+        TimestampTz when = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), decision.retry_in_ms);
         Datum values[3] = {idd, error, TimestampTzGetDatum(when)};
         char nulls[4] = "   ";
         if (error == (Datum)0) nulls[1] = 'n';

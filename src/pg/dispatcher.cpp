@@ -252,6 +252,14 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
 
 // Records that this database has no relaybus, unless a CREATE EXTENSION
 // committed since `seen` was read (before the snapshot that found none).
+// A completion lost in a crash only means the delivery is handed over again,
+// which a crash causes anyway; so by default the dispatcher does not wait for
+// its commits' WAL flush (relaybus.worker_synchronous_commit).
+static void apply_commit_mode() {
+    SetConfigOption("synchronous_commit", guc_worker_synchronous_commit ? "on" : "off", PGC_SUSET,
+                    PGC_S_OVERRIDE);
+}
+
 static void mark_no_extension(uint64 seen) {
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     if (workers->databases[my_db].created == seen) workers->databases[my_db].no_extension = true;
@@ -424,10 +432,12 @@ extern "C" void relay_dispatcher_main(Datum) {
 
     MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "relaybus dispatcher", ALLOCSET_DEFAULT_SIZES);
     loop_cxt = cxt;
+    apply_commit_mode();
     while (!got_sigterm) {
         if (got_sighup) {
             got_sighup = false;
             ProcessConfigFile(PGC_SIGHUP);
+            apply_commit_mode();
         }
         if (!guc_enabled) break;
         volatile bool busy = false;

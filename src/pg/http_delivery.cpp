@@ -8,7 +8,7 @@
 
 #include "core/http_engine.hpp"
 #include "core/outbound_policy.hpp"
-#include "core/webhook_signature.hpp"
+#include "core/webhook_delivery.hpp"
 #include "pg/complete.hpp"
 #include "pg/guard.hpp"
 #include "pg/leases.hpp"
@@ -25,15 +25,6 @@ namespace relaybus::pg {
 
 namespace {
 
-// Consecutive failures that open a handler's breaker.
-constexpr int kBreakerThreshold = 5;
-
-struct Breaker {
-    int consecutive = 0;   // failures in a row (network errors, 408, 429, 5xx)
-    int opens = 0;         // times opened in a row, for its exponential backoff
-    int64 open_until_ms = 0;
-};
-
 // The dispatcher's HTTP state. Static storage: nothing here lives on a stack
 // frame that a PostgreSQL error could unwind.
 std::unique_ptr<core::HttpEngine> engine;
@@ -41,7 +32,7 @@ std::string engine_allowlist;
 std::vector<core::HttpRequest> staged;
 std::vector<core::HttpResult> finished;
 std::unordered_map<uint64, int64> published_us;  // delivery id -> publish time (latency)
-std::unordered_map<int32, Breaker> breakers;
+std::unordered_map<int32, core::CircuitBreaker> breakers;  // per handler (core/webhook_delivery)
 
 SavedPlan delete_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1)", 1, {INT8ARRAYOID}, nullptr};
 
@@ -90,12 +81,9 @@ int http_capacity(const HandlerEntry* h) {
         [&](std::string*) {
             engine->set_handler_limit(h->id, h->options.concurrency);
             int in_flight = static_cast<int>(engine->in_flight(h->id));
-            int limit = h->options.concurrency;
             auto it = breakers.find(h->id);
-            if (it != breakers.end() && it->second.consecutive >= kBreakerThreshold) {
-                // Open: nothing until the backoff ends; then one probe at a time.
-                limit = now < it->second.open_until_ms ? 0 : 1;
-            }
+            int limit = it == breakers.end() ? h->options.concurrency
+                                             : it->second.limit(h->options.concurrency, now);
             capacity = std::max(0, std::min(limit - in_flight,
                                             static_cast<int>(std::clamp(guc_max_in_flight, 1, 4096) -
                                                              static_cast<int>(engine->in_flight()))));
@@ -125,20 +113,8 @@ void http_stage(const HandlerEntry* h, const ClaimResult* res) {
     if (!run_core(
             [&](std::string*) {
                 for (int i = 0; i < n; i++) {
-                    core::HttpRequest r;
-                    r.tag = static_cast<uint64>(ids[i]);
-                    r.handler_key = h->id;
-                    r.url = h->target;
-                    r.body = bodies[i];
-                    r.timeout_ms = h->options.timeout_ms;
-                    r.follow_redirects = h->options.follow_redirects;
-                    std::string msg_id = std::to_string(ids[i]);
-                    r.headers.emplace_back("webhook-id", msg_id);
-                    r.headers.emplace_back("webhook-timestamp", std::to_string(timestamp_s));
-                    if (!h->options.secrets.empty())
-                        r.headers.emplace_back("webhook-signature",
-                                               core::webhook_signature(h->options.secrets, msg_id, timestamp_s, r.body));
-                    for (const auto& kv : h->options.headers) r.headers.push_back(kv);
+                    core::HttpRequest r = core::make_webhook_request(h->options, h->target, h->id, ids[i],
+                                                                     bodies[i], timestamp_s);
                     published_us[r.tag] = published[i];
                     staged.push_back(std::move(r));
                 }
@@ -227,34 +203,21 @@ int http_complete() {
         for (int i = 0; i < n; i++) {
             const core::HttpResult& r = finished[i];
             int64 id = static_cast<int64>(r.tag);
-            Breaker& b = breakers.find(r.handler_key)->second;
+            core::CircuitBreaker& b = breakers.find(r.handler_key)->second;
+            const HandlerEntry* h = catalog_handler_by_id(r.handler_key);
+            if (h != nullptr) b.record(r, h->options, nowms);
             if (r.outcome == core::HttpOutcome::Success) {
-                b = Breaker{};
                 done[ndone] = Int64GetDatum(id);
                 done_handler[ndone] = r.handler_key;
                 auto it = published_us.find(r.tag);
                 done_latency[ndone++] = it != published_us.end() ? now - it->second : 0;
             } else {
-                bool network = r.status == 0 || r.status == 408 || r.status == 429 || r.status >= 500;
-                // Failures of requests that were already in flight when the
-                // breaker opened do not open it again (nor grow its backoff):
-                // only the failure that trips it or a failed probe does.
-                if (r.outcome == core::HttpOutcome::Retry && network && ++b.consecutive >= kBreakerThreshold &&
-                    nowms >= b.open_until_ms) {
-                    const HandlerEntry* h = catalog_handler_by_id(r.handler_key);
-                    int64 base = h != nullptr ? h->options.backoff_base_ms : 1000;
-                    int64 cap = h != nullptr ? h->options.backoff_max_ms : 600000;
-                    int64 wait = std::min(cap, base << std::min(b.opens, 20));
-                    b.open_until_ms = nowms + wait;
-                    b.opens++;
-                }
-                const HandlerEntry* h = catalog_handler_by_id(r.handler_key);
-                bool dead = r.outcome == core::HttpOutcome::Fail &&
-                            !(h != nullptr && h->options.retry_4xx && r.status >= 400 && r.status < 500);
+                bool dead = h != nullptr ? core::webhook_failure_is_permanent(h->options, r)
+                                         : r.outcome == core::HttpOutcome::Fail;
                 (void)nack_delivery(id, CStringGetTextDatum(r.error.c_str()), r.retry_after_ms, r.status, dead, true);
             }
             count_http(MyDatabaseId, r.handler_key, r.status,
-                       b.consecutive >= kBreakerThreshold ? TimestampTzPlusMilliseconds(now, b.open_until_ms - nowms) : 0);
+                       b.is_open() ? TimestampTzPlusMilliseconds(now, b.open_until_ms() - nowms) : 0);
         }
         if (ndone > 0) {
             Datum arg = PointerGetDatum(construct_array(done, ndone, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
@@ -317,9 +280,9 @@ void http_wait(long timeout_ms) {
     // An open breaker lets its probe through when its backoff ends.
     int64 nowms = now_ms();
     for (const auto& kv : breakers) {
-        const Breaker& b = kv.second;
-        if (b.consecutive >= kBreakerThreshold && b.open_until_ms >= nowms && b.open_until_ms - nowms + 1 < timeout_ms)
-            timeout_ms = static_cast<long>(b.open_until_ms - nowms + 1);
+        const core::CircuitBreaker& b = kv.second;
+        if (b.is_open() && b.open_until_ms() >= nowms && b.open_until_ms() - nowms + 1 < timeout_ms)
+            timeout_ms = static_cast<long>(b.open_until_ms() - nowms + 1);
     }
 
     WaitEventSet* set = CreateWaitEventSet(CurrentMemoryContext, nsock + 2);

@@ -17,6 +17,7 @@ int guc_lease_timeout_ms = 30000;
 int guc_max_in_flight = 10000;
 int guc_notify_payload_limit = 7900;
 char* guc_http_allowlist = nullptr;
+bool guc_worker_synchronous_commit = false;
 
 void define_settings() {
     DefineCustomIntVariable(
@@ -75,6 +76,12 @@ void define_settings() {
         "Hosts and CIDRs that http handlers may call although they are loopback, private, link-local or metadata addresses.",
         "Comma-separated, e.g. 'localhost, 127.0.0.0/8, 10.1.0.0/16'. Empty: only public addresses.",
         &guc_http_allowlist, "", PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+    DefineCustomBoolVariable(
+        "relaybus.worker_synchronous_commit",
+        "Whether dispatchers wait for their completing commits to reach disk.",
+        "Off (the default): a crash can forget the last completions, and those deliveries are "
+        "handed over again (at least once, as after any crash). On: each completing commit waits for its WAL flush.",
+        &guc_worker_synchronous_commit, false, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
     MarkGUCPrefixReserved("relaybus");
 }
 

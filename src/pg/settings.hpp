@@ -17,6 +17,7 @@ extern int guc_lease_timeout_ms;
 extern int guc_max_in_flight;
 extern int guc_notify_payload_limit;
 extern char* guc_http_allowlist;
+extern bool guc_worker_synchronous_commit;
 
 void define_settings();
 
