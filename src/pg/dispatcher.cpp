@@ -20,6 +20,7 @@
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/settings.hpp"
+#include "pg/worker_signals.hpp"
 #include "pg/spi_support.hpp"
 #include "pg/worker_state.hpp"
 
@@ -38,22 +39,6 @@ PGDLLEXPORT void relay_dispatcher_main(Datum arg);
 
 namespace relaybus::pg {
 
-static volatile sig_atomic_t got_sighup = false;
-static volatile sig_atomic_t got_sigterm = false;
-
-static void on_sighup(SIGNAL_ARGS) {
-    int save_errno = errno;
-    got_sighup = true;
-    SetLatch(MyLatch);
-    errno = save_errno;
-}
-
-static void on_sigterm(SIGNAL_ARGS) {
-    int save_errno = errno;
-    got_sigterm = true;
-    SetLatch(MyLatch);
-    errno = save_errno;
-}
 
 static int my_slot = -1;
 static int my_db = -1;  // index in workers->databases
@@ -405,9 +390,7 @@ using namespace relaybus::pg;
 extern "C" void relay_dispatcher_main(Datum) {
     DispatcherArgs args;
     memcpy(&args, MyBgworkerEntry->bgw_extra, sizeof(args));
-    pqsignal(SIGHUP, on_sighup);
-    pqsignal(SIGTERM, on_sigterm);
-    BackgroundWorkerUnblockSignals();
+    install_worker_signals();
 
     if (workers == nullptr || args.slot < 0 || args.slot >= kMaxDispatchers || args.epoch != workers->epoch)
         proc_exit(0);  // started before a crash-restart: the new launcher starts its own

@@ -11,6 +11,7 @@
 
 #include "pg/pg_includes.hpp"
 #include "pg/settings.hpp"
+#include "pg/worker_signals.hpp"
 #include "pg/worker_state.hpp"
 
 extern "C" {
@@ -33,22 +34,6 @@ namespace relaybus::pg {
 
 constexpr long kLauncherNaptimeMs = 10000;
 
-static volatile sig_atomic_t got_sighup = false;
-static volatile sig_atomic_t got_sigterm = false;
-
-static void on_sighup(SIGNAL_ARGS) {
-    int save_errno = errno;
-    got_sighup = true;
-    SetLatch(MyLatch);
-    errno = save_errno;
-}
-
-static void on_sigterm(SIGNAL_ARGS) {
-    int save_errno = errno;
-    got_sigterm = true;
-    SetLatch(MyLatch);
-    errno = save_errno;
-}
 
 void register_launcher() {
     BackgroundWorker w;
@@ -206,9 +191,7 @@ static void reconcile() {
 using namespace relaybus::pg;
 
 extern "C" void relay_launcher_main(Datum) {
-    pqsignal(SIGHUP, on_sighup);
-    pqsignal(SIGTERM, on_sigterm);
-    BackgroundWorkerUnblockSignals();
+    install_worker_signals();
     BackgroundWorkerInitializeConnection(nullptr, nullptr, 0);
     pgstat_report_appname("relaybus launcher");
 
