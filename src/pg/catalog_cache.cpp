@@ -196,8 +196,12 @@ int catalog_routes_for(const char* topic, const RouteTarget** targets) {
                 }
                 std::vector<RouteTarget> out;
                 out.reserve(best.size());
-                for (auto& [hid, r] : best)
-                    out.push_back(RouteTarget{hid, r->has_wire ? r->wire.c_str() : nullptr});
+                for (auto& [hid, r] : best) {
+                    auto h = cat->by_id.find(hid);
+                    bool by_workers = h != cat->by_id.end() &&
+                                      cat->handlers[h->second].kind != core::HandlerKind::Pull;
+                    out.push_back(RouteTarget{hid, r->has_wire ? r->wire.c_str() : nullptr, by_workers});
+                }
                 std::sort(out.begin(), out.end(), [](const RouteTarget& a, const RouteTarget& b) {
                     return a.handler_id < b.handler_id;
                 });

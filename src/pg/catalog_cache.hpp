@@ -25,6 +25,7 @@ struct HandlerEntry {
 struct RouteTarget {
     int32 handler_id;
     const char* wire_name;  // nullptr: the handler sees the topic itself
+    bool by_workers;        // a notify or http handler (delivered by the dispatchers)
 };
 
 // Pointers stay valid until the next call of any catalog_* function.

@@ -42,14 +42,22 @@ static SavedPlan scan_plan = {ALL_CLASSES(""), 2, {INT4OID, INT4OID}, nullptr};
 static SavedPlan scan_lanes_plan = {ALL_CLASSES(" AND lane = ANY ($3)"), 3,
                                     {INT4OID, INT4OID, INT2ARRAYOID}, nullptr};
 
+// A keyed row is valid only if every delivery of its (handler, key) up to the
+// highest seq taken is in this claim: the head and no gap. One count per key
+// (an index range on deliveries_key), not one probe per row.
+#define FETCH_WITH                                                                               \
+    "WITH d AS MATERIALIZED (SELECT * FROM relay.deliveries x"                                    \
+    "                         WHERE x.id = ANY ($1) AND x.handler_id = $2),"                      \
+    " k AS (SELECT d.key, max(d.seq) AS hi, count(*) AS n FROM d WHERE d.key IS NOT NULL"       \
+    "       GROUP BY d.key),"                                                                     \
+    " whole AS (SELECT k.key FROM k WHERE (SELECT count(*) FROM relay.deliveries p"              \
+    "             WHERE p.handler_id = $2 AND p.key = k.key AND p.seq <= k.hi) = k.n) "
 #define FETCH_COLUMNS                                                                          \
+    FETCH_WITH                                                                                 \
     "SELECT d.id, d.event_id, coalesce(d.wire_topic, d.topic) AS topic, d.key, d.seq, d.payload," \
     "       d.headers, d.attempt + 1, d.priority::int4, d.published_at,"                       \
-    "       (d.not_before <= $3 AND (d.key IS NULL OR NOT EXISTS ("                            \
-    "          SELECT 1 FROM relay.deliveries p"                                              \
-    "           WHERE p.handler_id = $2 AND p.key = d.key AND p.seq < d.seq"                  \
-    "             AND p.id <> ALL ($1)))) AS valid"
-#define FETCH_FROM " FROM relay.deliveries d WHERE d.id = ANY ($1) AND d.handler_id = $2"
+    "       (d.not_before <= $3 AND (d.key IS NULL OR d.key IN (SELECT w.key FROM whole w))) AS valid"
+#define FETCH_FROM " FROM d"
 
 static SavedPlan fetch_plan = {FETCH_COLUMNS FETCH_FROM, 3, {INT8ARRAYOID, INT4OID, TIMESTAMPTZOID}, nullptr};
 // The dispatcher's variant adds the NOTIFY payload, built by PostgreSQL's JSON code.
@@ -214,7 +222,7 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
     out->rows = nullptr;
     out->until = until;
     out->next_ready_ms = 0;
-    int max = req->max;
+    const int max = req->max;
 
     Datum lanes = (Datum)0;
     if (req->lanes != nullptr) {
@@ -224,49 +232,59 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
         lanes = PointerGetDatum(construct_array(ld, req->nlanes, INT2OID, 2, true, TYPALIGN_SHORT));
     }
 
-    // Widen the window while the plan is short and a class may hold more.
-    int window = std::max(64, std::min(max * 4, guc_claim_scan_limit / 4));
-    int64* chosen = static_cast<int64*>(palloc(sizeof(int64) * (max + 1)));
-    int nchosen = 0;
-    for (;;) {
-        ScannedRows rows;
-        scan(req->handler_id, window, lanes, now, &rows);
-        out->next_ready_ms = 0;
-        for (int i = 0; i < rows.n; i++)
-            if (rows.ready_at_ms[i] >= now_ms && !rows.leased[i] &&
-                (out->next_ready_ms == 0 || rows.ready_at_ms[i] < out->next_ready_ms))
-                out->next_ready_ms = rows.ready_at_ms[i];
-        bool more = false;
-        nchosen = plan(rows, max, req->per_key, now_ms, &more, chosen);
-        if (nchosen >= max || !more || window * 4 >= guc_claim_scan_limit) break;
-        window = std::min(window * 4, guc_claim_scan_limit / 4 + 1);
+    // A claim that lost every row it planned to a concurrent claimer (their
+    // leases won) looks again: the next scan sees those leases and moves on.
+    for (int round = 0;; round++) {
+        // Widen the window while the plan is short and a class may hold more.
+        int window = std::max(64, std::min(max * 4, guc_claim_scan_limit / 4));
+        int64* chosen = static_cast<int64*>(palloc(sizeof(int64) * (max + 1)));
+        int nchosen = 0;
+        for (;;) {
+            ScannedRows rows;
+            scan(req->handler_id, window, lanes, now, &rows);
+            out->next_ready_ms = 0;
+            for (int i = 0; i < rows.n; i++)
+                if (rows.ready_at_ms[i] >= now_ms && !rows.leased[i] &&
+                    (out->next_ready_ms == 0 || rows.ready_at_ms[i] < out->next_ready_ms))
+                    out->next_ready_ms = rows.ready_at_ms[i];
+            bool more = false;
+            nchosen = plan(rows, max, req->per_key, now_ms, &more, chosen);
+            if (nchosen >= max || !more || window * 4 >= guc_claim_scan_limit) break;
+            window = std::min(window * 4, guc_claim_scan_limit / 4 + 1);
+        }
+        if (nchosen == 0) return;
+
+        bool* got = static_cast<bool*>(palloc(sizeof(bool) * nchosen));
+        int taken = leases_acquire(chosen, nchosen, req->handler_id, now, until, got);
+        if (taken == 0) {
+            if (round < 2) continue;
+            return;
+        }
+        Datum* id_datums = static_cast<Datum*>(palloc(sizeof(Datum) * nchosen));
+        for (int i = 0; i < nchosen; i++) id_datums[i] = Int64GetDatum(chosen[i]);
+        Datum values[3] = {
+            PointerGetDatum(construct_array(id_datums, nchosen, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
+            Int32GetDatum(req->handler_id), TimestampTzGetDatum(now)};
+        spi_exec_latest(req->with_notify_json ? &fetch_notify_plan : &fetch_plan, values, nullptr, true, 0);
+
+        int* order = static_cast<int*>(palloc(sizeof(int) * (nchosen + 1)));
+        int nout = finalize(chosen, got, nchosen, order);
+
+        // Leases taken for rows that are not handed over go back at once.
+        int64* kept = static_cast<int64*>(palloc(sizeof(int64) * (nout + 1)));
+        for (int i = 0; i < nout; i++) kept[i] = spi_int64(order[i], 1);
+        qsort(kept, nout, sizeof(int64), cmp_int64);
+        int64* give_back = static_cast<int64*>(palloc(sizeof(int64) * nchosen));
+        int ngive = 0;
+        for (int i = 0; i < nchosen; i++)
+            if (got[i] && bsearch(&chosen[i], kept, nout, sizeof(int64), cmp_int64) == nullptr)
+                give_back[ngive++] = chosen[i];
+        leases_release(give_back, ngive);
+        if (nout == 0 && taken < nchosen && round < 2) continue;
+        out->n = nout;
+        out->rows = order;
+        return;
     }
-    if (nchosen == 0) return;
-
-    bool* got = static_cast<bool*>(palloc(sizeof(bool) * nchosen));
-    leases_acquire(chosen, nchosen, req->handler_id, now, until, got);
-    Datum* id_datums = static_cast<Datum*>(palloc(sizeof(Datum) * nchosen));
-    for (int i = 0; i < nchosen; i++) id_datums[i] = Int64GetDatum(chosen[i]);
-    Datum values[3] = {
-        PointerGetDatum(construct_array(id_datums, nchosen, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
-        Int32GetDatum(req->handler_id), TimestampTzGetDatum(now)};
-    spi_exec_latest(req->with_notify_json ? &fetch_notify_plan : &fetch_plan, values, nullptr, true, 0);
-
-    int* order = static_cast<int*>(palloc(sizeof(int) * (nchosen + 1)));
-    int nout = finalize(chosen, got, nchosen, order);
-
-    // Leases taken for rows that are not handed over go back at once.
-    int64* kept = static_cast<int64*>(palloc(sizeof(int64) * (nout + 1)));
-    for (int i = 0; i < nout; i++) kept[i] = spi_int64(order[i], 1);
-    qsort(kept, nout, sizeof(int64), cmp_int64);
-    int64* give_back = static_cast<int64*>(palloc(sizeof(int64) * nchosen));
-    int ngive = 0;
-    for (int i = 0; i < nchosen; i++)
-        if (got[i] && bsearch(&chosen[i], kept, nout, sizeof(int64), cmp_int64) == nullptr)
-            give_back[ngive++] = chosen[i];
-    leases_release(give_back, ngive);
-    out->n = nout;
-    out->rows = order;
 }
 
 }  // namespace relaybus::pg

@@ -117,6 +117,14 @@ static void lock_key(const char* key, int len) {
     (void)LockAcquire(&tag, ExclusiveLock, false, false);
 }
 
+// Whether a routed handler is delivered by the background workers (a pull
+// handler's consumers poll; waking the dispatchers for it is wasted work).
+static bool needs_workers(const RouteTarget* targets, int n) {
+    for (int i = 0; i < n; i++)
+        if (targets[i].by_workers) return true;
+    return false;
+}
+
 // Handler ids and wire names of the routes, as SQL arrays.
 static void route_arrays(const RouteTarget* targets, int n, Datum* ids_out, Datum* wires_out) {
     Datum* ids = static_cast<Datum*>(palloc(sizeof(Datum) * n));
@@ -168,6 +176,7 @@ extern "C" Datum relay_publish(PG_FUNCTION_ARGS) {
 
     Datum handler_ids, wires;
     route_arrays(targets, ntargets, &handler_ids, &wires);
+    bool wake = needs_workers(targets, ntargets);
 
     SpiScope scope;
     spi_begin(&scope);
@@ -204,7 +213,7 @@ extern "C" Datum relay_publish(PG_FUNCTION_ARGS) {
         event_id = spi_int64(0, 1);
     }
     spi_end(&scope);
-    wake_dispatchers_at_commit();
+    if (wake) wake_dispatchers_at_commit();
     PG_RETURN_INT64(event_id);
 }
 
@@ -308,7 +317,11 @@ extern "C" Datum relay_publish_batch(PG_FUNCTION_ARGS) {
     const RouteTarget* targets = nullptr;
     int ntargets = catalog_routes_for(common.topic, &targets);
     Datum handler_ids = 0, wires = 0;
-    if (ntargets > 0) route_arrays(targets, ntargets, &handler_ids, &wires);
+    bool wake = false;
+    if (ntargets > 0) {
+        route_arrays(targets, ntargets, &handler_ids, &wires);
+        wake = needs_workers(targets, ntargets);
+    }
 
     int64* seqs = static_cast<int64*>(palloc0(sizeof(int64) * (n + 1)));
     int16* lanes = static_cast<int16*>(palloc0(sizeof(int16) * (n + 1)));
@@ -395,6 +408,6 @@ extern "C" Datum relay_publish_batch(PG_FUNCTION_ARGS) {
         if (k != n) elog(ERROR, "relaybus: batch inserted %d events, expected %d", k, n);
     }
     spi_end(&scope);
-    if (ntargets > 0) wake_dispatchers_at_commit();
+    if (wake) wake_dispatchers_at_commit();
     PG_RETURN_ARRAYTYPE_P(construct_array(event_ids, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 }

@@ -1,0 +1,524 @@
+// The bodies of the child processes: publishers, pull consumers, floor takers,
+// LISTEN clients and notify senders. Each is its own process with its own
+// connection; it reports through files in its sample directory:
+//   <label>.out   key=value counters (ChildOut)
+//   <label>.rcpt  Receipt records (consumers)
+//   <label>.pub   PubRec records (publishers of mixed cells)
+
+#include "children.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+
+#include "pg.hpp"
+
+namespace bench {
+
+static volatile sig_atomic_t g_stop = 0;
+static volatile sig_atomic_t g_drain = 0;
+
+static void on_term(int) { g_stop = 1; }
+static void on_usr1(int) { g_drain = 1; }
+
+std::string key_text(Keys k, uint32_t r) {
+    int n = keys_count(k);
+    if (n == 0) return std::string();
+    return "k" + std::to_string(r % uint32_t(n));
+}
+
+int32_t key_id_of(const char* key) {
+    if (key == nullptr || key[0] != 'k') return -1;
+    return int32_t(strtol(key + 1, nullptr, 10));
+}
+
+// About 100 bytes of JSON, the same shape in every cell and every system.
+std::string make_payload(uint64_t order, int64_t t_real_ns) {
+    return strf("{\"order\": %llu, \"amount\": 1999, \"cur\": \"EUR\", \"cust\": \"c-123456\", "
+                "\"note\": \"abcdefghij\", \"t\": %lld}",
+                10000000ull + order % 90000000ull, (long long)t_real_ns);
+}
+
+namespace {
+
+struct Counter {
+    const Go* go = nullptr;
+    ChildOut out;
+    std::vector<int64_t> call_ns;  // durations of calls completed in the window
+    void done(long long n, int64_t start, int64_t end) {
+        out.units_total += n;
+        if (end >= go->t0) out.units_since_t0 += n;
+        if (end >= go->t0 && end <= go->t1) {
+            out.units_window += n;
+            out.calls_window++;
+            call_ns.push_back(end - start);
+        }
+    }
+    bool in_window(int64_t t) const { return t >= go->t0 && t <= go->t1; }
+    void error(const std::exception& e) {
+        out.errors++;
+        if (out.first_error.empty()) out.first_error = e.what();
+    }
+};
+
+class BinWriter {
+public:
+    explicit BinWriter(const std::string& path) : f_(fopen(path.c_str(), "wb")) {
+        if (f_ == nullptr) throw std::runtime_error("cannot write " + path);
+        setvbuf(f_, nullptr, _IOFBF, 1 << 20);
+    }
+    ~BinWriter() {
+        if (f_ != nullptr) fclose(f_);
+    }
+    template <class T>
+    void put(const T& rec) {
+        fwrite(&rec, sizeof rec, 1, f_);
+    }
+
+private:
+    FILE* f_;
+};
+
+void write_out(const ChildSpec& spec, Counter& c) {
+    std::sort(c.call_ns.begin(), c.call_ns.end());
+    std::string s;
+    s += strf("units_window=%lld\n", c.out.units_window);
+    s += strf("units_since_t0=%lld\n", c.out.units_since_t0);
+    s += strf("units_total=%lld\n", c.out.units_total);
+    s += strf("errors=%lld\n", c.out.errors);
+    s += strf("empty_in_window=%lld\n", c.out.empty_in_window);
+    s += strf("calls_window=%lld\n", c.out.calls_window);
+    s += strf("call_p50_us=%.1f\n", percentile_sorted(c.call_ns, 50) / 1000.0);
+    s += strf("call_p99_us=%.1f\n", percentile_sorted(c.call_ns, 99) / 1000.0);
+    std::string fe = c.out.first_error;
+    for (char& ch : fe)
+        if (ch == '\n') ch = ' ';
+    s += "first_error=" + fe + "\n";
+    write_file(spec.dir + "/" + spec.label + ".out", s);
+}
+
+// Parses "{1,2,3}" into ids.
+void parse_int_array(const char* s, std::vector<int64_t>* out) {
+    out->clear();
+    const char* p = s;
+    while (*p != '\0') {
+        if ((*p >= '0' && *p <= '9') || *p == '-') {
+            char* end = nullptr;
+            out->push_back(strtoll(p, &end, 10));
+            p = end;
+        } else {
+            p++;
+        }
+    }
+}
+
+// ---- publisher ---------------------------------------------------------------
+
+void run_publish(const ChildSpec& spec, Conn& c, const Go& go, Counter& cnt) {
+    std::mt19937 rng(spec.seed);
+    std::unique_ptr<BinWriter> pubs;
+    if (spec.record_pubs) pubs.reset(new BinWriter(spec.dir + "/" + spec.label + ".pub"));
+    uint64_t order = uint64_t(spec.seed) * 1000003ull;
+    int64_t interval = spec.rate > 0 ? int64_t(1e9 / spec.rate) : 0;
+    int64_t next_due = go.t_warm;
+    std::vector<int64_t> ids;
+    std::string payload, key, parr, karr;
+    while (!g_stop) {
+        int64_t now = mono_ns();
+        if (now >= go.t1) break;
+        if (interval > 0) {
+            if (next_due > now) {
+                sleep_until_mono(std::min(next_due, go.t1));
+                if (mono_ns() >= go.t1) break;
+            }
+            next_due += interval;  // open loop: a late publisher does not skip, it catches up
+        }
+        std::vector<const char*> params(2, nullptr);
+        int64_t t_pay = real_ns();
+        if (spec.batch == 1) {
+            payload = make_payload(order++, t_pay);
+            key = key_text(spec.keys, rng());
+            params[0] = payload.c_str();
+            params[1] = spec.keys == Keys::None ? nullptr : key.c_str();
+        } else {
+            parr = "{";
+            karr = "{";
+            for (int i = 0; i < spec.batch; i++) {
+                payload = make_payload(order++, t_pay);
+                array_append(&parr, payload.c_str());
+                key = key_text(spec.keys, rng());
+                array_append(&karr, spec.keys == Keys::None ? nullptr : key.c_str());
+            }
+            parr += "}";
+            karr += "}";
+            params[0] = parr.c_str();
+            params[1] = karr.c_str();
+        }
+        int64_t start = mono_ns();
+        try {
+            Result r = c.exec_prepared("pub", params);
+            int64_t end = mono_ns();
+            int64_t end_real = real_ns();
+            cnt.done(spec.batch, start, end);
+            if (pubs && spec.returns_ids && r.rows() > 0) {
+                if (spec.batch == 1) {
+                    pubs->put(PubRec{r.i64(0, 0), end, end_real});
+                } else {
+                    parse_int_array(r.val(0, 0), &ids);
+                    for (int64_t id : ids) pubs->put(PubRec{id, end, end_real});
+                }
+            }
+        } catch (const PgError& e) {
+            cnt.error(e);
+            if (PQstatus(c.raw()) != CONNECTION_OK) break;
+            sleep_ms(5);
+        }
+    }
+}
+
+// ---- pull consumer: BEGIN; claim; ack; COMMIT -----------------------------------
+
+void run_claim_ack(const ChildSpec& spec, Conn& c, const Go& go, Counter& cnt) {
+    BinWriter rc(spec.dir + "/" + spec.label + ".rcpt");
+    std::string ids;
+    std::vector<Receipt> got;
+    while (!g_stop) {
+        int64_t start = mono_ns();
+        if (start >= go.t1) break;
+        try {
+            c.exec("BEGIN");
+            Result r = c.exec_prepared("claim", {});
+            int64_t t_recv = mono_ns(), t_real = real_ns();
+            int n = r.rows();
+            if (n == 0) {
+                c.exec("COMMIT");
+                if (cnt.in_window(t_recv)) cnt.out.empty_in_window++;
+                sleep_ms(2);
+                continue;
+            }
+            ids = "{";
+            got.clear();
+            for (int i = 0; i < n; i++) {
+                Receipt x{};
+                x.delivery_id = r.i64(i, 0);
+                x.event_id = r.i64(i, 1);
+                x.key_id = r.null(i, 2) ? -1 : key_id_of(r.val(i, 2));
+                x.seq = r.null(i, 3) ? -1 : r.i64(i, 3);
+                x.mono_ns = t_recv;
+                x.real_ns = t_real;
+                x.handler = int16_t(spec.handler_index);
+                got.push_back(x);
+                if (i) ids += ',';
+                ids += r.val(i, 0);
+            }
+            ids += "}";
+            c.exec_prepared("ack", {ids.c_str()});
+            c.exec("COMMIT");
+            int64_t end = mono_ns();
+            for (Receipt& x : got) {
+                x.flags = 1;
+                rc.put(x);
+            }
+            cnt.done(n, start, end);
+        } catch (const PgError& e) {
+            cnt.error(e);
+            if (PQstatus(c.raw()) != CONNECTION_OK) break;
+            try {
+                c.exec("ROLLBACK");
+            } catch (...) {
+            }
+            sleep_ms(5);
+        }
+    }
+}
+
+// ---- take: one statement that hands over and removes rows (the floor) ----------
+
+void run_take(const ChildSpec& spec, Conn& c, const Go& go, Counter& cnt) {
+    while (!g_stop) {
+        int64_t start = mono_ns();
+        if (start >= go.t1) break;
+        try {
+            Result r = c.exec_prepared("take", {});
+            int64_t end = mono_ns();
+            int n = r.rows();
+            if (n == 0) {
+                if (cnt.in_window(end)) cnt.out.empty_in_window++;
+                sleep_ms(2);
+                continue;
+            }
+            cnt.done(n, start, end);
+        } catch (const PgError& e) {
+            cnt.error(e);
+            if (PQstatus(c.raw()) != CONNECTION_OK) break;
+            sleep_ms(5);
+        }
+    }
+}
+
+// ---- notify sender (the floor for notify) -------------------------------------
+
+void run_notify_send(const ChildSpec& spec, Conn& c, const Go& go, Counter& cnt) {
+    uint64_t next_id = uint64_t(spec.seed) << 32;
+    std::string arr, one;
+    while (!g_stop) {
+        int64_t start = mono_ns();
+        if (start >= go.t1) break;
+        try {
+            long long n;
+            if (spec.send_payloads) {
+                arr = "{";
+                int64_t t = real_ns();
+                for (int i = 0; i < spec.batch; i++) {
+                    unsigned long long id = next_id++;
+                    one = strf("{\"id\": %llu, \"key\": null, \"seq\": null, \"topic\": \"bench.e\", \"attempt\": 1, "
+                               "\"headers\": null, \"payload\": ",
+                               id) +
+                          make_payload(id, t) + strf(", \"event_id\": %llu}", id);
+                    array_append(&arr, one.c_str());
+                }
+                arr += "}";
+                c.exec_prepared("send", {arr.c_str()});
+                n = spec.batch;
+            } else {
+                Result r = c.exec_prepared("send", {});
+                n = r.rows() > 0 ? r.i64(0, 0) : 0;
+            }
+            int64_t end = mono_ns();
+            if (n == 0) {
+                if (cnt.in_window(end)) cnt.out.empty_in_window++;
+                sleep_ms(2);
+                continue;
+            }
+            cnt.done(n, start, end);
+        } catch (const PgError& e) {
+            cnt.error(e);
+            if (PQstatus(c.raw()) != CONNECTION_OK) break;
+            sleep_ms(5);
+        }
+    }
+}
+
+// ---- LISTEN client ---------------------------------------------------------------
+
+// Reads the number after `"name": ` (searching from `from`); -1 for null or absent.
+int64_t json_int_field(const char* s, const char* name, bool from_end) {
+    std::string pat = std::string("\"") + name + "\": ";
+    const char* p;
+    if (from_end) {
+        p = nullptr;
+        for (const char* q = strstr(s, pat.c_str()); q != nullptr; q = strstr(q + 1, pat.c_str())) p = q;
+    } else {
+        p = strstr(s, pat.c_str());
+    }
+    if (p == nullptr) return -1;
+    p += pat.size();
+    if (*p == 'n') return -1;
+    return strtoll(p, nullptr, 10);
+}
+
+int32_t json_key_field(const char* s) {
+    const char* p = strstr(s, "\"key\": ");
+    if (p == nullptr) return -1;
+    p += 7;
+    if (*p != '"') return -1;
+    return key_id_of(p + 1);
+}
+
+void run_listen(const ChildSpec& spec, Conn& c, int go_fd, Go* go_out, Counter& cnt) {
+    BinWriter rc(spec.dir + "/" + spec.label + ".rcpt");
+    bool have_go = false;
+    Go& go = *go_out;
+    go.t0 = go.t1 = INT64_MAX;  // nothing counts in a window before the parent says when it is
+    go.t_warm = 0;
+    bool ack_mode = !spec.ack_sql.empty();
+    std::vector<Receipt> pending;  // ack mode: received, not yet acked
+    std::string ids;
+    int64_t last_seen = mono_ns();
+    int64_t drain_since = 0;
+    int sock = PQsocket(c.raw());
+
+    auto flush_acks = [&]() {
+        if (pending.empty()) return;
+        ids = "{";
+        for (size_t i = 0; i < pending.size(); i++) {
+            if (i) ids += ',';
+            ids += std::to_string(pending[i].delivery_id);
+        }
+        ids += "}";
+        int64_t start = mono_ns();
+        try {
+            c.exec_prepared("ack", {ids.c_str()});
+            int64_t end = mono_ns();
+            for (Receipt& x : pending) {
+                x.flags |= 1;
+                rc.put(x);
+            }
+            cnt.done((long long)pending.size(), start, end);
+        } catch (const PgError& e) {
+            cnt.error(e);
+            for (Receipt& x : pending) rc.put(x);  // received, not acked
+        }
+        pending.clear();
+    };
+
+    while (!g_stop) {
+        pollfd fds[2];
+        int nfds = 0;
+        fds[nfds++] = pollfd{sock, POLLIN, 0};
+        if (!have_go) fds[nfds++] = pollfd{go_fd, POLLIN, 0};
+        int timeout = ack_mode && !pending.empty() ? 0 : 20;
+        int rv = poll(fds, nfds, timeout);
+        if (rv < 0 && errno != EINTR) break;
+        if (!have_go && nfds > 1 && (fds[1].revents & (POLLIN | POLLHUP))) {
+            if (read(go_fd, &go, sizeof go) == sizeof go) have_go = true;
+            else break;
+            cnt.go = &go;
+        }
+        if (PQconsumeInput(c.raw()) == 0) {
+            cnt.error(std::runtime_error(PQerrorMessage(c.raw())));
+            break;
+        }
+        int got_now = 0;
+        while (PGnotify* n = PQnotifies(c.raw())) {
+            int64_t tm = mono_ns(), tr = real_ns();
+            Receipt x{};
+            x.delivery_id = json_int_field(n->extra, "id", false);
+            x.event_id = json_int_field(n->extra, "event_id", true);
+            x.seq = json_int_field(n->extra, "seq", false);
+            x.key_id = json_key_field(n->extra);
+            x.mono_ns = tm;
+            x.real_ns = tr;
+            x.handler = int16_t(spec.handler_index);
+            for (size_t i = 0; i < spec.channels.size(); i++)
+                if (spec.channels[i] == n->relname) x.handler = int16_t(spec.handler_index + int(i));
+            if (x.delivery_id < 0 || x.event_id < 0) x.flags |= 2;
+            PQfreemem(n);
+            got_now++;
+            if (ack_mode) {
+                pending.push_back(x);
+                if ((int)pending.size() >= spec.ack_batch) flush_acks();
+            } else {
+                rc.put(x);
+                cnt.done(1, tm, tm);
+            }
+        }
+        int64_t now = mono_ns();
+        if (got_now > 0) last_seen = now;
+        if (ack_mode && !pending.empty() && got_now == 0) flush_acks();  // nothing more queued: ack what we have
+        if (g_drain) {
+            if (drain_since == 0) drain_since = now;
+            // The dispatchers are stopped: everything they committed is queued for us.
+            if (now - last_seen > 300000000LL && now - drain_since > 300000000LL && pending.empty()) break;
+            if (now - drain_since > 30000000000LL) break;  // safety
+        }
+        if (have_go && go.t1 != INT64_MAX && now > go.t1 + 120000000000LL) break;  // safety
+    }
+    flush_acks();
+}
+
+}  // namespace
+
+int child_main(const ChildSpec& spec, int ready_fd, int go_fd) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    signal(SIGTERM, on_term);
+    signal(SIGUSR1, on_usr1);
+    signal(SIGPIPE, SIG_IGN);
+    Counter cnt;
+    Go go;
+    cnt.go = &go;
+    Conn c;
+    try {
+        c.connect(spec.conninfo);
+        switch (spec.role) {
+            case Role::Publish: c.prepare("pub", spec.sql, 2); break;
+            case Role::ClaimAck:
+                c.prepare("claim", spec.claim_sql, 0);
+                c.prepare("ack", spec.ack_sql, 1);
+                break;
+            case Role::Take: c.prepare("take", spec.sql, 0); break;
+            case Role::NotifySend: c.prepare("send", spec.sql, spec.send_payloads ? 1 : 0); break;
+            case Role::Listen:
+                for (const std::string& ch : spec.channels) c.exec("LISTEN " + ch);
+                if (!spec.ack_sql.empty()) c.prepare("ack", spec.ack_sql, 1);
+                break;
+        }
+    } catch (const std::exception& e) {
+        std::string m = std::string("e") + e.what();
+        (void)!write(ready_fd, m.data(), m.size());
+        _exit(2);
+    }
+    std::string ready = "r" + std::to_string(c.backend_pid());  // the parent cancels it if it must kill us
+    (void)!write(ready_fd, ready.data(), ready.size());
+    close(ready_fd);
+    try {
+        if (spec.role == Role::Listen) {
+            run_listen(spec, c, go_fd, &go, cnt);
+        } else {
+            if (read(go_fd, &go, sizeof go) != sizeof go) _exit(3);
+            if (go.t_warm > mono_ns()) sleep_until_mono(go.t_warm);
+            switch (spec.role) {
+                case Role::Publish: run_publish(spec, c, go, cnt); break;
+                case Role::ClaimAck: run_claim_ack(spec, c, go, cnt); break;
+                case Role::Take: run_take(spec, c, go, cnt); break;
+                case Role::NotifySend: run_notify_send(spec, c, go, cnt); break;
+                default: break;
+            }
+        }
+    } catch (const std::exception& e) {
+        cnt.error(e);
+    }
+    c.close();  // the backend exits and flushes its statistics
+    write_out(spec, cnt);
+    _exit(0);
+}
+
+ChildOut read_child_out(const std::string& dir, const std::string& label) {
+    ChildOut o;
+    o.label = label;
+    std::string text = read_file(dir + "/" + label + ".out");
+    if (text.empty()) return o;
+    o.ok = true;
+    for (const std::string& line : split(text, '\n')) {
+        size_t eq = line.find('=');
+        if (eq == std::string::npos) continue;
+        std::string k = line.substr(0, eq), v = line.substr(eq + 1);
+        auto num = [&]() { return v.empty() ? 0LL : std::stoll(v); };
+        auto dbl = [&]() { return v.empty() || v == "nan" ? NAN : std::stod(v); };
+        if (k == "units_window") o.units_window = num();
+        else if (k == "units_since_t0") o.units_since_t0 = num();
+        else if (k == "units_total") o.units_total = num();
+        else if (k == "errors") o.errors = num();
+        else if (k == "empty_in_window") o.empty_in_window = num();
+        else if (k == "calls_window") o.calls_window = num();
+        else if (k == "call_p50_us") o.call_p50_us = dbl();
+        else if (k == "call_p99_us") o.call_p99_us = dbl();
+        else if (k == "first_error") o.first_error = v;
+    }
+    return o;
+}
+
+template <class T>
+static std::vector<T> read_records(const std::string& path) {
+    std::vector<T> out;
+    std::string data = read_file(path);
+    out.resize(data.size() / sizeof(T));
+    if (!out.empty()) memcpy(out.data(), data.data(), out.size() * sizeof(T));
+    return out;
+}
+
+std::vector<Receipt> read_receipts(const std::string& dir, const std::string& label) {
+    return read_records<Receipt>(dir + "/" + label + ".rcpt");
+}
+
+std::vector<PubRec> read_pubs(const std::string& dir, const std::string& label) {
+    return read_records<PubRec>(dir + "/" + label + ".pub");
+}
+
+}  // namespace bench

@@ -1,0 +1,35 @@
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "model.hpp"
+#include "util.hpp"
+
+namespace bench {
+
+// One sample's outcome: the flat metrics the report reads, and the full JSON line.
+struct SampleResult {
+    Cell cell;
+    int sample_no = 0;
+    bool valid = true;
+    std::vector<std::string> invalid;  // reasons
+    bool exact_checked = false;
+    std::map<std::string, double> m;   // flat metrics (see harness.cpp for the names)
+    Json json;
+};
+
+struct ReportInput {
+    std::string run_id;
+    std::string out_dir;
+    Json env;
+    std::vector<SampleResult> samples;
+    double minutes = 0;
+    std::string args;
+};
+
+// Writes report.md and comparison.json into in.out_dir; returns the markdown.
+std::string write_reports(const ReportInput& in);
+
+}  // namespace bench

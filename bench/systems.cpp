@@ -1,0 +1,388 @@
+// relaybus and the floor as systems under test.
+
+#include "systems.hpp"
+
+#include <functional>
+#include <stdexcept>
+
+namespace bench {
+
+std::string sql_payload_expr(const std::string& i) {
+    // The same fields as make_payload(); jsonb normalizes the text either way.
+    return "pg_catalog.jsonb_build_object('order', 10000000 + (" + i + ") % 90000000, 'amount', 1999, "
+           "'cur', 'EUR', 'cust', 'c-123456', 'note', 'abcdefghij', "
+           "'t', (extract(epoch FROM pg_catalog.clock_timestamp()) * 1e9)::int8)";
+}
+
+std::string sql_key_expr(Keys k, const std::string& i) {
+    int n = keys_count(k);
+    if (n == 0) return "NULL::text";
+    return "'k' || ((pg_catalog.hashint4((" + i + ")::int4)::int8 & 2147483647) % " + std::to_string(n) + ")";
+}
+
+static uint32_t seed_of(const Cell& c, int i) {
+    return uint32_t(std::hash<std::string>()(c.name) & 0x7fffffff) + uint32_t(i) * 7919u + 1u;
+}
+
+static int handler_index_of(const std::string& name) {
+    // "bench_h<N>"
+    size_t p = name.rfind('h');
+    return p == std::string::npos ? 0 : atoi(name.c_str() + p + 1);
+}
+
+// ---- relaybus -------------------------------------------------------------------
+
+class Relaybus : public System {
+public:
+    std::string name() const override { return "relaybus"; }
+
+    void install(Conn& setup) override {
+        setup.exec("CREATE EXTENSION IF NOT EXISTS relaybus");
+    }
+
+    std::vector<std::string> tables(const Cell&) const override {
+        return {"relay.deliveries", "relay.key_seqs", "relay.dead_letters"};
+    }
+    std::string main_table(const Cell&) const override { return "relay.deliveries"; }
+
+    void prepare(Conn& setup, Conn& admin, const Cell& c) override {
+        setup.exec("TRUNCATE relay.deliveries, relay.key_seqs, relay.dead_letters");
+        setup.exec("DELETE FROM relay.routes");
+        setup.exec("DELETE FROM relay.handlers");
+        std::string kind = "pull", opts = "{}";
+        if (c.variant == "notify-fire" || c.group == Group::Mixed) kind = "notify";
+        if (c.variant == "notify-ack") {
+            kind = "notify";
+            opts = "{\"ack\": true}";
+        }
+        for (int i = 0; i < c.handlers; i++) {
+            std::string h = "bench_h" + std::to_string(i);
+            std::string target = kind == "notify" ? sql_lit(h) : "NULL";
+            setup.exec("SELECT relay_create_handler(" + sql_lit(h) + ", " + sql_lit(kind) + ", " + target + ", " +
+                       sql_lit(opts) + "::jsonb)");
+            setup.exec("SELECT relay_route('bench.e', " + sql_lit(h) + ")");
+        }
+        // Notify cells start their dispatchers only when the listeners are there
+        // (a notification nobody listens to is gone, and fire mode deletes on send).
+        bool notify = kind == "notify";
+        int n = c.dispatchers > 0 ? c.dispatchers : 1;
+        set_dispatchers(admin, !notify, n, c.batch_size);
+    }
+
+    std::vector<std::string> preload_sql(const Cell& c, long long deliveries, bool* parallel) override {
+        // Keyed batches lock their keys until commit, so two at once would only queue.
+        *parallel = c.keys == Keys::None;
+        std::vector<std::string> out;
+        long long events = (deliveries + c.handlers - 1) / c.handlers;
+        const long long chunk = 10000;  // relay_publish_batch's maximum
+        for (long long from = 1; from <= events; from += chunk) {
+            long long to = std::min(events, from + chunk - 1);
+            out.push_back(strf("SELECT pg_catalog.array_length(relay_publish_batch('bench.e', s.p, s.k), 1) FROM ("
+                               " SELECT array_agg(%s ORDER BY i) AS p, array_agg(%s ORDER BY i) AS k"
+                               " FROM generate_series(%lld, %lld) AS i) s",
+                               sql_payload_expr("i").c_str(), sql_key_expr(c.keys, "i").c_str(), from, to));
+        }
+        return out;
+    }
+
+    std::vector<ChildSpec> children(const Cell& c, const std::string& conninfo) override {
+        std::vector<ChildSpec> out;
+        auto publishers = [&](double rate_each, bool record) {
+            for (int i = 0; i < c.publishers; i++) {
+                ChildSpec s;
+                s.role = Role::Publish;
+                s.label = "pub-" + std::to_string(i);
+                s.conninfo = conninfo;
+                s.batch = c.group == Group::Mixed ? 1 : c.batch;
+                s.sql = s.batch == 1 ? "SELECT relay_publish('bench.e', $1::jsonb, $2)"
+                                     : "SELECT relay_publish_batch('bench.e', $1::jsonb[], $2::text[])";
+                s.keys = c.keys;
+                s.rate = rate_each;
+                s.returns_ids = true;
+                s.record_pubs = record;
+                s.seed = seed_of(c, i);
+                out.push_back(s);
+            }
+        };
+        auto listeners = [&](bool ack) {
+            for (int h = 0; h < c.handlers; h++) {
+                ChildSpec s;
+                s.role = Role::Listen;
+                s.label = "listen-" + std::to_string(h);
+                s.conninfo = conninfo;
+                s.channels = {"bench_h" + std::to_string(h)};
+                s.handler_index = h;
+                if (ack) s.ack_sql = "SELECT relay_ack($1::bigint[])";
+                out.push_back(s);
+            }
+        };
+        if (c.group == Group::Publish) {
+            publishers(0, false);
+        } else if (c.group == Group::Mixed) {
+            publishers(double(c.rate) / c.publishers, true);
+            listeners(false);
+        } else if (c.variant == "pull") {
+            for (int i = 0; i < c.consumers; i++) {
+                ChildSpec s;
+                s.role = Role::ClaimAck;
+                s.label = "claim-" + std::to_string(i);
+                s.conninfo = conninfo;
+                s.handler_index = i % c.handlers;
+                s.claim_sql = strf("SELECT id, event_id, key, seq, payload FROM relay_claim('bench_h%d', %d, NULL, %d)",
+                                   s.handler_index, c.batch, c.per_key);
+                s.ack_sql = "SELECT relay_ack($1::bigint[])";
+                out.push_back(s);
+            }
+        } else {
+            listeners(c.variant == "notify-ack");
+        }
+        return out;
+    }
+
+    void start_delivery(Conn& admin, const Cell& c) override {
+        if (c.variant == "notify-fire" || c.variant == "notify-ack" || c.group == Group::Mixed)
+            set_dispatchers(admin, true, c.dispatchers > 0 ? c.dispatchers : 1, c.batch_size);
+    }
+    void stop_delivery(Conn& admin, const Cell& c) override {
+        if (!(c.variant == "notify-fire" || c.variant == "notify-ack" || c.group == Group::Mixed)) return;
+        try {
+            set_dispatchers(admin, false, c.dispatchers > 0 ? c.dispatchers : 1, c.batch_size, 15);
+        } catch (const std::exception& e) {
+            // A dispatcher inside a long iteration checks relaybus.enabled only between
+            // iterations: cancel its statement so the next samples do not run beside it.
+            admin.exec("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE backend_type = 'relaybus dispatcher'");
+            try {
+                set_dispatchers(admin, false, 1, c.batch_size, 20);
+            } catch (...) {
+            }
+            throw std::runtime_error(std::string(e.what()) + "; its statement was cancelled");
+        }
+    }
+
+    long long backlog(Conn& admin, const Cell&) override {
+        return admin.one_i64("SELECT count(*) FROM relay.deliveries");
+    }
+
+    std::vector<int> server_pids(Conn& admin) override {
+        Result r = admin.exec("SELECT pid FROM pg_stat_activity WHERE backend_type = 'relaybus dispatcher'"
+                              " AND datname = current_database() ORDER BY pid");
+        std::vector<int> pids;
+        for (int i = 0; i < r.rows(); i++) pids.push_back(int(r.i64(i, 0)));
+        return pids;
+    }
+
+    Json sample_stats(Conn& admin, const Cell& c) override {
+        if (c.group == Group::Publish) return Json();
+        Json j = Json::array();
+        Result r = admin.exec("SELECT handler, delivered, retried, latency_p50_ms, latency_p99_ms FROM relay.handler_stats"
+                              " ORDER BY handler");
+        for (int i = 0; i < r.rows(); i++) {
+            Json h = Json::object();
+            h["handler"] = r.str(i, 0);
+            h["delivered"] = r.i64(i, 1);
+            h["retried"] = r.i64(i, 2);
+            if (!r.null(i, 3)) h["dispatcher_latency_p50_ms"] = r.f64(i, 3);
+            if (!r.null(i, 4)) h["dispatcher_latency_p99_ms"] = r.f64(i, 4);
+            j.push(h);
+        }
+        Json w = Json::array();
+        Result wr = admin.exec("SELECT pid, worker, lanes_held, delivered, failed, last_error FROM relay.workers ORDER BY worker");
+        for (int i = 0; i < wr.rows(); i++) {
+            Json x = Json::object();
+            x["pid"] = wr.i64(i, 0);
+            x["worker"] = wr.i64(i, 1);
+            x["lanes_held"] = wr.i64(i, 2);
+            x["delivered"] = wr.i64(i, 3);
+            x["failed"] = wr.i64(i, 4);
+            x["last_error"] = wr.str(i, 5);
+            w.push(x);
+        }
+        Json out = Json::object();
+        out["handler_stats"] = j;
+        out["workers"] = w;
+        return out;
+    }
+
+    Json settings(Conn& admin) override {
+        Json j = Json::object();
+        Result r = admin.exec("SELECT name, setting FROM pg_settings WHERE name LIKE 'relaybus.%' ORDER BY name");
+        for (int i = 0; i < r.rows(); i++) j[r.str(i, 0)] = r.str(i, 1);
+        return j;
+    }
+
+    bool checks_exactness(const Cell& c) const override { return c.group != Group::Publish; }
+
+    void expected(Conn& setup, const Cell&, std::vector<uint64_t>* ids) override {
+        Result r = setup.exec("SELECT d.event_id, h.name FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id");
+        ids->reserve(size_t(r.rows()));
+        for (int i = 0; i < r.rows(); i++) ids->push_back(ident(r.i64(i, 0), handler_index_of(r.str(i, 1))));
+    }
+
+    void pending(Conn& setup, const Cell&, std::vector<PendingRow>* rows) override {
+        Result r = setup.exec("SELECT d.event_id, h.name, d.key, d.seq FROM relay.deliveries d"
+                              " JOIN relay.handlers h ON h.id = d.handler_id");
+        rows->reserve(size_t(r.rows()));
+        for (int i = 0; i < r.rows(); i++)
+            rows->push_back(PendingRow{ident(r.i64(i, 0), handler_index_of(r.str(i, 1))),
+                                       r.null(i, 2) ? -1 : key_id_of(r.val(i, 2)), r.null(i, 3) ? -1 : r.i64(i, 3)});
+    }
+
+    void dead(Conn& setup, const Cell&, std::vector<uint64_t>* ids) override {
+        Result r = setup.exec("SELECT event_id, handler FROM relay.dead_letters");
+        for (int i = 0; i < r.rows(); i++) ids->push_back(ident(r.i64(i, 0), handler_index_of(r.str(i, 1))));
+    }
+
+    std::string inject_loss(Conn& admin, const Cell&) override {
+        Result r = admin.exec("DELETE FROM relay.deliveries WHERE id = (SELECT max(id) FROM relay.deliveries)"
+                              " RETURNING id, event_id");
+        if (r.rows() == 0) return "nothing to delete";
+        return "deleted delivery " + r.str(0, 0) + " (event " + r.str(0, 1) + ")";
+    }
+
+private:
+    // relaybus.enabled / workers_per_database / batch_size through ALTER SYSTEM and a
+    // reload; waits until relay.workers shows the dispatchers holding all 64 lanes
+    // (or none running when disabled).
+    void set_dispatchers(Conn& admin, bool enabled, int n, int batch_size, int timeout_s = 30) {
+        admin.exec(std::string("ALTER SYSTEM SET relaybus.enabled = ") + (enabled ? "on" : "off"));
+        admin.exec(strf("ALTER SYSTEM SET relaybus.workers_per_database = %d", n));
+        admin.exec(strf("ALTER SYSTEM SET relaybus.batch_size = %d", batch_size));
+        admin.exec("SELECT pg_reload_conf()");
+        int64_t deadline = mono_ns() + int64_t(timeout_s) * 1000000000LL;
+        std::string last;
+        while (mono_ns() < deadline) {
+            Result r = admin.exec(
+                "SELECT (SELECT count(*) FROM relay.workers), (SELECT coalesce(sum(lanes_held), 0) FROM relay.workers),"
+                " (SELECT coalesce(min(lanes_held), 0) FROM relay.workers),"
+                " (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'relaybus dispatcher'"
+                "   AND datname = current_database())");
+            long long cnt = r.i64(0, 0), sum = r.i64(0, 1), mn = r.i64(0, 2), procs = r.i64(0, 3);
+            last = strf("workers=%lld lanes=%lld min=%lld processes=%lld", cnt, sum, mn, procs);
+            if (!enabled && cnt == 0 && procs == 0) return;
+            if (enabled && cnt == n && procs == n && sum == 64 && mn * n >= 64 - n) return;
+            sleep_ms(50);
+        }
+        throw std::runtime_error(strf("relaybus dispatchers did not reach enabled=%d n=%d within %d s (%s)", enabled,
+                                      n, timeout_s, last.c_str()));
+    }
+};
+
+// ---- the floor: the same rows in plain tables, nothing else ---------------------
+
+class Floor : public System {
+public:
+    std::string name() const override { return "floor"; }
+
+    void install(Conn& setup) override {
+        setup.exec("CREATE TABLE IF NOT EXISTS floor_events (id bigserial PRIMARY KEY, key text, payload jsonb NOT NULL)");
+        setup.exec("CREATE TABLE IF NOT EXISTS floor_backlog (id bigserial PRIMARY KEY, key text, payload jsonb NOT NULL)");
+        setup.exec("CREATE TABLE IF NOT EXISTS floor_done (id bigint NOT NULL, done_at timestamptz NOT NULL)");
+    }
+
+    std::vector<std::string> tables(const Cell& c) const override {
+        if (c.group == Group::Publish) return {"public.floor_events"};
+        return {"public.floor_backlog", "public.floor_done"};
+    }
+    std::string main_table(const Cell& c) const override {
+        return c.group == Group::Publish ? "public.floor_events" : "public.floor_backlog";
+    }
+
+    void prepare(Conn& setup, Conn&, const Cell&) override {
+        setup.exec("TRUNCATE floor_events, floor_backlog, floor_done RESTART IDENTITY");
+    }
+
+    std::vector<std::string> preload_sql(const Cell& c, long long deliveries, bool* parallel) override {
+        *parallel = true;
+        std::vector<std::string> out;
+        if (c.variant == "notify") return out;  // bare pg_notify: nothing to take from
+        const long long chunk = 50000;
+        for (long long from = 1; from <= deliveries; from += chunk) {
+            long long to = std::min(deliveries, from + chunk - 1);
+            out.push_back(strf("INSERT INTO floor_backlog (key, payload) SELECT %s, %s FROM generate_series(%lld, %lld) AS i",
+                               sql_key_expr(c.keys, "i").c_str(), sql_payload_expr("i").c_str(), from, to));
+        }
+        return out;
+    }
+
+    std::vector<ChildSpec> children(const Cell& c, const std::string& conninfo) override {
+        std::vector<ChildSpec> out;
+        // The minimum to hand rows over and remove them: no row locks (FOR UPDATE would write a
+        // WAL record per row); several processes take disjoint rows (id modulo the process count).
+        auto take_for = [&](int i) {
+            std::string part = c.consumers > 1 ? strf(" WHERE id %% %d = %d", c.consumers, i) : "";
+            return strf("DELETE FROM floor_backlog WHERE id IN (SELECT id FROM floor_backlog%s ORDER BY id LIMIT %d)"
+                        " RETURNING id, key, payload",
+                        part.c_str(), c.batch);
+        };
+        if (c.group == Group::Publish) {
+            for (int i = 0; i < c.publishers; i++) {
+                ChildSpec s;
+                s.role = Role::Publish;
+                s.label = "pub-" + std::to_string(i);
+                s.conninfo = conninfo;
+                s.batch = c.batch;
+                std::string times = c.handlers > 1 ? strf(" CROSS JOIN generate_series(1, %d)", c.handlers) : "";
+                if (c.batch == 1)
+                    s.sql = c.handlers > 1 ? "INSERT INTO floor_events (key, payload) SELECT $2, $1::jsonb FROM generate_series(1, " +
+                                                 std::to_string(c.handlers) + ")"
+                                           : "INSERT INTO floor_events (key, payload) VALUES ($2, $1::jsonb)";
+                else
+                    s.sql = "INSERT INTO floor_events (key, payload) SELECT u.k, u.p FROM unnest($1::jsonb[], $2::text[]) AS u(p, k)" +
+                            times;
+                s.keys = c.keys;
+                s.seed = seed_of(c, i);
+                out.push_back(s);
+            }
+        } else if (c.variant == "delete" || c.variant == "delete+insert") {
+            for (int i = 0; i < c.consumers; i++) {
+                ChildSpec s;
+                s.role = Role::Take;
+                s.label = "take-" + std::to_string(i);
+                s.conninfo = conninfo;
+                std::string take = take_for(i);
+                s.sql = c.variant == "delete"
+                            ? take
+                            : "WITH d AS (" + take + "), c AS (INSERT INTO floor_done (id, done_at) SELECT id, now() FROM d)"
+                                                     " SELECT id, key, payload FROM d";
+                out.push_back(s);
+            }
+        } else {  // "notify" (bare pg_notify of the same payloads) or "delete+notify"
+            ChildSpec l;
+            l.role = Role::Listen;
+            l.label = "listen-0";
+            l.conninfo = conninfo;
+            l.channels = {"floor_ch"};
+            out.push_back(l);
+            for (int i = 0; i < c.consumers; i++) {
+                ChildSpec s;
+                s.role = Role::NotifySend;
+                s.label = "send-" + std::to_string(i);
+                s.conninfo = conninfo;
+                s.batch = c.batch;
+                s.seed = uint32_t(i + 1);
+                if (c.variant == "notify") {
+                    s.send_payloads = true;
+                    s.sql = "SELECT count(pg_notify('floor_ch', p)) FROM unnest($1::text[]) AS p";
+                } else {
+                    s.sql = "WITH d AS (" + take_for(i) +
+                            ") SELECT count(pg_notify('floor_ch', pg_catalog.jsonb_build_object('id', d.id,"
+                            " 'event_id', d.id, 'topic', 'bench.e', 'key', d.key, 'seq', NULL, 'attempt', 1,"
+                            " 'headers', NULL, 'payload', d.payload)::text)) FROM d";
+                }
+                out.push_back(s);
+            }
+        }
+        return out;
+    }
+
+    long long backlog(Conn& admin, const Cell& c) override {
+        if (c.group == Group::Publish) return admin.one_i64("SELECT count(*) FROM floor_events");
+        if (c.variant == "notify") return -1;
+        return admin.one_i64("SELECT count(*) FROM floor_backlog");
+    }
+};
+
+std::unique_ptr<System> make_relaybus() { return std::unique_ptr<System>(new Relaybus()); }
+std::unique_ptr<System> make_floor() { return std::unique_ptr<System>(new Floor()); }
+
+}  // namespace bench
