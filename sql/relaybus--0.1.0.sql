@@ -360,6 +360,16 @@ SELECT h.name AS handler,
   LEFT JOIN LATERAL (
         SELECT count(*) AS dead FROM relay.dead_letters dl WHERE dl.handler_id = h.id) x ON true;
 
+-- Events that still have a pending delivery. An event is stored in its
+-- deliveries (docs/architecture.md: one INSERT and one DELETE per delivery), so
+-- this is a view over them rather than a table of its own.
+CREATE VIEW relay.events AS
+SELECT DISTINCT ON (d.event_id)
+       d.event_id AS id, d.topic, d.key, d.seq, d.payload, d.headers, d.published_at,
+       count(*) OVER (PARTITION BY d.event_id) AS pending_deliveries
+  FROM relay.deliveries d
+ ORDER BY d.event_id;
+
 CREATE VIEW relay.workers AS
 SELECT w.pid, current_database() AS database, w.worker, w.lanes_held, w.delivered, w.failed,
        w.last_error, w.started_at, w.heartbeat
