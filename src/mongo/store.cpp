@@ -351,12 +351,16 @@ std::vector<RouteDoc> Store::load_routes() {
 
 // ------------------------------------------------------------------ publish
 
-int64_t Store::next_ids(int n) {
+// Adds `by` to a counter document's field (created at 0 when missing) and
+// returns the new value. Two first upserts of one document may race on the
+// unique _id: the loser simply tries again.
+int64_t Store::increment(const char* collection, const char* id, const char* field, int64_t by,
+                         const char* what) {
   for (int attempt = 0;; attempt++) {
     Bson query, update, inc, reply;
-    BSON_APPEND_UTF8(query, "_id", "ids");
+    BSON_APPEND_UTF8(query, "_id", id);
     bson_append_document_begin(update, "$inc", 4, inc.get());
-    BSON_APPEND_INT64(inc.get(), "n", n);
+    BSON_APPEND_INT64(inc.get(), field, by);
     bson_append_document_end(update, inc.get());
     mongoc_find_and_modify_opts_t* opts = mongoc_find_and_modify_opts_new();
     mongoc_find_and_modify_opts_set_update(opts, update);
@@ -365,46 +369,24 @@ int64_t Store::next_ids(int n) {
                                                           MONGOC_FIND_AND_MODIFY_RETURN_NEW));
     bson_error_t err;
     count("findAndModify");
-    bool ok = mongoc_collection_find_and_modify_with_opts(coll(kCounters), query, opts, reply, &err);
-    mongoc_find_and_modify_opts_destroy(opts);
-    if (!ok) {
-      if (err.code == kDuplicateKey && attempt < 3) continue;  // two first upserts raced
-      raise("draw ids", err);
-    }
-    bson_iter_t it, v;
-    if (bson_iter_init_find(&it, reply, "value") && BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &v) &&
-        bson_iter_find(&v, "n"))
-      return bson_iter_as_int64(&v) - n + 1;
-    throw StoreError("draw ids: no value in the findAndModify reply", 0);
-  }
-}
-
-int64_t Store::next_seq(const std::string& key) {
-  for (int attempt = 0;; attempt++) {
-    Bson query, update, inc, reply;
-    BSON_APPEND_UTF8(query, "_id", key.c_str());
-    bson_append_document_begin(update, "$inc", 4, inc.get());
-    BSON_APPEND_INT64(inc.get(), "seq", 1);
-    bson_append_document_end(update, inc.get());
-    mongoc_find_and_modify_opts_t* opts = mongoc_find_and_modify_opts_new();
-    mongoc_find_and_modify_opts_set_update(opts, update);
-    mongoc_find_and_modify_opts_set_flags(
-        opts, static_cast<mongoc_find_and_modify_flags_t>(MONGOC_FIND_AND_MODIFY_UPSERT |
-                                                          MONGOC_FIND_AND_MODIFY_RETURN_NEW));
-    bson_error_t err;
-    count("findAndModify");
-    bool ok = mongoc_collection_find_and_modify_with_opts(coll(kKeySeqs), query, opts, reply, &err);
+    bool ok = mongoc_collection_find_and_modify_with_opts(coll(collection), query, opts, reply, &err);
     mongoc_find_and_modify_opts_destroy(opts);
     if (!ok) {
       if (err.code == kDuplicateKey && attempt < 3) continue;
-      raise("draw key seq", err);
+      raise(what, err);
     }
     bson_iter_t it, v;
     if (bson_iter_init_find(&it, reply, "value") && BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &v) &&
-        bson_iter_find(&v, "seq"))
+        bson_iter_find(&v, field))
       return bson_iter_as_int64(&v);
-    throw StoreError("draw key seq: no value in the findAndModify reply", 0);
+    throw StoreError(std::string(what) + ": no value in the findAndModify reply", 0);
   }
+}
+
+int64_t Store::next_ids(int n) { return increment(kCounters, "ids", "n", n, "draw ids") - n + 1; }
+
+int64_t Store::next_seq(const std::string& key) {
+  return increment(kKeySeqs, key.c_str(), "seq", 1, "draw key seq");
 }
 
 PublishResult Store::publish(const PublishRequest& req, int64_t now_ms) {

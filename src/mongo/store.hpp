@@ -164,6 +164,7 @@ class Store {
     commands_++;
     by_op_[op]++;
   }
+  int64_t increment(const char* collection, const char* id, const char* field, int64_t by, const char* what);
   int64_t next_ids(int n);
   int64_t next_seq(const std::string& key);
 
