@@ -416,6 +416,13 @@ extern "C" void relay_dispatcher_main(Datum) {
     MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "relaybus dispatcher", ALLOCSET_DEFAULT_SIZES);
     loop_cxt = cxt;
     apply_commit_mode();
+    // Responses trickle in one socket event at a time; completing and claiming
+    // per response would cost two transactions per delivery. Results wait for
+    // a batch (or 2 ms, or the last one in flight), and an iteration runs only
+    // when woken, after a completion, or while busy.
+    constexpr int kCompleteBatch = 16;
+    constexpr int64 kCompleteDelayMs = 2;
+    volatile bool run_iteration = true;
     while (!got_sigterm) {
         if (got_sighup) {
             got_sighup = false;
@@ -427,8 +434,13 @@ extern "C" void relay_dispatcher_main(Datum) {
         MemoryContextSwitchTo(cxt);
         PG_TRY();
         {
-            if (http_complete() > 0) busy = true;
-            busy = iterate() || busy;
+            int ready = http_collect();
+            if (ready > 0 && (run_iteration || ready >= kCompleteBatch || http_in_flight() == 0 ||
+                              http_results_age_ms() >= kCompleteDelayMs)) {
+                http_complete();
+                run_iteration = true;
+            }
+            if (run_iteration) busy = iterate();
         }
         PG_CATCH();
         {
@@ -445,7 +457,8 @@ extern "C" void relay_dispatcher_main(Datum) {
             int64 until = next_ready_ms - timestamptz_to_epoch_ms(GetCurrentTimestamp()) + 1;
             timeout = static_cast<long>(Max(1, Min(static_cast<int64>(timeout), until)));
         }
-        http_wait(timeout);
+        if (http_collect() > 0) timeout = Min(timeout, static_cast<long>(kCompleteDelayMs));
+        run_iteration = http_wait(timeout);
         MemoryContextReset(cxt);
         CHECK_FOR_INTERRUPTS();
     }

@@ -32,7 +32,8 @@ std::string engine_allowlist;
 std::vector<core::HttpRequest> staged;
 std::vector<core::HttpResult> finished;
 std::unordered_map<uint64, int64> published_us;  // delivery id -> publish time (latency)
-std::unordered_map<int32, core::CircuitBreaker> breakers;  // per handler (core/webhook_delivery)
+std::unordered_map<int32, core::CircuitBreaker> breakers;
+int64 first_result_ms = 0;  // when the oldest result in `finished` came in  // per handler (core/webhook_delivery)
 
 SavedPlan delete_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1)", 1, {INT8ARRAYOID}, nullptr};
 
@@ -165,8 +166,9 @@ void http_drop_staged() {
 
 size_t http_in_flight() { return engine ? engine->in_flight() : 0; }
 
-int http_complete() {
+int http_collect() {
     char err[kErrLen];
+    bool was_empty = finished.empty();
     (void)run_core(
         [&](std::string*) {
             if (engine) {
@@ -176,7 +178,15 @@ int http_complete() {
             return true;
         },
         err);
-    int n = static_cast<int>(finished.size());
+    if (was_empty && !finished.empty()) first_result_ms = now_ms();
+    return static_cast<int>(finished.size());
+}
+
+int64 http_results_age_ms() { return finished.empty() ? 0 : now_ms() - first_result_ms; }
+
+int http_complete() {
+    char err[kErrLen];
+    int n = http_collect();
     if (n == 0) return 0;
 
     // Breaker entries exist before the PostgreSQL part below, which must not allocate C++ memory.
@@ -247,7 +257,7 @@ int http_complete() {
     return n;
 }
 
-void http_wait(long timeout_ms) {
+bool http_wait(long timeout_ms) {
     int nsock = 0;
     int* fds = nullptr;
     uint32* events = nullptr;
@@ -296,7 +306,8 @@ void http_wait(long timeout_ms) {
     for (int i = 0; i < n; i++)
         if (occurred[i].events & WL_LATCH_SET) latch = true;
     if (latch) ResetLatch(MyLatch);
-    if (!engine) return;
+    bool woken = latch || n == 0;  // n == 0: the timeout passed
+    if (!engine) return woken;
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {
@@ -310,6 +321,7 @@ void http_wait(long timeout_ms) {
             return true;
         },
         err);
+    return woken;
 }
 
 void http_shutdown() {

@@ -24,11 +24,16 @@ int64 http_lease_ms(const HandlerEntry* h);
 void http_stage(const HandlerEntry* h, const ClaimResult* res);
 void http_send_staged();  // after commit
 void http_drop_staged();  // after an aborted iteration
+// Moves finished requests out of the engine; returns how many wait for completion.
+int http_collect();
+// How long the oldest of them has waited, in ms (0 if none).
+int64 http_results_age_ms();
 // Completes finished requests in one transaction; returns how many.
 int http_complete();
 // Waits for the latch, postmaster death, the engine's sockets or its timer, up
-// to timeout_ms, and lets the engine work.
-void http_wait(long timeout_ms);
+// to timeout_ms, and lets the engine work. True if the latch was set or the
+// timeout passed; false if only sockets had activity.
+bool http_wait(long timeout_ms);
 size_t http_in_flight();
 void http_shutdown();
 
