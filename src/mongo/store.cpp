@@ -47,28 +47,26 @@ std::vector<std::pair<int, int>> write_errors(const bson_t* reply) {
   return out;
 }
 
-void append_int64_array(bson_t* parent, const char* name, const std::vector<int64_t>& v) {
+// A BSON array of v's elements under name; add appends one element at a key.
+template <typename T, typename Add>
+void append_array(bson_t* parent, const char* name, const std::vector<T>& v, Add add) {
   bson_t arr;
   bson_append_array_begin(parent, name, -1, &arr);
   char keybuf[16];
   for (size_t i = 0; i < v.size(); i++) {
     const char* k;
     bson_uint32_to_string(static_cast<uint32_t>(i), &k, keybuf, sizeof keybuf);
-    bson_append_int64(&arr, k, -1, v[i]);
+    add(&arr, k, v[i]);
   }
   bson_append_array_end(parent, &arr);
 }
 
+void append_int64_array(bson_t* parent, const char* name, const std::vector<int64_t>& v) {
+  append_array(parent, name, v, [](bson_t* a, const char* k, int64_t x) { bson_append_int64(a, k, -1, x); });
+}
+
 void append_int32_array(bson_t* parent, const char* name, const std::vector<int>& v) {
-  bson_t arr;
-  bson_append_array_begin(parent, name, -1, &arr);
-  char keybuf[16];
-  for (size_t i = 0; i < v.size(); i++) {
-    const char* k;
-    bson_uint32_to_string(static_cast<uint32_t>(i), &k, keybuf, sizeof keybuf);
-    bson_append_int32(&arr, k, -1, v[i]);
-  }
-  bson_append_array_end(parent, &arr);
+  append_array(parent, name, v, [](bson_t* a, const char* k, int x) { bson_append_int32(a, k, -1, x); });
 }
 
 // {_id: {$in: ids}}
