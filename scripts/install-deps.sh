@@ -28,6 +28,8 @@ PACKAGES=(
     libbson-dev
     python3-pymongo                          # the MongoDB sidecar tests: application-side publishing, raw documents
     curl                                     # the sidecar tests read /metrics
+    postgresql-15-pgq3                       # PgQ, a peer in bench/relaybus-bench
+    pgqd                                     # PgQ's ticker daemon
 )
 # Extra packages can be asked for by the caller (space separated).
 if [[ -n "${RELAYBUS_EXTRA_PACKAGES:-}" ]]; then
