@@ -4,12 +4,15 @@
 //   <label>.out   key=value counters (ChildOut)
 //   <label>.rcpt  Receipt records (consumers)
 //   <label>.pub   PubRec records (publishers of mixed cells)
+// An External child runs a program (a peer's own worker, e.g. graphile-worker's
+// Node runner) under the same contract; see run_external().
 
 #include "children.hpp"
 
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -423,6 +426,201 @@ void run_listen(const ChildSpec& spec, Conn& c, int go_fd, Go* go_out, Counter& 
     flush_acks();
 }
 
+
+// ---- PgQ consumer: BEGIN; next_batch; get_batch_events; finish_batch; COMMIT ------
+
+void run_pgq_batch(const ChildSpec& spec, Conn& c, const Go& go, Counter& cnt) {
+    BinWriter rc(spec.dir + "/" + spec.label + ".rcpt");
+    std::vector<Receipt> got;
+    while (!g_stop) {
+        int64_t start = mono_ns();
+        if (start >= go.t1) break;
+        try {
+            c.exec("BEGIN");
+            Result b = c.exec_prepared("batch", {});
+            if (b.rows() == 0 || b.null(0, 0)) {  // no tick ahead of this consumer yet
+                c.exec("COMMIT");
+                if (cnt.in_window(mono_ns())) cnt.out.empty_in_window++;
+                sleep_ms(2);
+                continue;
+            }
+            std::string batch_id = b.str(0, 0);
+            Result r = c.exec_prepared("events", {batch_id.c_str()});
+            int64_t t_recv = mono_ns(), t_real = real_ns();
+            got.clear();
+            for (int i = 0; i < r.rows(); i++) {
+                Receipt x{};
+                x.event_id = r.i64(i, 0);
+                x.delivery_id = x.event_id;
+                x.key_id = r.null(i, 1) ? -1 : key_id_of(r.val(i, 1));
+                x.seq = -1;  // PgQ keeps no per-key order: nothing to check
+                x.mono_ns = t_recv;
+                x.real_ns = t_real;
+                x.handler = int16_t(spec.handler_index);
+                got.push_back(x);
+            }
+            c.exec_prepared("finish", {batch_id.c_str()});
+            c.exec("COMMIT");
+            int64_t end = mono_ns();
+            for (Receipt& x : got) {
+                x.flags = 1;  // finished batch: acknowledged
+                rc.put(x);
+            }
+            if (got.empty()) {
+                if (cnt.in_window(end)) cnt.out.empty_in_window++;
+                continue;
+            }
+            cnt.done((long long)got.size(), start, end);
+        } catch (const PgError& e) {
+            cnt.error(e);
+            if (PQstatus(c.raw()) != CONNECTION_OK) break;
+            try {
+                c.exec("ROLLBACK");
+            } catch (...) {
+            }
+            sleep_ms(5);
+        }
+    }
+}
+
+// ---- External: a peer's own worker program ---------------------------------------
+//
+// The program gets the environment in spec.env plus BENCH_OUT (<label>.out) and
+// BENCH_RCPT (<label>.rcpt). It prints "ready" on stdout once connected, reads
+// "go <t_warm> <t0> <t1>" (CLOCK_MONOTONIC ns) on stdin, works from t_warm, counts
+// units inside [t0, t1] itself, stops at t1 on its own, writes <label>.out in the
+// ChildOut key=value format (and receipts as Receipt records) and exits 0.
+// With reports_units false (a helper daemon such as pgqd) the program only has to
+// run: it is ready once started, gets SIGTERM at t1, and this process writes the
+// .out file (no units; a non-zero exit before t1 is an error).
+
+pid_t g_program = -1;
+void on_term_forward(int) {
+    g_stop = 1;
+    if (g_program > 0) kill(g_program, SIGTERM);
+}
+
+pid_t start_program(const ChildSpec& spec, int* to_child, int* from_child) {
+    int in[2], out[2];
+    if (pipe(in) != 0 || pipe(out) != 0) throw std::runtime_error("pipe failed");
+    pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);  // kept across exec: never outlives the harness's child
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        close(in[0]);
+        close(in[1]);
+        close(out[0]);
+        close(out[1]);
+        for (const std::string& kv : spec.env) putenv(strdup(kv.c_str()));
+        setenv("BENCH_OUT", (spec.dir + "/" + spec.label + ".out").c_str(), 1);
+        setenv("BENCH_RCPT", (spec.dir + "/" + spec.label + ".rcpt").c_str(), 1);
+        std::vector<char*> args;
+        for (const std::string& a : spec.argv) args.push_back(const_cast<char*>(a.c_str()));
+        args.push_back(nullptr);
+        execvp(args[0], args.data());
+        fprintf(stderr, "exec %s: %s\n", args[0], strerror(errno));
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    *to_child = in[1];
+    *from_child = out[0];
+    return pid;
+}
+
+// Reads one line from fd within timeout_ms ("" on timeout or EOF).
+std::string read_line(int fd, int timeout_ms) {
+    std::string line;
+    int64_t deadline = mono_ns() + int64_t(timeout_ms) * 1000000;
+    char ch;
+    while (mono_ns() < deadline) {
+        pollfd p{fd, POLLIN, 0};
+        if (poll(&p, 1, 100) <= 0) continue;
+        ssize_t n = read(fd, &ch, 1);
+        if (n <= 0) return std::string();
+        if (ch == '\n') return line;
+        line += ch;
+    }
+    return std::string();
+}
+
+std::string exit_text(int st) {
+    if (WIFEXITED(st)) return strf("exit status %d", WEXITSTATUS(st));
+    if (WIFSIGNALED(st)) return strf("killed by signal %d", WTERMSIG(st));
+    return "ended";
+}
+
+[[noreturn]] void run_external(const ChildSpec& spec, int ready_fd, int go_fd) {
+    signal(SIGTERM, on_term_forward);
+    int to_child = -1, from_child = -1;
+    std::string err;
+    try {
+        g_program = start_program(spec, &to_child, &from_child);
+    } catch (const std::exception& e) {
+        err = e.what();
+    }
+    if (err.empty()) {
+        if (spec.reports_units) {
+            std::string line = read_line(from_child, 55000);
+            if (trim(line) != "ready") err = spec.argv[0] + " did not report ready (got '" + line + "')";
+        } else {
+            sleep_ms(300);  // a daemon that fails its configuration exits at once
+            int st;
+            if (waitpid(g_program, &st, WNOHANG) == g_program) {
+                err = spec.argv[0] + " ended at start: " + exit_text(st);
+                g_program = -1;
+            }
+        }
+    }
+    if (!err.empty()) {
+        if (g_program > 0) kill(g_program, SIGKILL);
+        std::string m = "e" + err;
+        (void)!write(ready_fd, m.data(), m.size());
+        _exit(2);
+    }
+    (void)!write(ready_fd, "r0", 2);  // no backend of our own to cancel
+    close(ready_fd);
+    Go go;
+    if (read(go_fd, &go, sizeof go) != sizeof go) {
+        kill(g_program, SIGKILL);
+        _exit(3);
+    }
+    Counter cnt;
+    cnt.go = &go;
+    int st = 0;
+    if (spec.reports_units) {
+        std::string line = strf("go %lld %lld %lld\n", (long long)go.t_warm, (long long)go.t0, (long long)go.t1);
+        (void)!write(to_child, line.data(), line.size());
+        close(to_child);
+        waitpid(g_program, &st, 0);
+        // The program writes its own .out; a missing one means it failed before writing it.
+        if (read_file(spec.dir + "/" + spec.label + ".out").empty()) {
+            cnt.error(std::runtime_error(spec.argv[0] + " wrote no counters (" + exit_text(st) + ")"));
+            write_out(spec, cnt);
+        }
+        _exit(0);
+    }
+    // A helper daemon: runs until t1, then SIGTERM.
+    bool died = false;
+    while (mono_ns() < go.t1 && !g_stop) {
+        if (waitpid(g_program, &st, WNOHANG) == g_program) {
+            died = true;
+            break;
+        }
+        sleep_ms(20);
+    }
+    if (!died) {
+        kill(g_program, SIGTERM);
+        waitpid(g_program, &st, 0);
+    } else {
+        cnt.error(std::runtime_error(spec.argv[0] + " ended during the sample: " + exit_text(st)));
+    }
+    write_out(spec, cnt);
+    _exit(0);
+}
+
 }  // namespace
 
 int child_main(const ChildSpec& spec, int ready_fd, int go_fd) {
@@ -430,6 +628,7 @@ int child_main(const ChildSpec& spec, int ready_fd, int go_fd) {
     signal(SIGTERM, on_term);
     signal(SIGUSR1, on_usr1);
     signal(SIGPIPE, SIG_IGN);
+    if (spec.role == Role::External) run_external(spec, ready_fd, go_fd);
     Counter cnt;
     Go go;
     cnt.go = &go;
@@ -444,6 +643,12 @@ int child_main(const ChildSpec& spec, int ready_fd, int go_fd) {
                 break;
             case Role::Take: c.prepare("take", spec.sql, 0); break;
             case Role::NotifySend: c.prepare("send", spec.sql, spec.send_payloads ? 1 : 0); break;
+            case Role::PgqBatch:
+                c.prepare("batch", spec.batch_sql, 0);
+                c.prepare("events", spec.events_sql, 1);
+                c.prepare("finish", spec.finish_sql, 1);
+                break;
+            case Role::External: break;  // handled above
             case Role::Listen:
                 for (const std::string& ch : spec.channels) c.exec("LISTEN " + ch);
                 if (!spec.ack_sql.empty()) c.prepare("ack", spec.ack_sql, 1);
@@ -468,6 +673,7 @@ int child_main(const ChildSpec& spec, int ready_fd, int go_fd) {
                 case Role::ClaimAck: run_claim_ack(spec, c, go, cnt); break;
                 case Role::Take: run_take(spec, c, go, cnt); break;
                 case Role::NotifySend: run_notify_send(spec, c, go, cnt); break;
+                case Role::PgqBatch: run_pgq_batch(spec, c, go, cnt); break;
                 default: break;
             }
         }

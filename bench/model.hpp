@@ -55,11 +55,12 @@ struct Cell {
     int consumers = 1;    // consumer processes (pull, floor delete) / notify senders (floor)
     int per_key = 1;      // relay_claim per_key
     int rate = 0;         // mixed: target events per second (all publishers together)
+    int concurrency = 0;  // graphile: concurrentJobs per worker process
     std::string floor;    // the floor cell this one is compared with ("" = none)
     bool quick = false;   // part of --quick
 };
 
-enum class Role { Publish, ClaimAck, Take, Listen, NotifySend };
+enum class Role { Publish, ClaimAck, Take, Listen, NotifySend, PgqBatch, External };
 
 // What one child process does. SQL comes from the system under test, so a peer
 // adds SQL and setup, not a new process type (unless its protocol differs).
@@ -88,6 +89,14 @@ struct ChildSpec {
     // NotifySend: sql takes $1 = text[] of payloads (batch of them) when send_payloads,
     // else sql has no parameters and returns the number of rows it handed over.
     bool send_payloads = false;
+    // PgqBatch (PgQ's consumer protocol): BEGIN; batch_sql (no parameters) returns a batch id or
+    // NULL; events_sql ($1 = batch id) returns (ev_id, key, ...); finish_sql ($1 = batch id); COMMIT.
+    std::string batch_sql, events_sql, finish_sql;
+    // External: a program run with argv and env (NAME=value) added; see children.cpp for the
+    // contract. reports_units: it writes the ChildOut file and counts units (the graphile-worker
+    // runner); false for a helper daemon that only runs during the sample (pgqd).
+    std::vector<std::string> argv, env;
+    bool reports_units = true;
 };
 
 // Timing the parent hands to every child (CLOCK_MONOTONIC ns).
