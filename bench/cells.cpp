@@ -111,6 +111,52 @@ Cell mixed(int rate, bool tuned) {
     return c;
 }
 
+// Peers publish the same payloads, unkeyed, one event per call or 100 per statement.
+// PgQ: pgq.insert_event (b100: one statement over unnest); graphile: add_job / add_jobs.
+Cell pub_peer(const std::string& system, int p, int b) {
+    Cell c;
+    c.group = Group::Publish;
+    c.system = system;
+    c.variant = "publish";
+    c.publishers = p;
+    c.batch = b;
+    c.handlers = 1;
+    c.name = strf("pub.%s.p%d.b%d", system.c_str(), p, b);
+    c.floor = pub_floor(p, b, 1).name;
+    return c;
+}
+
+// PgQ consume: one consumer (every consumer of a queue reads every event) taking batches
+// of ticker_max_count events: 500 (PgQ's default) or 5,000.
+Cell disp_pgq(int max_count) {
+    Cell c;
+    c.group = Group::Dispatch;
+    c.system = "pgq";
+    c.variant = "consume";
+    c.profile = max_count == 500 ? "defaults" : "tuned";
+    c.consumers = 1;
+    c.batch = max_count;
+    c.name = strf("disp.pgq.c1.b%d", max_count);
+    c.floor = disp_floor("delete", 1, 500).name;
+    return c;
+}
+
+// graphile-worker: `procs` Node runner processes, concurrentJobs and localQueue.size as
+// in graphile-worker's performance page (24 and 500).
+Cell disp_graphile(int procs, int concurrency, int local_queue) {
+    Cell c;
+    c.group = Group::Dispatch;
+    c.system = "graphile";
+    c.variant = "worker";
+    c.profile = "tuned";
+    c.consumers = procs;
+    c.concurrency = concurrency;
+    c.batch = local_queue;
+    c.name = strf("disp.graphile.n%d.j%d.lq%d", procs, concurrency, local_queue);
+    c.floor = disp_floor("delete", procs > 1 ? 2 : 1, 500).name;
+    return c;
+}
+
 void add_with_floor(Builder& b, const Cell& c, const std::vector<Cell>& floors, bool quick) {
     for (const Cell& f : floors)
         if (f.name == c.floor && !b.names.count(f.name)) {
@@ -178,6 +224,16 @@ std::vector<Cell> all_cells(bool full_matrix) {
     Cell bn = disp_floor("notify", 1, 500);
     bn.quick = true;
     b.add(bn);
+
+    // Peers, on the same cluster and settings.
+    for (const char* sys : {"pgq", "graphile"})
+        for (int p : {1, 8, 32})
+            for (int bt : {1, 100})
+                add_with_floor(b, pub_peer(sys, p, bt), floors, p == 8 && (bt == 1 || std::string(sys) == "pgq"));
+    add_with_floor(b, disp_pgq(500), floors, true);
+    add_with_floor(b, disp_pgq(5000), floors, false);
+    add_with_floor(b, disp_graphile(1, 24, 500), floors, true);
+    add_with_floor(b, disp_graphile(2, 24, 500), floors, false);
 
     // Mixed: paced publishing while notify-fire dispatching.
     for (auto rt : {std::make_pair(1000, false), std::make_pair(1000, true), std::make_pair(5000, false),

@@ -47,6 +47,7 @@ struct Options {
     bool inject_loss = false;
     bool no_floors = false;
     bool retry_drained = true;
+    bool no_peers = false;
     std::string cells;
     std::string out;
     std::string pg_config = "/usr/lib/postgresql/15/bin/pg_config";
@@ -157,9 +158,44 @@ public:
     Runner(const Options& o, const std::string& out_dir) : opt_(o), out_(out_dir) {
         systems_["relaybus"] = make_relaybus();
         systems_["floor"] = make_floor();
+        systems_["pgq"] = make_pgq(out_ + "/tmp/pgqd");
+        systems_["graphile"] = make_graphile(o.repo);
     }
 
-    void start_cluster() {
+    // Installs what the selected peers need before the cluster starts: PgQ and pgqd from
+    // Debian (scripts/install-deps.sh), graphile-worker from npm (npm ci in bench/graphile).
+    void ensure_peer_deps(const std::vector<Cell>& cells) {
+        bool pgq = false, graphile = false;
+        for (const Cell& c : cells) {
+            pgq |= c.system == "pgq";
+            graphile |= c.system == "graphile";
+        }
+        if (pgq) {
+            std::string control = trim(run_capture(opt_.pg_config + " --sharedir")) + "/extension/pgq.control";
+            auto have = [&]() { return access(control.c_str(), R_OK) == 0 && system("command -v pgqd >/dev/null 2>&1") == 0; };
+            if (!have()) {
+                std::cerr << "PgQ peer: " << control << " or pgqd missing; running scripts/install-deps.sh"
+                          << " (postgresql-15-pgq3, pgqd)\n";
+                int st = system(("bash " + opt_.repo + "/scripts/install-deps.sh >&2").c_str());
+                if (st != 0 || !have())
+                    throw std::runtime_error("PgQ peer: still no " + control + " or pgqd. Install postgresql-15-pgq3 and pgqd "
+                                             "(scripts/install-deps.sh); a private tree from scripts/pg-tree.sh must be "
+                                             "created again afterwards (it copies the system's extensions). Or run with --no-peers.");
+            }
+        }
+        if (graphile) {
+            std::string dir = opt_.repo + "/bench/graphile";
+            if (system("command -v node >/dev/null 2>&1") != 0)
+                throw std::runtime_error("graphile peer: node (>= 18) not found; install Node.js or run with --no-peers");
+            if (access((dir + "/node_modules/graphile-worker/package.json").c_str(), R_OK) != 0) {
+                std::cerr << "graphile peer: npm ci in " << dir << "\n";
+                if (system(("cd '" + dir + "' && npm ci --no-audit --no-fund >&2").c_str()) != 0)
+                    throw std::runtime_error("graphile peer: npm ci failed in " + dir + " (or run with --no-peers)");
+            }
+        }
+    }
+
+    void start_cluster(const std::vector<Cell>& cells) {
         char tmpl[] = "/tmp/rbbench.XXXXXX";
         if (mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
         dir_ = tmpl;
@@ -183,10 +219,13 @@ public:
         setup2_.connect(conninfo("postgres", "bench"));
         admin_.connect(conninfo("bench_admin", "bench"));
         setup_.exec("CREATE EXTENSION pg_stat_statements");
-        for (auto& kv : systems_) kv.second->install(setup_);
         // Child directories are written by the children (root) only; the server needs none of them.
         tmp_ = out_ + "/tmp";
         mkdirs(tmp_);
+        std::set<std::string> used;
+        for (const Cell& c : cells) used.insert(c.system);
+        for (auto& kv : systems_)
+            if (used.count(kv.first)) kv.second->install(setup_);
     }
 
     void stop_cluster() {
@@ -253,6 +292,8 @@ public:
             else if (c.variant == "pull") def = c.profile == "tuned" ? 40000 : 25000;
             else if (c.variant == "notify-ack") def = 30000;
             else if (c.variant == "notify-fire") def = 32000 * std::sqrt(double(std::max(1, c.dispatchers)));
+            else if (c.system == "pgq") def = c.batch >= 5000 ? 180000 : 60000;  // reading writes nothing: fast
+            else if (c.system == "graphile") def = 15000;
             // A kind seen with this many dispatchers; else the kind's best, scaled to the dispatchers.
             double seen = seen_kind_.count(kind_d) ? seen_kind_[kind_d]
                                                    : seen_kind_[kind] * std::sqrt(double(std::max(1, c.dispatchers)));
@@ -287,9 +328,14 @@ private:
         bool counts = false;
     };
 
-    static bool counts_units(const Cell& c, Role r) {
-        if (c.group == Group::Publish || c.group == Group::Mixed) return r == Role::Publish;
-        return r == Role::ClaimAck || r == Role::Take || r == Role::Listen;
+    static bool counts_units(const Cell& c, const ChildSpec& s) {
+        if (c.group == Group::Publish || c.group == Group::Mixed) return s.role == Role::Publish;
+        if (s.role == Role::External) return s.reports_units;
+        return s.role == Role::ClaimAck || s.role == Role::Take || s.role == Role::Listen || s.role == Role::PgqBatch;
+    }
+    static bool writes_receipts(const ChildSpec& s) {
+        return s.role == Role::Listen || s.role == Role::ClaimAck || s.role == Role::PgqBatch ||
+               (s.role == Role::External && s.reports_units);
     }
 
     // Runs statements on the setup connection, and on a second one at the same time when parallel.
@@ -479,7 +525,7 @@ private:
                 Child k;
                 k.spec = s;
                 k.spec.dir = sdir;
-                k.counts = counts_units(c, s.role);
+                k.counts = counts_units(c, s);
                 kids.push_back(k);
             }
             spawn(kids);
@@ -622,6 +668,7 @@ private:
 
             // Counters per unit: statements and WAL bytes over the client-counted units since t0
             // (exact in time); pgstat counters over the units pgstat itself counted.
+            if (!sys.pgstat_counts_units(c)) m["units_pgstat"] = double(units_since);
             double u = double(units_since), up = m["units_pgstat"];
             auto per = [](double x, double d) { return d > 0 ? x / d : NAN; };
             m["stmts_pu"] = per(m["stmts"], u);
@@ -642,7 +689,7 @@ private:
             std::vector<Receipt> rec;
             std::vector<PubRec> pubs;
             for (Child& k : kids) {
-                if (k.spec.role == Role::Listen || k.spec.role == Role::ClaimAck) {
+                if (writes_receipts(k.spec)) {
                     auto v = read_receipts(sdir, k.spec.label);
                     rec.insert(rec.end(), v.begin(), v.end());
                 }
@@ -910,6 +957,7 @@ void usage() {
         "  --quick              the quick subset with short windows (~4 min)\n"
         "  --cells P1,P2        only cells matching (substring, or glob with * ? [])\n"
         "  --no-floors          do not add the floors the selected cells compare with\n"
+        "  --no-peers           leave out the peers (PgQ, graphile-worker)\n"
         "  --list               print the cells that would run and exit\n"
         "  --samples N          samples per cell (default 1)\n"
         "  --warmup S --window S  override warm-up and window seconds\n"
@@ -942,6 +990,7 @@ int main(int argc, char** argv) {
         else if (a == "--keep-tmp") o.keep_tmp = true;
         else if (a == "--inject-loss") o.inject_loss = true;
         else if (a == "--no-floors") o.no_floors = true;
+        else if (a == "--no-peers") o.no_peers = true;
         else if (a == "--no-retry") o.retry_drained = false;
         else if (a == "--cells") o.cells = next();
         else if (a == "--samples") o.samples = std::max(1, atoi(next().c_str()));
@@ -968,7 +1017,11 @@ int main(int argc, char** argv) {
     }
     g_repo = o.repo;
 
-    std::vector<Cell> cells = select_cells(all_cells(o.full_matrix), o.quick, o.cells, !o.no_floors);
+    std::vector<Cell> all = all_cells(o.full_matrix);
+    if (o.no_peers)
+        all.erase(std::remove_if(all.begin(), all.end(), [](const Cell& c) { return c.system == "pgq" || c.system == "graphile"; }),
+                  all.end());
+    std::vector<Cell> cells = select_cells(all, o.quick, o.cells, !o.no_floors);
     if (o.list) {
         for (const Cell& c : cells)
             std::cout << c.name << (c.floor.empty() ? "" : "   (vs " + c.floor + ")") << "\n";
@@ -1028,7 +1081,8 @@ int main(int argc, char** argv) {
     int rc = 0;
     try {
         std::cerr << "relaybus-bench: " << cells.size() << " cells, results in " << o.out << "\n";
-        runner.start_cluster();
+        runner.ensure_peer_deps(cells);
+        runner.start_cluster(cells);
         env["postgres"] = runner.server_env();
         write_file(o.out + "/env.json", env.dump() + "\n");
         std::string samples_path = o.out + "/samples.jsonl";

@@ -2,7 +2,10 @@
 
 #include "systems.hpp"
 
+#include <sys/stat.h>
+
 #include <functional>
+#include <map>
 #include <stdexcept>
 
 namespace bench {
@@ -382,7 +385,307 @@ public:
     }
 };
 
+// ---- peers ------------------------------------------------------------------------
+
+static std::map<std::string, std::string> parse_conninfo(const std::string& conninfo) {
+    std::map<std::string, std::string> kv;
+    for (const std::string& part : split(conninfo, ' ')) {
+        size_t eq = part.find('=');
+        if (eq != std::string::npos) kv[part.substr(0, eq)] = part.substr(eq + 1);
+    }
+    return kv;
+}
+
+std::string conninfo_url(const std::string& conninfo) {
+    auto kv = parse_conninfo(conninfo);
+    // node-postgres (pg-connection-string) takes a unix socket directory as ?host=.
+    return "postgresql://" + kv["user"] + "@localhost:" + kv["port"] + "/" + kv["dbname"] + "?host=" + kv["host"] +
+           "&application_name=" + (kv.count("application_name") ? kv["application_name"] : "bench");
+}
+
+// PgQ (postgresql-15-pgq3, the Skytools queue): events go into rotating event tables
+// with pgq.insert_event; a ticker (pgqd, or pgq.ticker()) cuts them into batches by
+// transaction snapshots; a consumer reads one batch per transaction with next_batch /
+// get_batch_events / finish_batch. Every consumer registered on a queue reads every
+// event (fan-out), there are no keys and no per-key order.
+class Pgq : public System {
+public:
+    explicit Pgq(std::string work_dir) : work_(std::move(work_dir)) {}
+    std::string name() const override { return "pgq"; }
+
+    void install(Conn& setup) override {
+        setup.exec("CREATE EXTENSION IF NOT EXISTS pgq");
+        version_ = setup.one("SELECT pgq.version()");
+        // pgqd, the ticker daemon, runs beside the workload in every PgQ sample. ticker_period
+        // 0.1 s (default 1 s) so that a tick is never the bottleneck: pgq.ticker() then cuts a
+        // batch as soon as ticker_max_count events are waiting.
+        mkdir(work_.c_str(), 0755);
+        std::string host = PQhost(setup.raw()), port = PQport(setup.raw());
+        ini_ = work_ + "/pgqd.ini";
+        write_file(ini_, "[pgqd]\n"
+                         "logfile = " + work_ + "/pgqd.log\n"
+                         "pidfile = " + work_ + "/pgqd.pid\n"
+                         "base_connstr = host=" + host + " port=" + port + " user=postgres application_name=pgqd\n"
+                         "initial_database = bench\n"
+                         "database_list = bench\n"
+                         "ticker_period = 0.1\n");
+    }
+
+    std::vector<std::string> tables(const Cell&) const override {
+        return {table_, "pgq.tick", "pgq.subscription"};
+    }
+    std::string main_table(const Cell&) const override { return table_; }
+    int rows_per_event(const Cell&) const override { return 1; }
+    bool pgstat_counts_units(const Cell& c) const override { return c.group != Group::Dispatch; }
+
+    void prepare(Conn& setup, Conn&, const Cell& c) override {
+        setup.exec("SELECT pgq.drop_queue(queue_name, true) FROM pgq.queue WHERE queue_name = 'bench_q'");
+        setup.exec("SELECT pgq.create_queue('bench_q')");
+        // A batch holds up to ticker_max_count events (default 500); the dispatch cells vary it.
+        max_count_ = c.group == Group::Dispatch ? c.batch : 500;
+        setup.exec(strf("SELECT pgq.set_queue_config('bench_q', 'ticker_max_count', '%d')", max_count_));
+        if (c.group == Group::Dispatch) setup.exec("SELECT pgq.register_consumer('bench_q', 'bench_c')");
+        Result r = setup.exec("SELECT queue_id, queue_data_pfx || '_' || queue_cur_table FROM pgq.queue"
+                              " WHERE queue_name = 'bench_q'");
+        queue_id_ = r.i64(0, 0);
+        table_ = r.str(0, 1);
+    }
+
+    // Chunks of ticker_max_count events, each followed by pgq.ticker('bench_q'): the
+    // ticker sees ticker_max_count new events and ticks, so every batch holds exactly
+    // that many, as a ticker keeping up with a busy queue cuts them.
+    std::vector<std::string> preload_sql(const Cell& c, long long deliveries, bool* parallel) override {
+        *parallel = false;  // ticks must fall between the chunks
+        std::vector<std::string> out;
+        for (long long from = 1; from <= deliveries; from += max_count_) {
+            long long to = std::min(deliveries, from + max_count_ - 1);
+            out.push_back(strf("SELECT count(pgq.insert_event('bench_q', 'ev', (%s)::text, %s, NULL, NULL, NULL))"
+                               " FROM generate_series(%lld, %lld) AS i",
+                               sql_payload_expr("i").c_str(), sql_key_expr(c.keys, "i").c_str(), from, to));
+            out.push_back("SELECT pgq.ticker('bench_q')");
+        }
+        return out;
+    }
+
+    std::vector<ChildSpec> children(const Cell& c, const std::string& conninfo) override {
+        std::vector<ChildSpec> out;
+        ChildSpec t;
+        t.role = Role::External;
+        t.label = "pgqd";
+        t.conninfo = conninfo;
+        t.argv = {"pgqd", ini_};
+        t.reports_units = false;
+        out.push_back(t);
+        if (c.group == Group::Publish) {
+            for (int i = 0; i < c.publishers; i++) {
+                ChildSpec s;
+                s.role = Role::Publish;
+                s.label = "pub-" + std::to_string(i);
+                s.conninfo = conninfo;
+                s.batch = c.batch;
+                // The key rides in ev_extra1, as relaybus carries it (NULL when unkeyed).
+                s.sql = c.batch == 1 ? "SELECT pgq.insert_event('bench_q', 'ev', $1, $2, NULL, NULL, NULL)"
+                                     : "SELECT count(pgq.insert_event('bench_q', 'ev', u.p, u.k, NULL, NULL, NULL))"
+                                       " FROM unnest($1::text[], $2::text[]) AS u(p, k)";
+                s.keys = c.keys;
+                s.seed = seed_of(c, i);
+                out.push_back(s);
+            }
+        } else {
+            ChildSpec s;
+            s.role = Role::PgqBatch;
+            s.label = "consume-0";
+            s.conninfo = conninfo;
+            s.batch_sql = "SELECT pgq.next_batch('bench_q', 'bench_c')";
+            s.events_sql = "SELECT ev_id, ev_extra1, ev_data FROM pgq.get_batch_events($1)";
+            s.finish_sql = "SELECT pgq.finish_batch($1)";
+            out.push_back(s);
+        }
+        return out;
+    }
+
+    long long backlog(Conn& admin, const Cell& c) override {
+        if (c.group == Group::Publish) return admin.one_i64(strf("SELECT count(*) FROM pgq.event_%lld", queue_id_));
+        return admin.one_i64(strf("SELECT count(*) FROM pgq.event_%lld e WHERE %s", queue_id_, not_consumed().c_str()));
+    }
+
+    Json settings(Conn& admin) override {
+        Json j = Json::object();
+        j["pgq_version"] = version_;
+        Result r = admin.exec("SELECT queue_ticker_max_count, queue_ticker_max_lag::text, queue_ticker_idle_period::text,"
+                              " queue_rotation_period::text FROM pgq.queue WHERE queue_name = 'bench_q'");
+        if (r.rows() > 0) {
+            j["ticker_max_count"] = r.i64(0, 0);
+            j["ticker_max_lag"] = r.str(0, 1);
+            j["ticker_idle_period"] = r.str(0, 2);
+            j["rotation_period"] = r.str(0, 3);
+        }
+        j["pgqd_ticker_period_s"] = 0.1;
+        return j;
+    }
+
+    Json sample_stats(Conn& admin, const Cell& c) override {
+        Json j = Json::object();
+        j["ticks"] = admin.one_i64(strf("SELECT count(*) FROM pgq.tick WHERE tick_queue = %lld", queue_id_));
+        return j;
+    }
+
+    bool checks_exactness(const Cell& c) const override { return c.group == Group::Dispatch; }
+
+    void expected(Conn& setup, const Cell&, std::vector<uint64_t>* ids) override {
+        Result r = setup.exec(strf("SELECT ev_id FROM pgq.event_%lld", queue_id_));
+        for (int i = 0; i < r.rows(); i++) ids->push_back(ident(r.i64(i, 0), 0));
+    }
+
+    // Pending: events the consumer's last finished batch does not cover.
+    void pending(Conn& setup, const Cell&, std::vector<PendingRow>* rows) override {
+        Result r = setup.exec(strf("SELECT ev_id FROM pgq.event_%lld e WHERE %s", queue_id_, not_consumed().c_str()));
+        for (int i = 0; i < r.rows(); i++) rows->push_back(PendingRow{ident(r.i64(i, 0), 0), -1, -1});
+    }
+
+    std::string inject_loss(Conn& admin, const Cell&) override {
+        Result r = admin.exec(strf("DELETE FROM pgq.event_%lld WHERE ev_id = (SELECT max(ev_id) FROM pgq.event_%lld)"
+                                   " RETURNING ev_id", queue_id_, queue_id_));
+        return r.rows() == 0 ? "nothing to delete" : "deleted event " + r.str(0, 0);
+    }
+
+private:
+    std::string not_consumed() const {
+        return "NOT txid_visible_in_snapshot(e.ev_txid, (SELECT t.tick_snapshot FROM pgq.subscription s"
+               " JOIN pgq.tick t ON t.tick_queue = s.sub_queue AND t.tick_id = s.sub_last_tick"
+               " WHERE s.sub_queue = " + std::to_string(queue_id_) + "))";
+    }
+
+    std::string work_, ini_, version_, table_ = "pgq.event_1_0";
+    long long queue_id_ = 0;
+    int max_count_ = 500;
+};
+
+// graphile-worker (npm, bench/graphile): jobs in graphile_worker._private_jobs, added
+// with add_job / add_jobs, run by its Node runner (bench/graphile/worker.mjs) with the
+// settings of its performance page: concurrentJobs 24, localQueue.size 500,
+// completeJobBatchDelay 0, failJobBatchDelay 0, useNodeTime, prepared statements.
+class Graphile : public System {
+public:
+    explicit Graphile(std::string repo) : dir_(std::move(repo) + "/bench/graphile") {}
+    std::string name() const override { return "graphile"; }
+
+    void install(Conn& setup) override {
+        std::string conninfo = std::string("host=") + PQhost(setup.raw()) + " port=" + PQport(setup.raw()) +
+                               " user=" + PQuser(setup.raw()) + " dbname=" + PQdb(setup.raw());
+        int st = 0;
+        std::string log = run_capture("cd '" + dir_ + "' && node node_modules/graphile-worker/dist/cli.js --schema-only -c '" +
+                                          conninfo_url(conninfo) + "' 2>&1",
+                                      &st);
+        if (st != 0) throw std::runtime_error("graphile-worker --schema-only failed:\n" + log);
+        version_ = trim(run_capture("cd '" + dir_ + "' && node -p 'require(\"graphile-worker/package.json\").version'"));
+    }
+
+    std::vector<std::string> tables(const Cell&) const override {
+        return {"graphile_worker._private_jobs", "graphile_worker._private_tasks", "graphile_worker._private_job_queues"};
+    }
+    std::string main_table(const Cell&) const override { return "graphile_worker._private_jobs"; }
+    int rows_per_event(const Cell&) const override { return 1; }
+
+    void prepare(Conn& setup, Conn&, const Cell& c) override {
+        setup.exec("TRUNCATE graphile_worker._private_jobs");
+        concurrency_ = c.concurrency;
+        local_queue_ = c.batch;
+    }
+
+    std::vector<std::string> preload_sql(const Cell& c, long long deliveries, bool* parallel) override {
+        *parallel = true;
+        std::vector<std::string> out;
+        const long long chunk = 10000;
+        for (long long from = 1; from <= deliveries; from += chunk) {
+            long long to = std::min(deliveries, from + chunk - 1);
+            out.push_back(strf("SELECT count(*) FROM graphile_worker.add_jobs(ARRAY(SELECT ROW('bench', (%s)::json, %s,"
+                               " NULL, NULL, NULL, NULL, NULL)::graphile_worker.job_spec FROM generate_series(%lld, %lld) AS i))",
+                               sql_payload_expr("i").c_str(), sql_key_expr(c.keys, "i").c_str(), from, to));
+        }
+        return out;
+    }
+
+    std::vector<ChildSpec> children(const Cell& c, const std::string& conninfo) override {
+        std::vector<ChildSpec> out;
+        if (c.group == Group::Publish) {
+            for (int i = 0; i < c.publishers; i++) {
+                ChildSpec s;
+                s.role = Role::Publish;
+                s.label = "pub-" + std::to_string(i);
+                s.conninfo = conninfo;
+                s.batch = c.batch;
+                // A key becomes the job's queue_name: graphile runs a named queue's jobs one at a time.
+                s.sql = c.batch == 1 ? "SELECT (graphile_worker.add_job('bench', $1::json, $2::text)).id"
+                                     : "SELECT count(*) FROM graphile_worker.add_jobs(ARRAY(SELECT ROW('bench', u.p, u.k,"
+                                       " NULL, NULL, NULL, NULL, NULL)::graphile_worker.job_spec"
+                                       " FROM unnest($1::json[], $2::text[]) AS u(p, k)))";
+                s.keys = c.keys;
+                s.seed = seed_of(c, i);
+                out.push_back(s);
+            }
+            return out;
+        }
+        for (int i = 0; i < c.consumers; i++) {
+            ChildSpec s;
+            s.role = Role::External;
+            s.label = "worker-" + std::to_string(i);
+            s.conninfo = conninfo;
+            s.argv = {"node", dir_ + "/worker.mjs"};
+            s.env = {"BENCH_PG_URL=" + conninfo_url(conninfo), strf("BENCH_CONCURRENCY=%d", c.concurrency),
+                     strf("BENCH_LOCAL_QUEUE=%d", c.batch), "NODE_PATH=" + dir_ + "/node_modules"};
+            out.push_back(s);
+        }
+        return out;
+    }
+
+    long long backlog(Conn& admin, const Cell&) override {
+        return admin.one_i64("SELECT count(*) FROM graphile_worker._private_jobs");
+    }
+
+    Json settings(Conn&) override {
+        Json j = Json::object();
+        j["graphile_worker_version"] = version_;
+        if (concurrency_ == 0) return j;  // publish cells: no worker runs
+        j["concurrentJobs"] = concurrency_;
+        j["localQueue.size"] = local_queue_;
+        j["completeJobBatchDelay"] = 0;
+        j["failJobBatchDelay"] = 0;
+        j["useNodeTime"] = true;
+        j["preparedStatements"] = true;
+        return j;
+    }
+
+    bool checks_exactness(const Cell& c) const override { return c.group == Group::Dispatch; }
+
+    void expected(Conn& setup, const Cell&, std::vector<uint64_t>* ids) override {
+        Result r = setup.exec("SELECT id FROM graphile_worker._private_jobs");
+        for (int i = 0; i < r.rows(); i++) ids->push_back(ident(r.i64(i, 0), 0));
+    }
+    // Pending: jobs still in the table (the runner releases the ones it had locked when it stops).
+    void pending(Conn& setup, const Cell&, std::vector<PendingRow>* rows) override {
+        Result r = setup.exec("SELECT id FROM graphile_worker._private_jobs WHERE last_error IS NULL");
+        for (int i = 0; i < r.rows(); i++) rows->push_back(PendingRow{ident(r.i64(i, 0), 0), -1, -1});
+    }
+    // Dead: jobs that failed an attempt (the task never fails, so any is a defect).
+    void dead(Conn& setup, const Cell&, std::vector<uint64_t>* ids) override {
+        Result r = setup.exec("SELECT id FROM graphile_worker._private_jobs WHERE last_error IS NOT NULL");
+        for (int i = 0; i < r.rows(); i++) ids->push_back(ident(r.i64(i, 0), 0));
+    }
+    std::string inject_loss(Conn& admin, const Cell&) override {
+        Result r = admin.exec("DELETE FROM graphile_worker._private_jobs WHERE id = (SELECT max(id) FROM"
+                              " graphile_worker._private_jobs) RETURNING id");
+        return r.rows() == 0 ? "nothing to delete" : "deleted job " + r.str(0, 0);
+    }
+
+private:
+    std::string dir_, version_;
+    int concurrency_ = 0, local_queue_ = 0;
+};
+
 std::unique_ptr<System> make_relaybus() { return std::unique_ptr<System>(new Relaybus()); }
 std::unique_ptr<System> make_floor() { return std::unique_ptr<System>(new Floor()); }
+std::unique_ptr<System> make_pgq(const std::string& work_dir) { return std::unique_ptr<System>(new Pgq(work_dir)); }
+std::unique_ptr<System> make_graphile(const std::string& repo) { return std::unique_ptr<System>(new Graphile(repo)); }
 
 }  // namespace bench

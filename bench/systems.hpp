@@ -33,6 +33,9 @@ public:
     virtual std::vector<std::string> tables(const Cell& c) const = 0;
     // The table whose inserted (publish, mixed) or deleted (dispatch) rows count units in pgstat.
     virtual std::string main_table(const Cell& c) const = 0;
+    // Whether pgstat's rows of main_table count the units (dispatch: deleted rows). PgQ
+    // deletes nothing (it truncates rotated tables), so its units are the consumers' count.
+    virtual bool pgstat_counts_units(const Cell& c) const { return true; }
     // Rows of main_table per published event (fan-out) for pgstat-based units.
     virtual int rows_per_event(const Cell& c) const { return c.handlers; }
     // Before each sample: empty state, settings, handlers/queues/routes. Delivery stays off
@@ -65,6 +68,12 @@ public:
 
 std::unique_ptr<System> make_relaybus();
 std::unique_ptr<System> make_floor();
+// Peers. work_dir: where they keep files of their own (pgqd's configuration and log);
+// repo: the checkout (bench/graphile holds graphile-worker's package).
+std::unique_ptr<System> make_pgq(const std::string& work_dir);
+std::unique_ptr<System> make_graphile(const std::string& repo);
+// "host=... port=... user=... dbname=..." as a postgres:// URL (for Node's pg).
+std::string conninfo_url(const std::string& conninfo);
 
 // SQL expressions shared by preloads: the payload of row i and its key.
 std::string sql_payload_expr(const std::string& i);
