@@ -106,6 +106,29 @@ std::string spin(double v) {
 
 std::string mib(double kb) { return std::isfinite(kb) ? strf("%.1f", kb / 1024.0) : "–"; }
 
+bool is_peer(const Cell& c) { return c.system != "relaybus" && c.system != "floor"; }
+
+// The relaybus cell a peer cell is compared with: the same publishers and batch with one
+// handler, unkeyed; for dispatch, the fastest relaybus dispatch cell of the run with one
+// handler, unkeyed (any mode: the question is how fast each system hands events over).
+std::string relaybus_counterpart(const Cell& c, const std::map<std::string, Agg>& agg) {
+    if (c.group == Group::Publish) return strf("pub.relay.p%d.b%d.h1.unkeyed", c.publishers, c.batch);
+    std::string best;
+    double best_rate = -1;
+    for (auto& kv : agg) {
+        const Agg& a = kv.second;
+        if (a.cell.system != "relaybus" || a.cell.group != Group::Dispatch || a.cell.handlers != 1 ||
+            a.cell.keys != Keys::None)
+            continue;
+        double r = get(a.m, "rate");
+        if (std::isfinite(r) && r > best_rate) {
+            best_rate = r;
+            best = kv.first;
+        }
+    }
+    return best;
+}
+
 }  // namespace
 
 std::string write_reports(const ReportInput& in) {
@@ -164,7 +187,8 @@ std::string write_reports(const ReportInput& in) {
         md += "## Publish\n\n";
         md += "`pN` publishers, `bN` events per call (relay_publish for 1, relay_publish_batch for 100), `hN` handlers "
               "routed, keys none / 1,000 distinct / 10 hot / 1 hot. Floor: a bare INSERT of the same rows (`rN` rows "
-              "per event) into a plain table, one statement per call.\n\n";
+              "per event) into a plain table, one statement per call. Peers: `pgq` (pgq.insert_event per event, or "
+              "100 in one statement over unnest) and `graphile` (graphile_worker.add_job, or add_jobs of 100).\n\n";
         md += "| cell | events/s | floor events/s | ratio | client stmts/call | stmts/event | WAL B/event | WAL rec/event "
               "| FPI/event | key_seqs upd/event (HOT) | call p99 ms | machine CPU µs/event | dispatcher CPU | spin ms | samples |\n";
         md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
@@ -206,7 +230,10 @@ std::string write_reports(const ReportInput& in) {
               "by `dN` background dispatchers to one LISTEN process per handler (defaults: relaybus.batch_size 500; "
               "tuned: 2000); ack mode acknowledges with relay_ack. `fN` fan-out. Floors: a batched "
               "`DELETE ... RETURNING` (`cN` processes, 500 rows per statement), and the same DELETE with pg_notify of "
-              "each row (`sN` processes).\n\n";
+              "each row (`sN` processes). Peers: `pgq` (one consumer looping next_batch / get_batch_events / "
+              "finish_batch in a transaction; batches of `bN` = ticker_max_count events; pgqd ticking) and `graphile` "
+              "(`nN` graphile-worker runner processes, `jN` concurrentJobs, `lqN` localQueue.size; a task that only "
+              "counts).\n\n";
         md += "| cell | deliveries/s | floor | floor/s | ratio | stmts/delivery | WAL B/delivery | WAL rec/delivery | "
               "upd/delivery | del/delivery | dispatcher CPU | dispatcher MiB (RSS / anon) | lost/dup/order/dead | spin ms | samples |\n";
         md += "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
@@ -263,6 +290,44 @@ std::string write_reports(const ReportInput& in) {
         md += "\n";
     }
 
+    // ---- peers, beside relaybus
+    bool any_peer = false;
+    for (auto& n : order) any_peer |= is_peer(agg[n].cell);
+    auto rate_of = [&](const std::string& name) {
+        auto it = agg.find(name);
+        return it == agg.end() ? NAN : get(it->second.m, "rate");
+    };
+    if (any_peer) {
+        md += "## Peers beside relaybus\n\n";
+        md += "Each peer cell against its relaybus counterpart in this run (publish: same publishers and batch, one "
+              "handler, unkeyed; dispatch: the fastest relaybus dispatch cell with one handler, unkeyed). The ratio is "
+              "relaybus / peer: above 1 means relaybus is faster. Counters per event (publish) or per delivery "
+              "(dispatch) for each side.\n\n";
+        md += "| peer cell | peer /s | relaybus cell | relaybus /s | relaybus / peer | stmts/unit (peer / relaybus) | "
+              "WAL B/unit (peer / relaybus) | WAL rec/unit (peer / relaybus) | rows ins/upd/del per unit (peer) | "
+              "lost/dup/order/dead | spin ms | samples |\n";
+        md += "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
+        for (auto& n : order) {
+            const Agg& a = agg[n];
+            if (!is_peer(a.cell)) continue;
+            std::string rc = relaybus_counterpart(a.cell, agg);
+            auto it = agg.find(rc);
+            const Agg* r = it == agg.end() ? nullptr : &it->second;
+            auto both = [&](const char* k, int prec) {
+                return num(get(a.m, k), prec) + " / " + (r ? num(get(r->m, k), prec) : std::string("–"));
+            };
+            md += strf("| %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s | %s | %s | %s |\n", n.c_str(),
+                       num(get(a.m, "rate")).c_str(), r ? rc.c_str() : "– (not run)", num(rate_of(rc)).c_str(),
+                       ratio(rate_of(rc), get(a.m, "rate")).c_str(), both("stmts_pu", 3).c_str(),
+                       both("wal_bytes_pu", 0).c_str(), both("wal_records_pu", 2).c_str(),
+                       num(get(a.m, "main_ins_pu"), 2).c_str(), num(get(a.m, "main_upd_pu"), 2).c_str(),
+                       num(get(a.m, "main_del_pu"), 2).c_str(), exact_col(a).c_str(), spin(get(a.m, "spin_ms")).c_str(),
+                       samples_col(a).c_str());
+        }
+        md += "\nPgQ's consumer writes almost nothing per event: it never deletes or updates an event row; whole "
+              "event tables are truncated by rotation (queue_rotation_period, 2 hours), outside any window.\n\n";
+    }
+
     // ---- goals of issue 5
     md += "## Goals (issue 5), as measured in this run\n\n| goal | measured | met |\n| --- | --- | --- |\n";
     auto find = [&](const std::string& name) -> const Agg* {
@@ -315,7 +380,38 @@ std::string write_reports(const ReportInput& in) {
         md += strf("| dispatcher RSS < 32 MiB | max %s MiB without shared memory (VmRSS - RssShmem); max VmRSS %s MiB "
                    "counts the shared buffers it touched | %s |\n",
                    mib(own).c_str(), mib(rss).c_str(), own < 32 * 1024 ? "yes" : "**no**");
-    md += "| ahead of PgQ; >= 2x the fastest application queue | not measured yet (peers come in a later session) | – |\n\n";
+    for (int b : {1, 100}) {
+        std::string rc = strf("pub.relay.p8.b%d.h1.unkeyed", b), pc = strf("pub.pgq.p8.b%d", b);
+        double r = rate_of(rc) / rate_of(pc);
+        md += strf("| publish ahead of PgQ (b%d, 8 publishers) | %s (%s / %s) | %s |\n", b,
+                   std::isfinite(r) ? strf("%.2fx", r).c_str() : "– (not run)", rc.c_str(), pc.c_str(),
+                   !std::isfinite(r) ? "?" : (r > 1 ? "yes" : "**no**"));
+    }
+    {
+        // The fastest application-queue peer (graphile-worker today) against the fastest relaybus dispatch.
+        std::string best_peer, best_relay;
+        double peer = NAN, relay = NAN;
+        for (auto& n : order) {
+            const Agg& a = agg[n];
+            if (a.cell.group != Group::Dispatch || a.cell.system != "graphile") continue;
+            double v = get(a.m, "rate");
+            if (std::isfinite(v) && !(v <= peer)) {
+                peer = v;
+                best_peer = n;
+            }
+        }
+        if (!best_peer.empty()) {
+            best_relay = relaybus_counterpart(agg[best_peer].cell, agg);
+            relay = rate_of(best_relay);
+        }
+        double r = relay / peer;
+        md += strf("| dispatch >= 2x the fastest application-queue peer | %s | %s |\n",
+                   std::isfinite(r) ? strf("%.2fx (%s %s/s / %s %s/s)", r, best_relay.c_str(), num(relay).c_str(),
+                                           best_peer.c_str(), num(peer).c_str()).c_str()
+                                    : "– (needs a graphile and a relaybus dispatch cell, f1 unkeyed)",
+                   !std::isfinite(r) ? "?" : (r >= 2 ? "yes" : "**no**"));
+    }
+    md += "\n";
 
     // ---- invalid samples
     md += "## Invalid samples\n\n";
@@ -353,6 +449,12 @@ std::string write_reports(const ReportInput& in) {
             c["floor_rate"] = floor_rate(a);
             double r = get(a.m, "rate") / floor_rate(a);
             c["ratio_to_floor"] = r;
+        }
+        if (is_peer(a.cell)) {
+            std::string rc = relaybus_counterpart(a.cell, agg);
+            c["relaybus_cell"] = rc;
+            c["relaybus_rate"] = rate_of(rc);
+            c["relaybus_over_peer"] = rate_of(rc) / get(a.m, "rate");
         }
         Json pu = Json::object();
         for (const char* k : {"stmts_pu", "stmts_top_pu", "stmts_top_per_call", "wal_bytes_pu", "wal_records_pu",
