@@ -9,6 +9,7 @@
 
 #include "children.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -509,6 +510,12 @@ pid_t start_program(const ChildSpec& spec, int* to_child, int* from_child) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);  // kept across exec: never outlives the harness's child
         dup2(in[0], 0);
         dup2(out[1], 1);
+        // Its log goes beside its counters (pgqd logs every start and stop to stderr too).
+        int err = open((spec.dir + "/" + spec.label + ".stderr").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (err >= 0) {
+            dup2(err, 2);
+            close(err);
+        }
         close(in[0]);
         close(in[1]);
         close(out[0]);
@@ -546,10 +553,13 @@ std::string read_line(int fd, int timeout_ms) {
     return std::string();
 }
 
-std::string exit_text(int st) {
-    if (WIFEXITED(st)) return strf("exit status %d", WEXITSTATUS(st));
-    if (WIFSIGNALED(st)) return strf("killed by signal %d", WTERMSIG(st));
-    return "ended";
+// How the program ended, with the end of its stderr.
+std::string exit_text(const ChildSpec& spec, int st) {
+    std::string s = WIFEXITED(st) ? strf("exit status %d", WEXITSTATUS(st))
+                                  : (WIFSIGNALED(st) ? strf("killed by signal %d", WTERMSIG(st)) : "ended");
+    std::string err = read_file(spec.dir + "/" + spec.label + ".stderr");
+    if (err.size() > 400) err = err.substr(err.size() - 400);
+    return err.empty() ? s : s + "; stderr: " + trim(err);
 }
 
 [[noreturn]] void run_external(const ChildSpec& spec, int ready_fd, int go_fd) {
@@ -564,12 +574,18 @@ std::string exit_text(int st) {
     if (err.empty()) {
         if (spec.reports_units) {
             std::string line = read_line(from_child, 55000);
-            if (trim(line) != "ready") err = spec.argv[0] + " did not report ready (got '" + line + "')";
+            if (trim(line) != "ready") {
+                kill(g_program, SIGKILL);
+                int st = 0;
+                waitpid(g_program, &st, 0);
+                g_program = -1;
+                err = spec.argv[0] + " did not report ready (got '" + line + "', " + exit_text(spec, st) + ")";
+            }
         } else {
             sleep_ms(300);  // a daemon that fails its configuration exits at once
             int st;
             if (waitpid(g_program, &st, WNOHANG) == g_program) {
-                err = spec.argv[0] + " ended at start: " + exit_text(st);
+                err = spec.argv[0] + " ended at start: " + exit_text(spec, st);
                 g_program = -1;
             }
         }
@@ -597,7 +613,7 @@ std::string exit_text(int st) {
         waitpid(g_program, &st, 0);
         // The program writes its own .out; a missing one means it failed before writing it.
         if (read_file(spec.dir + "/" + spec.label + ".out").empty()) {
-            cnt.error(std::runtime_error(spec.argv[0] + " wrote no counters (" + exit_text(st) + ")"));
+            cnt.error(std::runtime_error(spec.argv[0] + " wrote no counters (" + exit_text(spec, st) + ")"));
             write_out(spec, cnt);
         }
         _exit(0);
@@ -615,7 +631,7 @@ std::string exit_text(int st) {
         kill(g_program, SIGTERM);
         waitpid(g_program, &st, 0);
     } else {
-        cnt.error(std::runtime_error(spec.argv[0] + " ended during the sample: " + exit_text(st)));
+        cnt.error(std::runtime_error(spec.argv[0] + " ended during the sample: " + exit_text(spec, st)));
     }
     write_out(spec, cnt);
     _exit(0);
