@@ -967,6 +967,11 @@ Json build_env(const std::string& pg_config, const std::string& src_dir) {
     build["relaybus_so"] = pkglib + "/relaybus.so";
     build["relaybus_so_sha256"] = trim(run_capture("sha256sum " + pkglib + "/relaybus.so | cut -c1-64"));
     build["relaybus_so_mtime"] = trim(run_capture("date -u -r " + pkglib + "/relaybus.so +%Y-%m-%dT%H:%M:%SZ"));
+    // The same commit built in two directories differs in its debug info (the build path) and
+    // hence its build-id; without both, equal code hashes equal (an A/A shows it).
+    build["relaybus_so_sha256_code"] =
+        trim(run_capture("t=$(mktemp) && objcopy --strip-debug --remove-section=.note.gnu.build-id " + pkglib +
+                         "/relaybus.so $t 2>/dev/null && sha256sum $t | cut -c1-64; rm -f $t"));
     return build;
 }
 
