@@ -60,6 +60,29 @@ struct Pair {
     double ratio = NAN;
 };
 
+// Geometric mean of ratios and its 95 % t-interval on the logs (NAN where undefined).
+struct Interval {
+    double ratio = NAN, lo = NAN, hi = NAN;
+    int n = 0;
+};
+Interval log_t_interval(const std::vector<double>& logs) {
+    Interval iv;
+    iv.n = int(logs.size());
+    if (logs.empty()) return iv;
+    double mean = 0;
+    for (double x : logs) mean += x;
+    mean /= double(logs.size());
+    iv.ratio = std::exp(mean);
+    if (logs.size() >= 2) {
+        double ss = 0;
+        for (double x : logs) ss += (x - mean) * (x - mean);
+        double half = t975(iv.n - 1) * std::sqrt(ss / double(iv.n - 1)) / std::sqrt(double(iv.n));
+        iv.lo = std::exp(mean - half);
+        iv.hi = std::exp(mean + half);
+    }
+    return iv;
+}
+
 struct CellResult {
     Cell cell;
     MainMetric metric{};
@@ -68,6 +91,9 @@ struct CellResult {
     double base_median = NAN, cand_median = NAN;
     double ratio = NAN, lo = NAN, hi = NAN;  // geometric mean ratio candidate/base and its 95 % CI
     std::string verdict;
+    // The same over every pair with two valid samples, noise rule off: shown next to the
+    // verdict so a reader sees what the noise rule changed; never used for the verdict or gate.
+    Interval unfiltered;
     std::vector<std::string> gate_failures;
     std::map<std::string, double> base_counter, cand_counter;  // medians over comparable pairs
     std::map<std::string, double> worst_excess;                // max over pairs of cand - allowed (> 0 fails)
@@ -110,7 +136,7 @@ CellResult analyse(const Cell& cell, const std::vector<const SampleResult*>& sam
         if (p.first.empty()) p.first = s->side;
         (s->side == "base" ? p.base : p.cand) = s;
     }
-    std::vector<double> logs, base_vals, cand_vals;
+    std::vector<double> logs, all_logs, base_vals, cand_vals;
     for (auto& kv : by_pair) {
         Pair p = kv.second;
         double noisy_limit = rules.noise_factor * quiet_spin;
@@ -122,17 +148,20 @@ CellResult analyse(const Cell& cell, const std::vector<const SampleResult*>& sam
             double b = get(p.base->m, cr.metric.key), c = get(p.cand->m, cr.metric.key);
             if (!p.base->valid || !p.cand->valid) {
                 p.discarded = std::string("invalid ") + (!p.base->valid ? "base" : "candidate") + " sample";
-            } else if (!(bs <= noisy_limit) || !(cs <= noisy_limit)) {
-                p.discarded = strf("noisy: spin base %.0f / candidate %.0f ms, limit %.0f ms (%.2fx the quietest %.0f ms)",
-                                   bs, cs, noisy_limit, rules.noise_factor, quiet_spin);
             } else if (!(b > 0) || !(c > 0)) {
                 p.discarded = "no " + std::string(cr.metric.label) + " on a side";
             } else {
-                p.used = true;
                 p.ratio = c / b;
-                logs.push_back(std::log(p.ratio));
-                base_vals.push_back(b);
-                cand_vals.push_back(c);
+                all_logs.push_back(std::log(p.ratio));
+                if (!(bs <= noisy_limit) || !(cs <= noisy_limit)) {
+                    p.discarded = strf("noisy: spin base %.0f / candidate %.0f ms, limit %.0f ms (%.2fx the quietest %.0f ms)",
+                                       bs, cs, noisy_limit, rules.noise_factor, quiet_spin);
+                } else {
+                    p.used = true;
+                    logs.push_back(std::log(p.ratio));
+                    base_vals.push_back(b);
+                    cand_vals.push_back(c);
+                }
             }
         }
         if (p.used) cr.used++;
@@ -143,19 +172,11 @@ CellResult analyse(const Cell& cell, const std::vector<const SampleResult*>& sam
     cr.cand_median = median(cand_vals);
 
     size_t n = logs.size();
-    if (n >= 1) {
-        double mean = 0;
-        for (double x : logs) mean += x;
-        mean /= double(n);
-        cr.ratio = std::exp(mean);
-        if (n >= 2) {
-            double ss = 0;
-            for (double x : logs) ss += (x - mean) * (x - mean);
-            double half = t975(int(n) - 1) * std::sqrt(ss / double(n - 1)) / std::sqrt(double(n));
-            cr.lo = std::exp(mean - half);
-            cr.hi = std::exp(mean + half);
-        }
-    }
+    Interval iv = log_t_interval(logs);
+    cr.ratio = iv.ratio;
+    cr.lo = iv.lo;
+    cr.hi = iv.hi;
+    cr.unfiltered = log_t_interval(all_logs);
     if (int(n) < rules.min_pairs) {
         cr.verdict = "inconclusive";
     } else {
@@ -250,8 +271,8 @@ AbOutcome write_ab_reports(const AbInput& in) {
             const Json* v = s->find(k);
             return v && v->type() == Json::Str ? v->str() : std::string("?");
         };
-        return strf("`%s` = %.12s (relaybus.so sha256 %.12s)", f("ref").c_str(), f("commit").c_str(),
-                    f("relaybus_so_sha256").c_str());
+        return strf("`%s` = %.12s (relaybus.so sha256 %.12s, without debug info and build-id %.12s)", f("ref").c_str(),
+                    f("commit").c_str(), f("relaybus_so_sha256").c_str(), f("relaybus_so_sha256_code").c_str());
     };
     std::vector<double> spins;
     int invalid = 0;
@@ -279,15 +300,20 @@ AbOutcome write_ab_reports(const AbInput& in) {
                rules.noise_factor, num(quiet).c_str(), 100 * rules.effect_threshold, rules.min_pairs);
 
     md += "## Ratios\n\n";
-    md += "| cell | metric | base median | candidate median | ratio | 95% CI | verdict | pairs used | discarded |\n";
-    md += "| --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: |\n";
+    md += "| cell | metric | base median | candidate median | ratio | 95% CI | verdict | pairs used | discarded "
+          "| noise rule off: ratio [95% CI] (pairs) |\n";
+    md += "| --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | --- |\n";
     for (const CellResult& r : results) {
         int prec = r.metric.lower_better ? 2 : 0;
-        md += strf("| %s | %s | %s | %s | %s | %s | **%s** | %d | %d |\n", r.cell.name.c_str(), r.metric.label,
-                   num(r.base_median, prec).c_str(), num(r.cand_median, prec).c_str(), fmt_ratio(r.ratio).c_str(),
-                   std::isfinite(r.lo) ? strf("[%.3f, %.3f]", r.lo, r.hi).c_str() : "–", r.verdict.c_str(), r.used,
-                   r.discarded);
+        const Interval& u = r.unfiltered;
+        md += strf("| %s | %s | %s | %s | %s | %s | **%s** | %d | %d | %s %s (%d) |\n", r.cell.name.c_str(),
+                   r.metric.label, num(r.base_median, prec).c_str(), num(r.cand_median, prec).c_str(),
+                   fmt_ratio(r.ratio).c_str(), std::isfinite(r.lo) ? strf("[%.3f, %.3f]", r.lo, r.hi).c_str() : "–",
+                   r.verdict.c_str(), r.used, r.discarded, fmt_ratio(u.ratio).c_str(),
+                   std::isfinite(u.lo) ? strf("[%.3f, %.3f]", u.lo, u.hi).c_str() : "–", u.n);
     }
+    md += "\nThe last column is for reading only: the same interval over every pair with two valid samples, noisy "
+          "ones included. Verdicts and the gate use the pairs that pass the noise rule.\n";
 
     md += "\n## Counters per unit (base → candidate, medians over pairs with two valid samples)\n\n";
     md += "Unit: an event (publish, mixed) or a delivery (dispatch). Tolerance per pair: candidate ≤ base × (1 + rel) "
@@ -316,7 +342,7 @@ AbOutcome write_ab_reports(const AbInput& in) {
             double b = p.base ? get(p.base->m, r.metric.key) : NAN, c = p.cand ? get(p.cand->m, r.metric.key) : NAN;
             md += strf("| %s | %d | %s | %s | %s | %s | %s / %s | %s |\n", r.cell.name.c_str(), p.no,
                        p.first == "base" ? "base, candidate" : "candidate, base", num(b, prec).c_str(),
-                       num(c, prec).c_str(), fmt_ratio(std::isfinite(p.ratio) ? p.ratio : (b > 0 ? c / b : NAN)).c_str(),
+                       num(c, prec).c_str(), fmt_ratio(p.ratio).c_str(),
                        num(p.base ? get(p.base->m, "spin_ms") : NAN).c_str(),
                        num(p.cand ? get(p.cand->m, "spin_ms") : NAN).c_str(),
                        p.used ? "yes" : ("**discarded**: " + p.discarded).c_str());
@@ -377,6 +403,12 @@ AbOutcome write_ab_reports(const AbInput& in) {
         c["verdict"] = r.verdict;
         c["pairs_used"] = r.used;
         c["pairs_discarded"] = r.discarded;
+        Json u = Json::object();
+        u["ratio"] = r.unfiltered.ratio;
+        u["ci95_low"] = r.unfiltered.lo;
+        u["ci95_high"] = r.unfiltered.hi;
+        u["pairs"] = r.unfiltered.n;
+        c["noise_rule_off"] = u;
         Json pairs = Json::array();
         for (const Pair& p : r.pairs) {
             Json pj = Json::object();
