@@ -1118,7 +1118,8 @@ int run_ab(Options& o, const std::vector<Cell>& cells, const std::string& run_id
         rc = 1;
     }
     for (int i = 0; i < int(runners.size()); i++) runners[i]->stop_cluster();
-    if (!o.keep_trees) remove_trees(o, root, sides);
+    // A kept cluster needs its tree's binaries: --keep-cluster keeps the trees too.
+    if (!o.keep_trees && !o.keep_cluster) remove_trees(o, root, sides);
     else std::cerr << "install trees kept in " << root << " (worktrees: " << root << "/*/src)\n";
     in.minutes = double(mono_ns() - started) / 60e9;
     env["finished_at"] = utc_stamp(false);
@@ -1157,7 +1158,7 @@ void usage() {
         "  --base REF --candidate REF  compare two builds: per cell N pairs in ABBA order, ratio with a 95% CI\n"
         "  --pairs N            pairs per cell (default 3)\n"
         "  --gate               the gate: 4 cells (unless --cells), quick windows; exit 3 when it fails\n"
-        "  --keep-trees         keep the install trees and their git worktrees (/tmp/relaybus-ab-<stamp>)\n";
+        "  --keep-trees         keep the install trees and their git worktrees (/tmp/relaybus-ab-<stamp>; --keep-cluster too)\n";
 }
 
 }  // namespace
