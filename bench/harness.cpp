@@ -8,8 +8,10 @@
 // fixed window (statistics reset at the window's start), stops, reads the
 // counters and checks exactness. Results go to bench/results/<UTC stamp>/.
 //
-// A/B later: build two git refs into two install trees and interleave
-// run_sample() over both for every cell (base, candidate, candidate, base).
+// A/B (--base REF --candidate REF): two git refs built into two install trees
+// (scripts/pg-tree.sh), one cluster each, only one running at a time; every
+// cell's samples interleave the two builds in ABBA order (run_ab below, the
+// statistics and the gate in ab.cpp).
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -28,6 +30,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ab.hpp"
 #include "cells.hpp"
 #include "children.hpp"
 #include "pg.hpp"
@@ -53,6 +56,11 @@ struct Options {
     std::string pg_config = "/usr/lib/postgresql/15/bin/pg_config";
     std::string repo;
     int samples = 1;
+    // A/B mode
+    std::string base, candidate;
+    bool gate = false;
+    bool keep_trees = false;
+    int pairs = 3;
     double warmup_s = -1, window_s = -1;  // overrides
     std::string argv_text;
 };
@@ -69,21 +77,28 @@ const char* kClusterConf =
     "max_connections = 200\n"
     "log_min_messages = warning\n";
 
-std::string g_cluster_dir;
 std::string g_repo;
 std::vector<pid_t> g_children;
+// Clusters to destroy on exit or interrupt: data directory -> the pg_config of its tree.
+std::map<std::string, std::string> g_clusters;
 
-void destroy_cluster_now() {
-    if (g_cluster_dir.empty()) return;
-    std::string cmd = "bash " + g_repo + "/test/cluster.sh destroy " + g_cluster_dir + " >/dev/null 2>&1";
+// test/cluster.sh VERB DIR with the binaries of the tree that pg_config belongs to.
+std::string cluster_cmd(const std::string& pg_config, const std::string& verb, const std::string& dir) {
+    return "PG_CONFIG='" + pg_config + "' bash " + g_repo + "/test/cluster.sh " + verb + " " + dir;
+}
+
+void destroy_cluster_now(const std::string& dir) {
+    auto it = g_clusters.find(dir);
+    if (it == g_clusters.end()) return;
+    std::string cmd = cluster_cmd(it->second, "destroy", dir) + " >/dev/null 2>&1";
     (void)!system(cmd.c_str());
-    g_cluster_dir.clear();
+    g_clusters.erase(it);
 }
 
 void on_interrupt(int sig) {
     for (pid_t p : g_children) kill(p, SIGKILL);
-    // Not async-signal-safe, but we are about to exit and the cluster must not stay behind.
-    destroy_cluster_now();
+    // Not async-signal-safe, but we are about to exit and the clusters must not stay behind.
+    while (!g_clusters.empty()) destroy_cluster_now(g_clusters.begin()->first);
     _exit(128 + sig);
 }
 
@@ -155,7 +170,10 @@ std::map<std::string, long long> proc_status_kb(int pid) {
 
 class Runner {
 public:
-    Runner(const Options& o, const std::string& out_dir) : opt_(o), out_(out_dir) {
+    // side: "" for a single-build run, "base" / "candidate" in A/B mode (names the
+    // per-process directory and the cluster log lines, so the two never mix).
+    Runner(const Options& o, const std::string& out_dir, const std::string& pg_config, const std::string& side = "")
+        : opt_(o), out_(out_dir), pg_config_(pg_config), side_(side) {
         systems_["relaybus"] = make_relaybus();
         systems_["floor"] = make_floor();
         systems_["pgq"] = make_pgq(out_ + "/tmp/pgqd");
@@ -171,7 +189,7 @@ public:
             graphile |= c.system == "graphile";
         }
         if (pgq) {
-            std::string control = trim(run_capture(opt_.pg_config + " --sharedir")) + "/extension/pgq.control";
+            std::string control = trim(run_capture(pg_config_ + " --sharedir")) + "/extension/pgq.control";
             auto have = [&]() { return access(control.c_str(), R_OK) == 0 && system("command -v pgqd >/dev/null 2>&1") == 0; };
             if (!have()) {
                 std::cerr << "PgQ peer: " << control << " or pgqd missing; running scripts/install-deps.sh"
@@ -195,18 +213,15 @@ public:
         }
     }
 
+    // initdb + start + the bench database, roles and the systems the cells use (once per run and build).
     void start_cluster(const std::vector<Cell>& cells) {
         char tmpl[] = "/tmp/rbbench.XXXXXX";
         if (mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
         dir_ = tmpl;
-        g_cluster_dir = dir_;
+        g_clusters[dir_] = pg_config_;
         setenv("RELAYBUS_EXTRA_CONF", kClusterConf, 1);
         setenv("RELAYBUS_PRELOAD", "relaybus,pg_stat_statements", 1);
-        setenv("PG_CONFIG", opt_.pg_config.c_str(), 1);
-        int st = 0;
-        std::string log = run_capture("bash " + opt_.repo + "/test/cluster.sh start " + dir_ + " 2>&1", &st);
-        append_file(out_ + "/cluster.log", log);
-        if (st != 0) throw std::runtime_error("cluster start failed:\n" + log);
+        cluster("start");
         std::string env = read_file(dir_ + "/env");
         size_t p = env.find("PGPORT=");
         if (p == std::string::npos) throw std::runtime_error("no PGPORT in " + dir_ + "/env");
@@ -215,12 +230,10 @@ public:
         boot.exec("CREATE ROLE bench_admin SUPERUSER LOGIN");
         boot.exec("CREATE DATABASE bench");
         boot.close();
-        setup_.connect(conninfo("postgres", "bench"));
-        setup2_.connect(conninfo("postgres", "bench"));
-        admin_.connect(conninfo("bench_admin", "bench"));
+        connect_all();
         setup_.exec("CREATE EXTENSION pg_stat_statements");
         // Child directories are written by the children (root) only; the server needs none of them.
-        tmp_ = out_ + "/tmp";
+        tmp_ = out_ + "/tmp" + (side_.empty() ? "" : "-" + side_);
         mkdirs(tmp_);
         std::set<std::string> used;
         for (const Cell& c : cells) used.insert(c.system);
@@ -228,17 +241,44 @@ public:
             if (used.count(kv.first)) kv.second->install(setup_);
     }
 
+    // A/B: stop this build's cluster (fast shutdown) so the other one runs alone; resume() starts it again
+    // on the same data directory and port.
+    void suspend() {
+        close_all();
+        cluster("stop");
+    }
+    void resume() {
+        cluster("start");
+        connect_all();
+    }
+
     void stop_cluster() {
+        close_all();
+        if (opt_.keep_cluster) {
+            std::cerr << "cluster kept: " << dir_ << " (stop: PG_CONFIG=" << pg_config_ << " bash test/cluster.sh destroy "
+                      << dir_ << ")\n";
+            g_clusters.erase(dir_);
+        } else {
+            destroy_cluster_now(dir_);
+        }
+        if (!opt_.keep_tmp) rmtree(tmp_);
+    }
+
+    void cluster(const std::string& verb) {
+        int st = 0;
+        std::string log = run_capture(cluster_cmd(pg_config_, verb, dir_) + " 2>&1", &st);
+        append_file(out_ + "/cluster.log", (side_.empty() ? "" : "[" + side_ + "] ") + verb + ":\n" + log);
+        if (st != 0) throw std::runtime_error("cluster " + verb + " failed:\n" + log);
+    }
+    void connect_all() {
+        setup_.connect(conninfo("postgres", "bench"));
+        setup2_.connect(conninfo("postgres", "bench"));
+        admin_.connect(conninfo("bench_admin", "bench"));
+    }
+    void close_all() {
         setup_.close();
         setup2_.close();
         admin_.close();
-        if (opt_.keep_cluster) {
-            std::cerr << "cluster kept: " << dir_ << " (stop: bash test/cluster.sh destroy " << dir_ << ")\n";
-            g_cluster_dir.clear();
-        } else {
-            destroy_cluster_now();
-        }
-        if (!opt_.keep_tmp) rmtree(tmp_);
     }
 
     std::string conninfo(const std::string& user, const std::string& db) const {
@@ -470,10 +510,12 @@ private:
         SampleResult r;
         r.cell = c;
         r.sample_no = sample_no;
+        r.side = side_;
         auto& m = r.m;
         Json& j = r.json;
         j = Json::object();
         j["cell"] = c.name;
+        if (!side_.empty()) j["side"] = side_;
         j["group"] = group_name(c.group);
         j["system"] = c.system;
         j["variant"] = c.variant;
@@ -931,12 +973,54 @@ private:
     }
 
     const Options& opt_;
-    std::string out_, dir_, port_, tmp_;
+    std::string out_, pg_config_, side_, dir_, port_, tmp_;
     std::map<std::string, std::unique_ptr<System>> systems_;
     Conn setup_, setup2_, admin_;
-    std::map<std::string, double> seen_cell_, seen_kind_;
+    // Best rates seen, for backlog sizes: shared by the two builds of an A/B run, so both
+    // sides of a pair preload backlogs sized from the same estimate.
+    static std::map<std::string, double> seen_cell_, seen_kind_;
     int seq_ = 0;
 };
+
+std::map<std::string, double> Runner::seen_cell_, Runner::seen_kind_;
+
+Json machine_env() {
+    Json mach = Json::object();
+    mach["nproc"] = (long)sysconf(_SC_NPROCESSORS_ONLN);
+    std::string mi = read_file("/proc/meminfo");
+    mach["mem_total"] = trim(mi.substr(0, mi.find('\n')).substr(9));
+    std::string ci = read_file("/proc/cpuinfo");
+    size_t p = ci.find("model name");
+    if (p != std::string::npos) {
+        std::string line = ci.substr(p, ci.find('\n', p) - p);
+        mach["cpu_model"] = trim(line.substr(line.find(':') + 1));
+    }
+    mach["kernel"] = trim(run_capture("uname -sr"));
+    mach["hostname_hash"] = trim(run_capture("hostname | sha256sum | cut -c1-12"));
+    mach["loadavg_at_start"] = trim(read_file("/proc/loadavg"));
+    return mach;
+}
+
+// The build a run measures: the tree's relaybus.so (its sha256 identifies the build) and the
+// git state of src_dir, the checkout it was built from.
+Json build_env(const std::string& pg_config, const std::string& src_dir) {
+    Json build = Json::object();
+    build["pg_config"] = pg_config;
+    build["git_ref"] = trim(run_capture("git -C " + src_dir + " rev-parse HEAD 2>/dev/null"));
+    std::string porcelain = run_capture("git -C " + src_dir + " status --porcelain --untracked-files=no 2>/dev/null");
+    build["git_dirty"] = !trim(porcelain).empty();
+    build["git_dirty_files"] = trim(porcelain);
+    std::string pkglib = trim(run_capture(pg_config + " --pkglibdir"));
+    build["relaybus_so"] = pkglib + "/relaybus.so";
+    build["relaybus_so_sha256"] = trim(run_capture("sha256sum " + pkglib + "/relaybus.so | cut -c1-64"));
+    build["relaybus_so_mtime"] = trim(run_capture("date -u -r " + pkglib + "/relaybus.so +%Y-%m-%dT%H:%M:%SZ"));
+    // The same commit built in two directories differs in its debug info (the build path) and
+    // hence its build-id; without both, equal code hashes equal (an A/A shows it).
+    build["relaybus_so_sha256_code"] =
+        trim(run_capture("t=$(mktemp) && objcopy --strip-debug --remove-section=.note.gnu.build-id " + pkglib +
+                         "/relaybus.so $t 2>/dev/null && sha256sum $t | cut -c1-64; rm -f $t"));
+    return build;
+}
 
 std::string one_line_summary(const SampleResult& r) {
     const auto& m = r.m;
@@ -949,6 +1033,157 @@ std::string one_line_summary(const SampleResult& r) {
         s += strf("  lost %.0f dup %.0f order %.0f dead %.0f", get("ex_lost"), get("ex_dup"), get("ex_order"), get("ex_dead"));
     if (!r.valid) s += "  INVALID";
     return s;
+}
+
+// The gate's cells: the two publish shapes (one event per call, and batches of 100), a pull
+// consumer and notify fire delivery: the paths a change to relaybus most often moves.
+const char* kGateCells =
+    "pub.relay.p8.b1.h1.unkeyed,pub.relay.p8.b100.h1.unkeyed,"
+    "disp.relay.pull.defaults.f1.unkeyed,disp.relay.fire.d1.defaults.f1.unkeyed";
+
+struct AbSide {
+    std::string name;  // "base" | "candidate"
+    std::string ref, commit, tree, pg_config;
+};
+
+// Builds one side's install tree with scripts/pg-tree.sh (output in build-<side>.log).
+void build_tree(const Options& o, AbSide& s) {
+    int st = 0;
+    std::cerr << "building " << s.name << " (" << s.ref << " = " << s.commit.substr(0, 12) << ") into " << s.tree << "\n";
+    std::string log = run_capture("bash " + o.repo + "/scripts/pg-tree.sh " + s.tree + " " + s.commit + " 2>&1", &st);
+    write_file(o.out + "/build-" + s.name + ".log", log);
+    std::vector<std::string> lines = split(trim(log), '\n');
+    if (st != 0 || lines.empty()) throw std::runtime_error("pg-tree.sh failed for " + s.name + ":\n" + log);
+    s.pg_config = trim(lines.back());
+}
+
+// Removes the install trees and the detached worktrees pg-tree.sh made for them.
+void remove_trees(const Options& o, const std::string& root, const std::vector<AbSide>& sides) {
+    for (const AbSide& s : sides) {
+        std::string cmd = "git -C " + o.repo + " worktree remove --force " + s.tree + "/src >/dev/null 2>&1";
+        (void)!system(cmd.c_str());
+    }
+    std::string prune = "git -C " + o.repo + " worktree prune";
+    (void)!system(prune.c_str());
+    rmtree(root);
+}
+
+// A/B: both builds, every cell, N pairs in ABBA order. Returns the exit status: 0, 1 (harness error),
+// 3 (--gate and the gate failed).
+int run_ab(Options& o, const std::vector<Cell>& cells, const std::string& run_id) {
+    int64_t started = mono_ns();
+    std::vector<AbSide> sides(2);
+    sides[0].name = "base";
+    sides[0].ref = o.base;
+    sides[1].name = "candidate";
+    sides[1].ref = o.candidate;
+    std::string root = "/tmp/relaybus-ab-" + run_id;
+    for (AbSide& s : sides) {
+        int st = 0;
+        s.commit = trim(run_capture("git -C " + o.repo + " rev-parse --verify --quiet '" + s.ref + "^{commit}'", &st));
+        if (st != 0 || s.commit.empty()) {
+            std::cerr << "relaybus-bench: not a commit: " << s.ref << "\n";
+            return 2;
+        }
+        s.tree = root + "/" + s.name;
+    }
+
+    Json env = Json::object();
+    env["run_id"] = run_id;
+    env["mode"] = "ab";
+    env["started_at"] = utc_stamp(false);
+    env["args"] = o.argv_text;
+    env["machine"] = machine_env();
+    AbInput in;
+    in.run_id = run_id;
+    in.out_dir = o.out;
+    in.args = o.argv_text;
+    in.pairs = o.pairs;
+    in.gate = o.gate;
+
+    std::vector<std::unique_ptr<Runner>> runners;
+    int rc = 0, running = -1;
+    Json ab = Json::object();
+    try {
+        for (AbSide& s : sides) build_tree(o, s);
+        for (AbSide& s : sides) {
+            Json b = build_env(s.pg_config, s.tree + "/src");
+            b["ref"] = s.ref;
+            b["commit"] = s.commit;
+            b["tree"] = s.tree;
+            ab[s.name] = b;
+        }
+        ab["pairs"] = o.pairs;
+        ab["gate"] = o.gate;
+        ab["order"] = "per cell: pair k runs (S, O) for odd k and (O, S) for even k, S = the build whose cluster "
+                      "was running when the cell began";
+        env["ab"] = ab;
+        in.env = env;
+
+        // Both clusters initdb'd with the same settings; only one runs at a time.
+        for (AbSide& s : sides) runners.emplace_back(new Runner(o, o.out, s.pg_config, s.name));
+        for (int i = 0; i < 2; i++) {
+            if (running >= 0) runners[running]->suspend();
+            runners[i]->start_cluster(cells);
+            running = i;
+            env["postgres_" + sides[i].name] = runners[i]->server_env();
+        }
+        write_file(o.out + "/env.json", env.dump() + "\n");
+        std::string samples_path = o.out + "/samples.jsonl";
+        write_file(samples_path, "");
+        int switches = 0, idx = 0;
+        for (const Cell& c : cells) {
+            idx++;
+            // Start with the build already running: no switch between cells, and pairs still alternate.
+            int first = running;
+            for (int k = 1; k <= o.pairs; k++) {
+                int order[2] = {k % 2 == 1 ? first : 1 - first, k % 2 == 1 ? 1 - first : first};
+                for (int side : order) {
+                    if (side != running) {
+                        runners[running]->suspend();
+                        runners[side]->resume();
+                        running = side;
+                        switches++;
+                    }
+                    std::cerr << strf("[%d/%zu] %s pair %d/%d: %s\n", idx, cells.size(), c.name.c_str(), k, o.pairs,
+                                      sides[side].name.c_str());
+                    for (SampleResult& r : runners[side]->run_cell(c, k)) {
+                        r.pair = k;
+                        r.json["pair"] = k;
+                        r.json["ab_position"] = side == order[0] ? 1 : 2;
+                        std::cerr << "    " << one_line_summary(r) << "\n";
+                        for (auto& why : r.invalid) std::cerr << "    invalid: " << why << "\n";
+                        append_file(samples_path, r.json.dump() + "\n");
+                        in.samples.push_back(r);
+                    }
+                }
+            }
+        }
+        env["cluster_switches"] = switches;
+    } catch (const std::exception& e) {
+        std::cerr << "relaybus-bench: " << e.what() << "\n";
+        rc = 1;
+    }
+    for (int i = 0; i < int(runners.size()); i++) runners[i]->stop_cluster();
+    // A kept cluster needs its tree's binaries: --keep-cluster keeps the trees too.
+    if (!o.keep_trees && !o.keep_cluster) remove_trees(o, root, sides);
+    else std::cerr << "install trees kept in " << root << " (worktrees: " << root << "/*/src)\n";
+    in.minutes = double(mono_ns() - started) / 60e9;
+    env["finished_at"] = utc_stamp(false);
+    env["minutes"] = in.minutes;
+    env["trees_kept"] = o.keep_trees;
+    write_file(o.out + "/env.json", env.dump() + "\n");
+    in.env = env;
+    if (!in.samples.empty()) {
+        AbOutcome res = write_ab_reports(in);
+        std::cout << res.markdown;
+        if (o.gate) {
+            std::cerr << "gate: " << (res.gate_pass ? "PASS" : "FAIL") << "\n";
+            if (!res.gate_pass && rc == 0) rc = 3;
+        }
+    }
+    std::cerr << "results: " << o.out << "\n";
+    return rc;
 }
 
 void usage() {
@@ -966,7 +1201,12 @@ void usage() {
         "  --pg-config PATH     the build to measure (default /usr/lib/postgresql/15/bin/pg_config)\n"
         "  --keep-cluster --keep-tmp  leave the cluster / the per-process files behind\n"
         "  --no-retry           do not repeat a sample whose backlog drained\n"
-        "  --inject-loss        TEST MODE: delete one pending delivery mid-window (exactness must report lost = 1)\n";
+        "  --inject-loss        TEST MODE: delete one pending delivery mid-window (exactness must report lost = 1)\n"
+        "A/B (two git refs, each built into its own install tree under /tmp; relaybus cells only, no floors):\n"
+        "  --base REF --candidate REF  compare two builds: per cell N pairs in ABBA order, ratio with a 95% CI\n"
+        "  --pairs N            pairs per cell (default 3)\n"
+        "  --gate               the gate: 4 cells (unless --cells), quick windows; exit 3 when it fails\n"
+        "  --keep-trees         keep the install trees and their git worktrees (/tmp/relaybus-ab-<stamp>; --keep-cluster too)\n";
 }
 
 }  // namespace
@@ -999,6 +1239,11 @@ int main(int argc, char** argv) {
         else if (a == "--out") o.out = next();
         else if (a == "--pg-config") o.pg_config = next();
         else if (a == "--repo") o.repo = next();
+        else if (a == "--base") o.base = next();
+        else if (a == "--candidate") o.candidate = next();
+        else if (a == "--gate") o.gate = true;
+        else if (a == "--keep-trees") o.keep_trees = true;
+        else if (a == "--pairs") o.pairs = std::max(1, atoi(next().c_str()));
         else if (a == "-h" || a == "--help") {
             usage();
             return 0;
@@ -1017,11 +1262,27 @@ int main(int argc, char** argv) {
     }
     g_repo = o.repo;
 
+    bool ab = !o.base.empty() || !o.candidate.empty();
+    if (ab && (o.base.empty() || o.candidate.empty())) {
+        std::cerr << "A/B needs both --base REF and --candidate REF\n";
+        return 2;
+    }
+    if (!ab && o.gate) {
+        std::cerr << "--gate needs --base REF --candidate REF\n";
+        return 2;
+    }
+    if (o.gate) {
+        if (o.cells.empty()) o.cells = kGateCells;
+        o.quick = true;  // the quick windows, unless --warmup / --window say otherwise
+    }
     std::vector<Cell> all = all_cells(o.full_matrix);
     if (o.no_peers)
         all.erase(std::remove_if(all.begin(), all.end(), [](const Cell& c) { return c.system == "pgq" || c.system == "graphile"; }),
                   all.end());
-    std::vector<Cell> cells = select_cells(all, o.quick, o.cells, !o.no_floors);
+    std::vector<Cell> cells = select_cells(all, o.quick, o.cells, !o.no_floors && !ab);
+    // The floors do not involve relaybus: both builds would measure the same thing.
+    if (ab) cells.erase(std::remove_if(cells.begin(), cells.end(), [](const Cell& c) { return c.system != "relaybus"; }),
+                        cells.end());
     if (o.list) {
         for (const Cell& c : cells)
             std::cout << c.name << (c.floor.empty() ? "" : "   (vs " + c.floor + ")") << "\n";
@@ -1039,6 +1300,11 @@ int main(int argc, char** argv) {
     signal(SIGINT, on_interrupt);
     signal(SIGTERM, on_interrupt);
     signal(SIGPIPE, SIG_IGN);
+    if (ab) {
+        std::cerr << "relaybus-bench A/B: " << cells.size() << " cells x " << o.pairs << " pairs, results in " << o.out
+                  << "\n";
+        return run_ab(o, cells, run_id);
+    }
 
     int64_t started = mono_ns();
     ReportInput in;
@@ -1049,35 +1315,10 @@ int main(int argc, char** argv) {
     env["run_id"] = run_id;
     env["started_at"] = utc_stamp(false);
     env["args"] = o.argv_text;
-    Json mach = Json::object();
-    mach["nproc"] = (long)sysconf(_SC_NPROCESSORS_ONLN);
-    {
-        std::string mi = read_file("/proc/meminfo");
-        mach["mem_total"] = trim(mi.substr(0, mi.find('\n')).substr(9));
-        std::string ci = read_file("/proc/cpuinfo");
-        size_t p = ci.find("model name");
-        if (p != std::string::npos) {
-            std::string line = ci.substr(p, ci.find('\n', p) - p);
-            mach["cpu_model"] = trim(line.substr(line.find(':') + 1));
-        }
-        mach["kernel"] = trim(run_capture("uname -sr"));
-        mach["hostname_hash"] = trim(run_capture("hostname | sha256sum | cut -c1-12"));
-        mach["loadavg_at_start"] = trim(read_file("/proc/loadavg"));
-    }
-    env["machine"] = mach;
-    Json build = Json::object();
-    build["pg_config"] = o.pg_config;
-    build["git_ref"] = trim(run_capture("git -C " + o.repo + " rev-parse HEAD 2>/dev/null"));
-    std::string porcelain = run_capture("git -C " + o.repo + " status --porcelain --untracked-files=no 2>/dev/null");
-    build["git_dirty"] = !trim(porcelain).empty();
-    build["git_dirty_files"] = trim(porcelain);
-    std::string pkglib = trim(run_capture(o.pg_config + " --pkglibdir"));
-    build["relaybus_so"] = pkglib + "/relaybus.so";
-    build["relaybus_so_sha256"] = trim(run_capture("sha256sum " + pkglib + "/relaybus.so | cut -c1-64"));
-    build["relaybus_so_mtime"] = trim(run_capture("date -u -r " + pkglib + "/relaybus.so +%Y-%m-%dT%H:%M:%SZ"));
-    env["build"] = build;
+    env["machine"] = machine_env();
+    env["build"] = build_env(o.pg_config, o.repo);
 
-    Runner runner(o, o.out);
+    Runner runner(o, o.out, o.pg_config);
     int rc = 0;
     try {
         std::cerr << "relaybus-bench: " << cells.size() << " cells, results in " << o.out << "\n";

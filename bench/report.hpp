@@ -13,6 +13,8 @@ namespace bench {
 struct SampleResult {
     Cell cell;
     int sample_no = 0;
+    std::string side;  // A/B: "base" | "candidate" ("" in a single-build run)
+    int pair = 0;      // A/B: the pair (1..N) this sample belongs to
     bool valid = true;
     std::vector<std::string> invalid;  // reasons
     bool exact_checked = false;
