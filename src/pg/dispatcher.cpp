@@ -383,6 +383,33 @@ static void after_error(MemoryContext cxt) {
     FreeErrorData(ed);
 }
 
+// Requests still in flight when the dispatcher stops (disabled, SIGTERM) get a
+// short while to finish, and what finished is completed: otherwise every
+// reload or restart would send up to `concurrency` deliveries again that the
+// receiver already has. Bounded, so a slow endpoint never holds a shutdown up.
+static void drain_http_on_exit(MemoryContext cxt) {
+    constexpr int64 kDrainMs = 3000;
+    int64 deadline = timestamptz_to_epoch_ms(GetCurrentTimestamp()) + kDrainMs;
+    PG_TRY();
+    {
+        for (;;) {
+            int64 left = deadline - timestamptz_to_epoch_ms(GetCurrentTimestamp());
+            if (http_in_flight() == 0 || left <= 0) break;
+            (void)http_wait(static_cast<long>(Min(left, static_cast<int64>(50))));
+            MemoryContextReset(cxt);
+        }
+        http_complete();
+    }
+    PG_CATCH();
+    {
+        MemoryContextSwitchTo(cxt);
+        EmitErrorReport();
+        FlushErrorState();
+        AbortCurrentTransaction();
+    }
+    PG_END_TRY();
+}
+
 }  // namespace relaybus::pg
 
 using namespace relaybus::pg;
@@ -462,6 +489,8 @@ extern "C" void relay_dispatcher_main(Datum) {
         MemoryContextReset(cxt);
         CHECK_FOR_INTERRUPTS();
     }
+    MemoryContextSwitchTo(cxt);
+    drain_http_on_exit(cxt);
     http_shutdown();
     proc_exit(0);
 }
