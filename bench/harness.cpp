@@ -31,6 +31,7 @@
 #include "cells.hpp"
 #include "children.hpp"
 #include "pg.hpp"
+#include "receiver.hpp"
 #include "report.hpp"
 #include "systems.hpp"
 
@@ -81,6 +82,7 @@ void destroy_cluster_now() {
 
 void on_interrupt(int sig) {
     for (pid_t p : g_children) kill(p, SIGKILL);
+    stop_http_receiver();
     // Not async-signal-safe, but we are about to exit and the cluster must not stay behind.
     destroy_cluster_now();
     _exit(128 + sig);
@@ -187,9 +189,11 @@ public:
         // Child directories are written by the children (root) only; the server needs none of them.
         tmp_ = out_ + "/tmp";
         mkdirs(tmp_);
+        set_http_receiver_dir(tmp_);
     }
 
     void stop_cluster() {
+        stop_http_receiver();
         setup_.close();
         setup2_.close();
         admin_.close();
@@ -253,6 +257,7 @@ public:
             else if (c.variant == "pull") def = c.profile == "tuned" ? 40000 : 25000;
             else if (c.variant == "notify-ack") def = 30000;
             else if (c.variant == "notify-fire") def = 32000 * std::sqrt(double(std::max(1, c.dispatchers)));
+            else if (c.variant == "http") def = 4000 * std::sqrt(double(std::max(1, c.concurrency)));
             // A kind seen with this many dispatchers; else the kind's best, scaled to the dispatchers.
             double seen = seen_kind_.count(kind_d) ? seen_kind_[kind_d]
                                                    : seen_kind_[kind] * std::sqrt(double(std::max(1, c.dispatchers)));
@@ -289,7 +294,7 @@ private:
 
     static bool counts_units(const Cell& c, Role r) {
         if (c.group == Group::Publish || c.group == Group::Mixed) return r == Role::Publish;
-        return r == Role::ClaimAck || r == Role::Take || r == Role::Listen;
+        return r == Role::ClaimAck || r == Role::Take || r == Role::Listen || r == Role::HttpLog;
     }
 
     // Runs statements on the setup connection, and on a second one at the same time when parallel.
@@ -444,6 +449,7 @@ private:
         params["consumers"] = c.consumers;
         params["per_key"] = c.per_key;
         params["rate"] = c.rate;
+        params["concurrency"] = c.concurrency;
         params["floor"] = c.floor;
         j["params"] = params;
         double warm = warmup(c), win = window(c);
@@ -462,7 +468,7 @@ private:
                 int64_t t = mono_ns();
                 bool parallel = false;
                 run_parallel(sys.preload_sql(c, want, &parallel), parallel);
-                if (!(c.system == "floor" && c.variant == "notify"))
+                if (!(c.system == "floor" && (c.variant == "notify" || c.variant == "wrk")))
                     setup_.exec("VACUUM (ANALYZE) " + sys.main_table(c));
                 preloaded = sys.backlog(admin_, c);
                 j["preload_s"] = double(mono_ns() - t) / 1e9;
@@ -545,7 +551,7 @@ private:
 
             // Stop: workers end at t1 by themselves; then in-server delivery; then listeners drain.
             std::vector<Child*> workers, listeners;
-            for (Child& k : kids) (k.spec.role == Role::Listen ? listeners : workers).push_back(&k);
+            for (Child& k : kids) (k.spec.role == Role::Listen || k.spec.role == Role::HttpLog ? listeners : workers).push_back(&k);
             int killed = reap(workers, go.t1 + 15000000000LL);
             sys.stop_delivery(admin_, c);
             for (Child* k : listeners) kill(k->pid, SIGUSR1);
@@ -642,7 +648,7 @@ private:
             std::vector<Receipt> rec;
             std::vector<PubRec> pubs;
             for (Child& k : kids) {
-                if (k.spec.role == Role::Listen || k.spec.role == Role::ClaimAck) {
+                if (k.spec.role == Role::Listen || k.spec.role == Role::ClaimAck || k.spec.role == Role::HttpLog) {
                     auto v = read_receipts(sdir, k.spec.label);
                     rec.insert(rec.end(), v.begin(), v.end());
                 }
@@ -807,7 +813,7 @@ private:
         std::vector<uint64_t> dead;
         sys.pending(setup_, c, &pend);
         sys.dead(setup_, c, &dead);
-        bool fire = c.variant == "notify-fire" || c.group == Group::Mixed;
+        bool fire = c.variant == "notify-fire" || c.variant == "http" || c.group == Group::Mixed;
         // Delivered: fire mode = received; pull and ack mode = acknowledged.
         std::vector<Receipt> del;
         long long bad = 0;

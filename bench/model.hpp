@@ -55,11 +55,15 @@ struct Cell {
     int consumers = 1;    // consumer processes (pull, floor delete) / notify senders (floor)
     int per_key = 1;      // relay_claim per_key
     int rate = 0;         // mixed: target events per second (all publishers together)
+    int concurrency = 0;  // http: the handler's concurrency (relaybus) / wrk connections (floor)
     std::string floor;    // the floor cell this one is compared with ("" = none)
     bool quick = false;   // part of --quick
 };
 
-enum class Role { Publish, ClaimAck, Take, Listen, NotifySend };
+// HttpLog is a listener (reaped after delivery stopped, counts units, leaves receipts)
+// that reads the local nginx receiver's access log instead of a connection;
+// Exec runs a program (wrk) from warm-up start to the window's end.
+enum class Role { Publish, ClaimAck, Take, Listen, NotifySend, HttpLog, Exec };
 
 // What one child process does. SQL comes from the system under test, so a peer
 // adds SQL and setup, not a new process type (unless its protocol differs).
@@ -88,6 +92,13 @@ struct ChildSpec {
     // NotifySend: sql takes $1 = text[] of payloads (batch of them) when send_payloads,
     // else sql has no parameters and returns the number of rows it handed over.
     bool send_payloads = false;
+    // HttpLog: the access log ("<msec> <webhook-id> <status>" per request), the nginx
+    // master's pid (SIGUSR1 flushes the log buffers); map_sql (optional) returns
+    // (delivery id, event id, key, seq, handler name) of the preloaded deliveries.
+    std::string http_log, map_sql;
+    int nginx_pid = 0;
+    // Exec: the program and its arguments; "{secs}" is replaced by the seconds left to t1.
+    std::vector<std::string> argv;
 };
 
 // Timing the parent hands to every child (CLOCK_MONOTONIC ns).

@@ -206,7 +206,11 @@ std::string write_reports(const ReportInput& in) {
               "by `dN` background dispatchers to one LISTEN process per handler (defaults: relaybus.batch_size 500; "
               "tuned: 2000); ack mode acknowledges with relay_ack. `fN` fan-out. Floors: a batched "
               "`DELETE ... RETURNING` (`cN` processes, 500 rows per statement), and the same DELETE with pg_notify of "
-              "each row (`sN` processes).\n\n";
+              "each row (`sN` processes). `http`: http handlers (`cN` per-handler concurrency, signed requests, envelope body) "
+              "delivered by `dN` dispatchers to a local nginx (`return 200`, one worker, keep-alive, logging each "
+              "request's webhook-id, which the exactness check reads); floor `http.floor.wrk.cN`: wrk with the same "
+              "request (POST, same body and headers) at N connections against the same nginx, counted from the same log "
+              "(its rows/s are requests/s).\n\n";
         md += "| cell | deliveries/s | floor | floor/s | ratio | stmts/delivery | WAL B/delivery | WAL rec/delivery | "
               "upd/delivery | del/delivery | dispatcher CPU | dispatcher MiB (RSS / anon) | lost/dup/order/dead | spin ms | samples |\n";
         md += "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
@@ -298,7 +302,8 @@ std::string write_reports(const ReportInput& in) {
         const Agg& a = agg[n];
         if (a.cell.group != Group::Dispatch || a.cell.system != "relaybus" || a.cell.variant == "notify-ack") continue;
         if (a.cell.keys != Keys::None || a.cell.handlers != 1) continue;
-        goal_ratio(n, 0.5, "dispatch >= 0.5x the dispatch floor");
+        goal_ratio(n, 0.5, a.cell.variant == "http" ? "HTTP >= 0.5x the receiver's load-generator rate (wrk)"
+                                                    : "dispatch >= 0.5x the dispatch floor");
     }
     if (const Agg* a = find("mixed.relay.fire.r1000.defaults")) {
         double p = get(a->m, "lat_p99_ms");
