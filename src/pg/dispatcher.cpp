@@ -461,6 +461,7 @@ extern "C" void relay_dispatcher_main(Datum) {
         MemoryContextSwitchTo(cxt);
         PG_TRY();
         {
+            http_pump();  // claimed requests go out as soon as responses made room
             int ready = http_collect();
             if (ready > 0 && (run_iteration || ready >= kCompleteBatch || http_in_flight() == 0 ||
                               http_results_age_ms() >= kCompleteDelayMs)) {
