@@ -176,6 +176,7 @@ void http_pump() {
     (void)run_core(
         [&](std::string*) {
             // In claim order; a handler without room keeps its requests for later.
+            core::HttpEngine::Batch batch;
             std::deque<Queued> keep;
             for (auto& q : queued) {
                 core::HttpRequest& r = q.req;
@@ -403,6 +404,7 @@ bool http_wait(long timeout_ms) {
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {
+            core::HttpEngine::Batch batch;
             for (int i = 0; i < n; i++) {
                 const WaitEvent& e = occurred[i];
                 if (e.events & (WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE))
