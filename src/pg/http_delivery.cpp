@@ -100,10 +100,10 @@ int http_capacity(const HandlerEntry* h) {
             int waiting = q == queued_of.end() ? 0 : q->second;
             auto it = breakers.find(h->id);
             int limit = it == breakers.end() ? conc : it->second.limit(conc, now);
-            // Claim ahead (in flight + queued up to 2 x concurrency + 64) while the
+            // Claim ahead (in flight + queued up to 2 x concurrency + 256) while the
             // breaker is closed, and only once half of that is free, so that one
             // claim serves many requests; a tripped breaker claims no more than it sends.
-            int ahead = limit < conc ? limit : 2 * conc + 64;
+            int ahead = limit < conc ? limit : 2 * conc + 256;
             int room = ahead - in_flight - waiting;
             if (limit == conc && room < ahead / 2) room = 0;
             int global = std::clamp(guc_max_in_flight, 1, 4096) - static_cast<int>(engine->in_flight()) -
