@@ -240,9 +240,16 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
 // A completion lost in a crash only means the delivery is handed over again,
 // which a crash causes anyway; so by default the dispatcher does not wait for
 // its commits' WAL flush (relaybus.worker_synchronous_commit).
+//
+// The dispatcher runs the same few statements all the time, with arrays of ids
+// and lanes as parameters, and the plan cache kept choosing custom plans for
+// them: a claim was re-planned on every call (planning took as long as
+// executing). The generic plans have the same shapes (the priority classes are
+// constants, so their statistics still count), so the dispatcher uses them.
 static void apply_commit_mode() {
     SetConfigOption("synchronous_commit", guc_worker_synchronous_commit ? "on" : "off", PGC_SUSET,
                     PGC_S_OVERRIDE);
+    SetConfigOption("plan_cache_mode", "force_generic_plan", PGC_SUSET, PGC_S_OVERRIDE);
 }
 
 static void mark_no_extension(uint64 seen) {
