@@ -182,7 +182,14 @@ void http_pump() {
                 core::HttpRequest& r = q.req;
                 uint64 tag = r.tag;
                 int key = r.handler_key;
-                if (now > q.expires_ms || engine == nullptr) {
+                // A handler whose breaker tripped sends no more than the breaker
+                // allows (nothing while open, then one probe at a time): the rest
+                // of its queue gives the leases back, to be claimed again later.
+                auto b = breakers.find(key);
+                bool tripped = b != breakers.end() && b->second.is_open() &&
+                               static_cast<int>(engine != nullptr ? engine->in_flight(key) : 0) >=
+                                   b->second.limit(1 << 20, now);
+                if (now > q.expires_ms || engine == nullptr || tripped) {
                     expired_ids.push_back(static_cast<int64>(tag));
                     published_us.erase(tag);
                     queued_of[key]--;
