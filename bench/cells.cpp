@@ -95,6 +95,34 @@ Cell disp_notify(bool ack, int dispatchers, bool tuned, int fanout, Keys k) {
     return c;
 }
 
+// HTTP: the receiver's own ceiling, wrk at `conns` connections with the same request.
+Cell http_floor(int conns) {
+    Cell c;
+    c.group = Group::Dispatch;
+    c.system = "floor";
+    c.variant = "wrk";
+    c.concurrency = conns;
+    c.consumers = conns;
+    c.name = strf("http.floor.wrk.c%d", conns);
+    return c;
+}
+
+// HTTP handlers delivering a preloaded backlog to the local nginx at per-handler concurrency conc.
+Cell disp_http(int dispatchers, int conc, int fanout, Keys k) {
+    Cell c;
+    c.group = Group::Dispatch;
+    c.system = "relaybus";
+    c.variant = "http";
+    c.handlers = fanout;
+    c.keys = k;
+    c.dispatchers = dispatchers;
+    c.concurrency = conc;
+    c.name = strf("disp.relay.http.d%d.c%d.f%d.%s", dispatchers, conc, fanout, keys_name(k));
+    // Requests in flight at once, all dispatchers and handlers together, is what wrk's connections match.
+    c.floor = http_floor(std::min(conc * dispatchers * fanout, 256)).name;
+    return c;
+}
+
 Cell mixed(int rate, bool tuned) {
     Cell c;
     c.group = Group::Mixed;
@@ -218,6 +246,13 @@ std::vector<Cell> all_cells(bool full_matrix) {
     add_with_floor(b, disp_notify(true, 1, true, 1, Keys::None), floors, false);
     add_with_floor(b, disp_notify(true, 1, true, 1, Keys::Distinct1000), floors, false);
     add_with_floor(b, disp_notify(true, 2, true, 1, Keys::None), floors, false);
+    // HTTP to a local nginx, against wrk on the same nginx.
+    for (int conns : {1, 16, 64, 128}) floors.push_back(http_floor(conns));
+    add_with_floor(b, disp_http(1, 1, 1, Keys::None), floors, false);
+    add_with_floor(b, disp_http(1, 16, 1, Keys::None), floors, true);
+    add_with_floor(b, disp_http(1, 64, 1, Keys::None), floors, true);
+    add_with_floor(b, disp_http(2, 64, 1, Keys::None), floors, false);
+    add_with_floor(b, disp_http(1, 64, 1, Keys::Distinct1000), floors, false);
     // The other floors: a completion INSERT on top of the DELETE, and bare pg_notify.
     Cell di = disp_floor("delete+insert", 1, 500);
     b.add(di);

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <random>
+#include <unordered_map>
 
 #include "pg.hpp"
 
@@ -637,6 +638,83 @@ std::string exit_text(const ChildSpec& spec, int st) {
     _exit(0);
 }
 
+// What one preloaded delivery is, for receipts from the receiver's log.
+struct DeliveryInfo {
+    int64_t event_id;
+    int64_t seq;
+    int32_t key_id;
+    int16_t handler;
+};
+
+// HttpLog: waits for the parent's SIGUSR1 (delivery stopped), has nginx write
+// its log buffers out, then turns every logged request into a counted unit and
+// (with a delivery map) a receipt. Line order is serving order (one nginx worker).
+void run_http_log(const ChildSpec& spec, const std::unordered_map<int64_t, DeliveryInfo>& map, int go_fd,
+                  Go* go_out, Counter& cnt) {
+    Go& go = *go_out;
+    if (read(go_fd, &go, sizeof go) != sizeof go) _exit(3);
+    // $msec is CLOCK_REALTIME; the window is CLOCK_MONOTONIC.
+    int64_t real_minus_mono = real_ns() - mono_ns();
+    while (!g_drain && !g_stop && mono_ns() < go.t1 + 120000000000LL) sleep_ms(20);
+    if (spec.nginx_pid > 0) kill(spec.nginx_pid, SIGUSR1);
+    sleep_ms(400);
+    std::ifstream in(spec.http_log);
+    if (!in) throw std::runtime_error("cannot read " + spec.http_log);
+    BinWriter rc(spec.dir + "/" + spec.label + ".rcpt");
+    std::string line;
+    long long not_200 = 0;
+    while (std::getline(in, line)) {
+        // "<sec>.<ms> <webhook-id> <status>"
+        char* end = nullptr;
+        double msec = strtod(line.c_str(), &end);
+        if (end == line.c_str()) continue;
+        long long id = strtoll(end, &end, 10);
+        int status = int(strtol(end, nullptr, 10));
+        if (status != 200) {
+            not_200++;
+            continue;
+        }
+        int64_t t = int64_t(msec * 1e9) - real_minus_mono;
+        cnt.done(1, t, t);
+        if (map.empty()) continue;
+        Receipt r{};
+        r.delivery_id = id;
+        r.mono_ns = t;
+        r.real_ns = int64_t(msec * 1e9);
+        auto it = map.find(id);
+        if (it == map.end()) {
+            r.event_id = -1;
+            r.seq = -1;
+            r.key_id = -1;
+            r.flags = 2;  // not a delivery of this sample
+        } else {
+            r.event_id = it->second.event_id;
+            r.seq = it->second.seq;
+            r.key_id = it->second.key_id;
+            r.handler = it->second.handler;
+        }
+        rc.put(r);
+    }
+    if (not_200 > 0) cnt.error(std::runtime_error(strf("%lld requests answered with a status other than 200", not_200)));
+}
+
+// Exec: runs spec.argv from warm-up start until the window's end.
+void run_exec(const ChildSpec& spec, const Go& go) {
+    long secs = long((go.t1 - mono_ns() + 999999999) / 1000000000);
+    std::vector<std::string> args;
+    for (std::string a : spec.argv) {
+        size_t p = a.find("{secs}");
+        if (p != std::string::npos) a.replace(p, 6, std::to_string(std::max(1L, secs)));
+        args.push_back(a);
+    }
+    std::string cmd;
+    for (const std::string& a : args) cmd += "'" + a + "' ";
+    int st = 0;
+    std::string out = run_capture(cmd + "2>&1", &st);
+    write_file(spec.dir + "/" + spec.label + ".log", out);
+    if (st != 0) throw std::runtime_error("exited with status " + std::to_string(st) + ": " + out.substr(0, 300));
+}
+
 }  // namespace
 
 int child_main(const ChildSpec& spec, int ready_fd, int go_fd) {
@@ -649,6 +727,7 @@ int child_main(const ChildSpec& spec, int ready_fd, int go_fd) {
     Go go;
     cnt.go = &go;
     Conn c;
+    std::unordered_map<int64_t, DeliveryInfo> delivery_map;
     try {
         c.connect(spec.conninfo);
         switch (spec.role) {
@@ -669,6 +748,21 @@ int child_main(const ChildSpec& spec, int ready_fd, int go_fd) {
                 for (const std::string& ch : spec.channels) c.exec("LISTEN " + ch);
                 if (!spec.ack_sql.empty()) c.prepare("ack", spec.ack_sql, 1);
                 break;
+            case Role::HttpLog:
+                if (!spec.map_sql.empty()) {
+                    Result r = c.exec(spec.map_sql);
+                    delivery_map.reserve(size_t(r.rows()) * 2);
+                    for (int i = 0; i < r.rows(); i++) {
+                        const std::string h = r.str(i, 4);
+                        size_t hp = h.rfind('h');
+                        delivery_map[r.i64(i, 0)] =
+                            DeliveryInfo{r.i64(i, 1), r.null(i, 3) ? -1 : r.i64(i, 3),
+                                         r.null(i, 2) ? -1 : key_id_of(r.val(i, 2)),
+                                         int16_t(hp == std::string::npos ? 0 : atoi(h.c_str() + hp + 1))};
+                    }
+                }
+                break;
+            case Role::Exec: break;
         }
     } catch (const std::exception& e) {
         std::string m = std::string("e") + e.what();
@@ -681,6 +775,9 @@ int child_main(const ChildSpec& spec, int ready_fd, int go_fd) {
     try {
         if (spec.role == Role::Listen) {
             run_listen(spec, c, go_fd, &go, cnt);
+        } else if (spec.role == Role::HttpLog) {
+            c.close();
+            run_http_log(spec, delivery_map, go_fd, &go, cnt);
         } else {
             if (read(go_fd, &go, sizeof go) != sizeof go) _exit(3);
             if (go.t_warm > mono_ns()) sleep_until_mono(go.t_warm);
@@ -690,6 +787,8 @@ int child_main(const ChildSpec& spec, int ready_fd, int go_fd) {
                 case Role::Take: run_take(spec, c, go, cnt); break;
                 case Role::NotifySend: run_notify_send(spec, c, go, cnt); break;
                 case Role::PgqBatch: run_pgq_batch(spec, c, go, cnt); break;
+
+                case Role::Exec: run_exec(spec, go); break;
                 default: break;
             }
         }

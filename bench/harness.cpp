@@ -34,6 +34,7 @@
 #include "cells.hpp"
 #include "children.hpp"
 #include "pg.hpp"
+#include "receiver.hpp"
 #include "report.hpp"
 #include "systems.hpp"
 
@@ -97,6 +98,7 @@ void destroy_cluster_now(const std::string& dir) {
 
 void on_interrupt(int sig) {
     for (pid_t p : g_children) kill(p, SIGKILL);
+    stop_http_receiver();
     // Not async-signal-safe, but we are about to exit and the clusters must not stay behind.
     while (!g_clusters.empty()) destroy_cluster_now(g_clusters.begin()->first);
     _exit(128 + sig);
@@ -239,6 +241,7 @@ public:
         for (const Cell& c : cells) used.insert(c.system);
         for (auto& kv : systems_)
             if (used.count(kv.first)) kv.second->install(setup_);
+        set_http_receiver_dir(tmp_);
     }
 
     // A/B: stop this build's cluster (fast shutdown) so the other one runs alone; resume() starts it again
@@ -253,6 +256,7 @@ public:
     }
 
     void stop_cluster() {
+        stop_http_receiver();
         close_all();
         if (opt_.keep_cluster) {
             std::cerr << "cluster kept: " << dir_ << " (stop: PG_CONFIG=" << pg_config_ << " bash test/cluster.sh destroy "
@@ -334,6 +338,7 @@ public:
             else if (c.variant == "notify-fire") def = 32000 * std::sqrt(double(std::max(1, c.dispatchers)));
             else if (c.system == "pgq") def = c.batch >= 5000 ? 180000 : 60000;  // reading writes nothing: fast
             else if (c.system == "graphile") def = 15000;
+            else if (c.variant == "http") def = 4000 * std::sqrt(double(std::max(1, c.concurrency)));
             // A kind seen with this many dispatchers; else the kind's best, scaled to the dispatchers.
             double seen = seen_kind_.count(kind_d) ? seen_kind_[kind_d]
                                                    : seen_kind_[kind] * std::sqrt(double(std::max(1, c.dispatchers)));
@@ -371,10 +376,11 @@ private:
     static bool counts_units(const Cell& c, const ChildSpec& s) {
         if (c.group == Group::Publish || c.group == Group::Mixed) return s.role == Role::Publish;
         if (s.role == Role::External) return s.reports_units;
-        return s.role == Role::ClaimAck || s.role == Role::Take || s.role == Role::Listen || s.role == Role::PgqBatch;
+        return s.role == Role::ClaimAck || s.role == Role::Take || s.role == Role::Listen || s.role == Role::PgqBatch ||
+               s.role == Role::HttpLog;
     }
     static bool writes_receipts(const ChildSpec& s) {
-        return s.role == Role::Listen || s.role == Role::ClaimAck || s.role == Role::PgqBatch ||
+        return s.role == Role::Listen || s.role == Role::ClaimAck || s.role == Role::PgqBatch || s.role == Role::HttpLog ||
                (s.role == Role::External && s.reports_units);
     }
 
@@ -532,6 +538,7 @@ private:
         params["consumers"] = c.consumers;
         params["per_key"] = c.per_key;
         params["rate"] = c.rate;
+        params["concurrency"] = c.concurrency;
         params["floor"] = c.floor;
         j["params"] = params;
         double warm = warmup(c), win = window(c);
@@ -550,7 +557,7 @@ private:
                 int64_t t = mono_ns();
                 bool parallel = false;
                 run_parallel(sys.preload_sql(c, want, &parallel), parallel);
-                if (!(c.system == "floor" && c.variant == "notify"))
+                if (!(c.system == "floor" && (c.variant == "notify" || c.variant == "wrk")))
                     setup_.exec("VACUUM (ANALYZE) " + sys.main_table(c));
                 preloaded = sys.backlog(admin_, c);
                 j["preload_s"] = double(mono_ns() - t) / 1e9;
@@ -633,7 +640,7 @@ private:
 
             // Stop: workers end at t1 by themselves; then in-server delivery; then listeners drain.
             std::vector<Child*> workers, listeners;
-            for (Child& k : kids) (k.spec.role == Role::Listen ? listeners : workers).push_back(&k);
+            for (Child& k : kids) (k.spec.role == Role::Listen || k.spec.role == Role::HttpLog ? listeners : workers).push_back(&k);
             int killed = reap(workers, go.t1 + 15000000000LL);
             sys.stop_delivery(admin_, c);
             for (Child* k : listeners) kill(k->pid, SIGUSR1);
@@ -896,7 +903,7 @@ private:
         std::vector<uint64_t> dead;
         sys.pending(setup_, c, &pend);
         sys.dead(setup_, c, &dead);
-        bool fire = c.variant == "notify-fire" || c.group == Group::Mixed;
+        bool fire = c.variant == "notify-fire" || c.variant == "http" || c.group == Group::Mixed;
         // Delivered: fire mode = received; pull and ack mode = acknowledged.
         std::vector<Receipt> del;
         long long bad = 0;

@@ -55,12 +55,16 @@ struct Cell {
     int consumers = 1;    // consumer processes (pull, floor delete) / notify senders (floor)
     int per_key = 1;      // relay_claim per_key
     int rate = 0;         // mixed: target events per second (all publishers together)
-    int concurrency = 0;  // graphile: concurrentJobs per worker process
+    int concurrency = 0;  // graphile: concurrentJobs per worker; http: the handler's concurrency (relaybus) / wrk connections (floor)
     std::string floor;    // the floor cell this one is compared with ("" = none)
     bool quick = false;   // part of --quick
 };
 
-enum class Role { Publish, ClaimAck, Take, Listen, NotifySend, PgqBatch, External };
+// HttpLog is a listener (reaped after delivery stopped, counts units, leaves receipts)
+// that reads the local nginx receiver's access log instead of a connection;
+// Exec runs a program (wrk) from warm-up start to the window's end; External runs a
+// peer's own worker or daemon under the ready/go contract in children.cpp.
+enum class Role { Publish, ClaimAck, Take, Listen, NotifySend, PgqBatch, External, HttpLog, Exec };
 
 // What one child process does. SQL comes from the system under test, so a peer
 // adds SQL and setup, not a new process type (unless its protocol differs).
@@ -97,6 +101,12 @@ struct ChildSpec {
     // runner); false for a helper daemon that only runs during the sample (pgqd).
     std::vector<std::string> argv, env;
     bool reports_units = true;
+    // HttpLog: the access log ("<msec> <webhook-id> <status>" per request), the nginx
+    // master's pid (SIGUSR1 flushes the log buffers); map_sql (optional) returns
+    // (delivery id, event id, key, seq, handler name) of the preloaded deliveries.
+    std::string http_log, map_sql;
+    int nginx_pid = 0;
+    // Exec uses argv too (External's field): "{secs}" is replaced by the seconds left to t1.
 };
 
 // Timing the parent hands to every child (CLOCK_MONOTONIC ns).

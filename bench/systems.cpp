@@ -4,6 +4,8 @@
 
 #include <sys/stat.h>
 
+#include "receiver.hpp"
+
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -27,10 +29,27 @@ static uint32_t seed_of(const Cell& c, int i) {
     return uint32_t(std::hash<std::string>()(c.name) & 0x7fffffff) + uint32_t(i) * 7919u + 1u;
 }
 
+// The http cells' handler secret (requests are signed, as in production).
+static const char* kHttpSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
 static int handler_index_of(const std::string& name) {
     // "bench_h<N>"
     size_t p = name.rfind('h');
     return p == std::string::npos ? 0 : atoi(name.c_str() + p + 1);
+}
+
+// The child that reads the receiver's access log (with_map: receipts for the exactness check).
+static ChildSpec http_log_child(const std::string& conninfo, bool with_map) {
+    ChildSpec s;
+    s.role = Role::HttpLog;
+    s.label = "nginx-log";
+    s.conninfo = conninfo;
+    s.http_log = http_receiver().log_path();
+    s.nginx_pid = http_receiver().pid();
+    if (with_map)
+        s.map_sql = "SELECT d.id, d.event_id, d.key, d.seq, h.name FROM relay.deliveries d"
+                    " JOIN relay.handlers h ON h.id = d.handler_id";
+    return s;
 }
 
 // ---- relaybus -------------------------------------------------------------------
@@ -58,16 +77,23 @@ public:
             kind = "notify";
             opts = "{\"ack\": true}";
         }
+        if (c.variant == "http") {
+            kind = "http";
+            opts = strf("{\"secret\": \"%s\", \"concurrency\": %d}", kHttpSecret, c.concurrency);
+            http_receiver().truncate_log();
+            admin.exec("ALTER SYSTEM SET relaybus.http_allowlist = '127.0.0.1'");
+        }
         for (int i = 0; i < c.handlers; i++) {
             std::string h = "bench_h" + std::to_string(i);
-            std::string target = kind == "notify" ? sql_lit(h) : "NULL";
+            std::string target = kind == "notify" ? sql_lit(h) : (kind == "http" ? sql_lit(http_receiver().url()) : "NULL");
             setup.exec("SELECT relay_create_handler(" + sql_lit(h) + ", " + sql_lit(kind) + ", " + target + ", " +
                        sql_lit(opts) + "::jsonb)");
             setup.exec("SELECT relay_route('bench.e', " + sql_lit(h) + ")");
         }
         // Notify cells start their dispatchers only when the listeners are there
-        // (a notification nobody listens to is gone, and fire mode deletes on send).
-        bool notify = kind == "notify";
+        // (a notification nobody listens to is gone, and fire mode deletes on send);
+        // http cells when the backlog is loaded, so the window sees a steady state.
+        bool notify = kind == "notify" || kind == "http";
         int n = c.dispatchers > 0 ? c.dispatchers : 1;
         set_dispatchers(admin, !notify, n, c.batch_size);
     }
@@ -124,6 +150,8 @@ public:
         } else if (c.group == Group::Mixed) {
             publishers(double(c.rate) / c.publishers, true);
             listeners(false);
+        } else if (c.variant == "http") {
+            out.push_back(http_log_child(conninfo, true));
         } else if (c.variant == "pull") {
             for (int i = 0; i < c.consumers; i++) {
                 ChildSpec s;
@@ -142,12 +170,14 @@ public:
         return out;
     }
 
+    static bool in_server(const Cell& c) {
+        return c.variant == "notify-fire" || c.variant == "notify-ack" || c.variant == "http" || c.group == Group::Mixed;
+    }
     void start_delivery(Conn& admin, const Cell& c) override {
-        if (c.variant == "notify-fire" || c.variant == "notify-ack" || c.group == Group::Mixed)
-            set_dispatchers(admin, true, c.dispatchers > 0 ? c.dispatchers : 1, c.batch_size);
+        if (in_server(c)) set_dispatchers(admin, true, c.dispatchers > 0 ? c.dispatchers : 1, c.batch_size);
     }
     void stop_delivery(Conn& admin, const Cell& c) override {
-        if (!(c.variant == "notify-fire" || c.variant == "notify-ack" || c.group == Group::Mixed)) return;
+        if (!in_server(c)) return;
         try {
             set_dispatchers(admin, false, c.dispatchers > 0 ? c.dispatchers : 1, c.batch_size, 15);
         } catch (const std::exception& e) {
@@ -290,14 +320,33 @@ public:
         return c.group == Group::Publish ? "public.floor_events" : "public.floor_backlog";
     }
 
-    void prepare(Conn& setup, Conn&, const Cell&) override {
+    void prepare(Conn& setup, Conn&, const Cell& c) override {
         setup.exec("TRUNCATE floor_events, floor_backlog, floor_done RESTART IDENTITY");
+        if (c.variant == "wrk") {
+            NginxReceiver& rx = http_receiver();
+            rx.truncate_log();
+            // The request relaybus sends: the same envelope (built by the same SQL as the
+            // dispatcher's, ids of a realistic width) and the same headers.
+            std::string body = setup.one(
+                "SELECT pg_catalog.jsonb_build_object('id', 1234567, 'event_id', 1234567, 'topic', 'bench.e',"
+                " 'key', NULL::text, 'seq', NULL::int8, 'attempt', 1, 'headers', NULL::jsonb, 'payload', " +
+                sql_payload_expr("1") + ")::text");
+            std::string lua = "wrk.method = \"POST\"\n"
+                              "wrk.body = [==[" + body + "]==]\n"
+                              "wrk.headers[\"content-type\"] = \"application/json\"\n"
+                              "wrk.headers[\"user-agent\"] = \"relaybus/0.1.0\"\n"
+                              "wrk.headers[\"accept\"] = \"*/*\"\n"
+                              "wrk.headers[\"webhook-id\"] = \"1234567\"\n"
+                              "wrk.headers[\"webhook-timestamp\"] = \"" + std::to_string(real_ns() / 1000000000) + "\"\n"
+                              "wrk.headers[\"webhook-signature\"] = \"v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9NDDkkHvH8=\"\n";
+            write_file(wrk_script(), lua);
+        }
     }
 
     std::vector<std::string> preload_sql(const Cell& c, long long deliveries, bool* parallel) override {
         *parallel = true;
         std::vector<std::string> out;
-        if (c.variant == "notify") return out;  // bare pg_notify: nothing to take from
+        if (c.variant == "notify" || c.variant == "wrk") return out;  // nothing to take from
         const long long chunk = 50000;
         for (long long from = 1; from <= deliveries; from += chunk) {
             long long to = std::min(deliveries, from + chunk - 1);
@@ -336,6 +385,15 @@ public:
                 s.seed = seed_of(c, i);
                 out.push_back(s);
             }
+        } else if (c.variant == "wrk") {
+            out.push_back(http_log_child(conninfo, false));
+            ChildSpec w;
+            w.role = Role::Exec;
+            w.label = "wrk";
+            w.conninfo = conninfo;
+            w.argv = {"wrk", strf("-t%d", c.concurrency < 2 ? 1 : 2), strf("-c%d", c.concurrency), "-d{secs}s",
+                      "-s", wrk_script(), http_receiver().url()};
+            out.push_back(w);
         } else if (c.variant == "delete" || c.variant == "delete+insert") {
             for (int i = 0; i < c.consumers; i++) {
                 ChildSpec s;
@@ -380,9 +438,12 @@ public:
 
     long long backlog(Conn& admin, const Cell& c) override {
         if (c.group == Group::Publish) return admin.one_i64("SELECT count(*) FROM floor_events");
-        if (c.variant == "notify") return -1;
+        if (c.variant == "notify" || c.variant == "wrk") return -1;
         return admin.one_i64("SELECT count(*) FROM floor_backlog");
     }
+
+private:
+    static std::string wrk_script() { return http_receiver().log_path() + ".wrk.lua"; }
 };
 
 // ---- peers ------------------------------------------------------------------------

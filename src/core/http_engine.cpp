@@ -44,9 +44,15 @@ int64_t now_epoch_ms() {
 // are delivered when the old mask comes back, except a SIGPIPE raised by a
 // write of libcurl/OpenSSL to a closed connection: it is consumed (the way
 // libpq does it), since a default SIGPIPE disposition would kill the process.
+//
+// Guards nest: only the outermost one changes the mask (an engine call inside
+// HttpEngine::Batch costs no system calls for it).
+thread_local int signal_guard_depth = 0;
+
 class SignalGuard {
  public:
   SignalGuard() {
+    if (signal_guard_depth++ > 0) return;
     sigset_t all;
     sigfillset(&all);
     active_ = pthread_sigmask(SIG_BLOCK, &all, &old_) == 0;
@@ -58,6 +64,7 @@ class SignalGuard {
     }
   }
   ~SignalGuard() {
+    --signal_guard_depth;
     if (!active_) return;
     if (!sigpipe_was_pending_ && sigismember(&old_, SIGPIPE) != 1) {
       sigset_t pending;
@@ -274,6 +281,8 @@ HttpEngine::HttpEngine(const HttpEngineOptions& options) : options_(options) {
 
 HttpEngine::~HttpEngine() {
   cancel_all();
+  for (void* e : idle_easy_) curl_easy_cleanup(static_cast<CURL*>(e));
+  idle_easy_.clear();
   if (multi_ != nullptr) {
     SignalGuard guard;
     curl_multi_cleanup(static_cast<CURLM*>(multi_));
@@ -346,8 +355,9 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
       text::set_why(why, "URL " + text::quote(req.url, 100) + " is not an http(s) URL");
       return false;
     }
-    {
-      // libcurl's own parser, the one the request will go through.
+    if (req.url != last_valid_url_) {
+      // libcurl's own parser, the one the request will go through (once per
+      // URL: a handler sends every request to the same one).
       CURLU* u = curl_url();
       if (u == nullptr) throw std::bad_alloc();
       const CURLUcode uc = curl_url_set(u, CURLUPART_URL, req.url.c_str(), 0);
@@ -357,6 +367,7 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
                                curl_url_strerror(uc));
         return false;
       }
+      last_valid_url_ = req.url;
     }
     bool has_content_type = false;
     for (const auto& [name, value] : req.headers) {
@@ -379,7 +390,15 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
       add_header(value.empty() ? name + ";" : name + ": " + value);
     add_header("Expect:");  // no 100-continue round trip for larger bodies
 
-    CURL* e = curl_easy_init();
+    // A finished request's handle, reset, if there is one: a new handle costs
+    // its allocations (buffers, state) every time.
+    CURL* e = nullptr;
+    if (!idle_easy_.empty()) {
+      e = idle_easy_.back();
+      idle_easy_.pop_back();
+    } else {
+      e = curl_easy_init();
+    }
     if (e == nullptr) {
       text::set_why(why, "libcurl could not create a request handle");
       return false;
@@ -659,8 +678,33 @@ void HttpEngine::remove_transfer(Transfer* t) {
   if (r != running_.end() && --r->second <= 0) running_.erase(r);
   SignalGuard guard;
   curl_multi_remove_handle(static_cast<CURLM*>(multi_), t->easy);
-  transfers_.erase(it);  // ~Transfer cleans the easy handle up
+  // Keep the handle for the next request (its options are reset; its
+  // connection stays in the multi handle's cache either way).
+  if (t->easy != nullptr && idle_easy_.size() < static_cast<size_t>(options_.max_total)) {
+    try {
+      idle_easy_.reserve(static_cast<size_t>(options_.max_total));
+      curl_easy_reset(t->easy);
+      idle_easy_.push_back(t->easy);
+      t->easy = nullptr;
+    } catch (...) {
+    }
+  }
+  transfers_.erase(it);  // ~Transfer cleans up a handle not kept
 }
+
+struct HttpEngine::Batch::Guard {
+  SignalGuard guard;
+};
+
+HttpEngine::Batch::Batch() {
+  try {
+    guard_ = new Guard();
+  } catch (...) {
+    guard_ = nullptr;  // then every call guards itself
+  }
+}
+
+HttpEngine::Batch::~Batch() { delete guard_; }
 
 std::vector<HttpResult> HttpEngine::take_results() {
   std::vector<HttpResult> out;

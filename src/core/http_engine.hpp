@@ -120,6 +120,23 @@ class HttpEngine {
   // Drops everything in flight without results (their connections close).
   void cancel_all();
 
+  // While a Batch lives, the engine's calls (submit, on_socket, on_timeout...)
+  // share one signal-blocking section instead of blocking and restoring the
+  // signal mask around each libcurl call: a batch of socket events or submits
+  // costs its system calls once. Signals stay blocked meanwhile: keep batches
+  // short and call nothing but the engine inside.
+  class Batch {
+   public:
+    Batch();
+    ~Batch();
+    Batch(const Batch&) = delete;
+    Batch& operator=(const Batch&) = delete;
+
+   private:
+    struct Guard;
+    Guard* guard_ = nullptr;
+  };
+
   struct Transfer;  // internal
 
  private:
@@ -137,6 +154,8 @@ class HttpEngine {
   std::map<int, SocketWant> sockets_;
   uint64_t sockets_generation_ = 0;
   std::vector<HttpResult> results_;
+  std::vector<void*> idle_easy_;  // CURL* of finished requests, reset, for reuse
+  std::string last_valid_url_;    // the last URL libcurl's parser accepted
 };
 
 }  // namespace relaybus::core

@@ -240,9 +240,16 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
 // A completion lost in a crash only means the delivery is handed over again,
 // which a crash causes anyway; so by default the dispatcher does not wait for
 // its commits' WAL flush (relaybus.worker_synchronous_commit).
+//
+// The dispatcher runs the same few statements all the time, with arrays of ids
+// and lanes as parameters, and the plan cache kept choosing custom plans for
+// them: a claim was re-planned on every call (planning took as long as
+// executing). The generic plans have the same shapes (the priority classes are
+// constants, so their statistics still count), so the dispatcher uses them.
 static void apply_commit_mode() {
     SetConfigOption("synchronous_commit", guc_worker_synchronous_commit ? "on" : "off", PGC_SUSET,
                     PGC_S_OVERRIDE);
+    SetConfigOption("plan_cache_mode", "force_generic_plan", PGC_SUSET, PGC_S_OVERRIDE);
 }
 
 static void mark_no_extension(uint64 seen) {
@@ -383,6 +390,33 @@ static void after_error(MemoryContext cxt) {
     FreeErrorData(ed);
 }
 
+// Requests still in flight when the dispatcher stops (disabled, SIGTERM) get a
+// short while to finish, and what finished is completed: otherwise every
+// reload or restart would send up to `concurrency` deliveries again that the
+// receiver already has. Bounded, so a slow endpoint never holds a shutdown up.
+static void drain_http_on_exit(MemoryContext cxt) {
+    constexpr int64 kDrainMs = 3000;
+    int64 deadline = timestamptz_to_epoch_ms(GetCurrentTimestamp()) + kDrainMs;
+    PG_TRY();
+    {
+        for (;;) {
+            int64 left = deadline - timestamptz_to_epoch_ms(GetCurrentTimestamp());
+            if (http_in_flight() == 0 || left <= 0) break;
+            (void)http_wait(static_cast<long>(Min(left, static_cast<int64>(50))));
+            MemoryContextReset(cxt);
+        }
+        http_complete();
+    }
+    PG_CATCH();
+    {
+        MemoryContextSwitchTo(cxt);
+        EmitErrorReport();
+        FlushErrorState();
+        AbortCurrentTransaction();
+    }
+    PG_END_TRY();
+}
+
 }  // namespace relaybus::pg
 
 using namespace relaybus::pg;
@@ -434,6 +468,7 @@ extern "C" void relay_dispatcher_main(Datum) {
         MemoryContextSwitchTo(cxt);
         PG_TRY();
         {
+            http_pump();  // claimed requests go out as soon as responses made room
             int ready = http_collect();
             if (ready > 0 && (run_iteration || ready >= kCompleteBatch || http_in_flight() == 0 ||
                               http_results_age_ms() >= kCompleteDelayMs)) {
@@ -462,6 +497,8 @@ extern "C" void relay_dispatcher_main(Datum) {
         MemoryContextReset(cxt);
         CHECK_FOR_INTERRUPTS();
     }
+    MemoryContextSwitchTo(cxt);
+    drain_http_on_exit(cxt);
     http_shutdown();
     proc_exit(0);
 }

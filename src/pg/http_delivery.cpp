@@ -1,6 +1,7 @@
 #include "pg/http_delivery.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -30,6 +31,18 @@ namespace {
 std::unique_ptr<core::HttpEngine> engine;
 std::string engine_allowlist;
 std::vector<core::HttpRequest> staged;
+std::vector<int64> staged_expiry;  // epoch ms after which a staged request may no longer be sent
+// Claimed (committed) requests waiting for room under their handler's
+// concurrency. Claiming ahead of what may be in flight lets a claim serve many
+// requests, and lets the next request go out the moment a response comes in,
+// without waiting for a transaction.
+struct Queued {
+    core::HttpRequest req;
+    int64 expires_ms;
+};
+std::deque<Queued> queued;
+std::unordered_map<int32, int> queued_of;  // handler id -> entries in `queued`
+std::vector<int64> expired_ids;            // queued too long: their leases go back
 std::vector<core::HttpResult> finished;
 std::unordered_map<uint64, int64> published_us;  // delivery id -> publish time (latency)
 std::unordered_map<int32, core::CircuitBreaker> breakers;
@@ -80,14 +93,22 @@ int http_capacity(const HandlerEntry* h) {
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {
-            engine->set_handler_limit(h->id, h->options.concurrency);
+            const int conc = h->options.concurrency;
+            engine->set_handler_limit(h->id, conc);
             int in_flight = static_cast<int>(engine->in_flight(h->id));
+            auto q = queued_of.find(h->id);
+            int waiting = q == queued_of.end() ? 0 : q->second;
             auto it = breakers.find(h->id);
-            int limit = it == breakers.end() ? h->options.concurrency
-                                             : it->second.limit(h->options.concurrency, now);
-            capacity = std::max(0, std::min(limit - in_flight,
-                                            static_cast<int>(std::clamp(guc_max_in_flight, 1, 4096) -
-                                                             static_cast<int>(engine->in_flight()))));
+            int limit = it == breakers.end() ? conc : it->second.limit(conc, now);
+            // Claim ahead (in flight + queued up to 2 x concurrency + 256) while the
+            // breaker is closed, and only once half of that is free, so that one
+            // claim serves many requests; a tripped breaker claims no more than it sends.
+            int ahead = limit < conc ? limit : 2 * conc + 256;
+            int room = ahead - in_flight - waiting;
+            if (limit == conc && room < ahead / 2) room = 0;
+            int global = std::clamp(guc_max_in_flight, 1, 4096) - static_cast<int>(engine->in_flight()) -
+                         static_cast<int>(queued.size());
+            capacity = std::max(0, std::min(room, global));
             return true;
         },
         err);
@@ -109,7 +130,12 @@ void http_stage(const HandlerEntry* h, const ClaimResult* res) {
                                  h->options.envelope ? kNotifyJsonColumn : 6);
         published[i] = DatumGetTimestampTz(spi_col(row, 10, &isnull));
     }
-    int64 timestamp_s = now_ms() / 1000;
+    int64 now = now_ms();
+    int64 timestamp_s = now / 1000;
+    // A queued request must still be sent, and answered within its timeout,
+    // while its lease holds (http_lease_ms), with a margin: else it is not sent
+    // and its lease goes back.
+    int64 expires = now + std::max<int64>(1000, http_lease_ms(h) - h->options.timeout_ms - 15000);
     char err[kErrLen];
     if (!run_core(
             [&](std::string*) {
@@ -118,6 +144,7 @@ void http_stage(const HandlerEntry* h, const ClaimResult* res) {
                                                                      bodies[i], timestamp_s);
                     published_us[r.tag] = published[i];
                     staged.push_back(std::move(r));
+                    staged_expiry.push_back(expires);
                 }
                 return true;
             },
@@ -130,27 +157,90 @@ void http_send_staged() {
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {
-            for (auto& r : staged) {
-                std::string why;
-                uint64 tag = r.tag;
-                int key = r.handler_key;
-                // A full queue is not the delivery's fault: that is a retry. A
-                // request the engine refuses (bad URL or header) is a failure.
-                bool room = engine != nullptr && engine->can_submit(key);
-                if (!room || !engine->submit(std::move(r), &why)) {
-                    core::HttpResult failed;
-                    failed.tag = tag;
-                    failed.handler_key = key;
-                    failed.outcome = room ? core::HttpOutcome::Fail : core::HttpOutcome::Retry;
-                    failed.error = !room ? "no room to send (relaybus.max_in_flight or the handler's concurrency)"
-                                         : why;
-                    finished.push_back(std::move(failed));
-                }
+            for (size_t i = 0; i < staged.size(); i++) {
+                queued_of[staged[i].handler_key]++;
+                queued.push_back(Queued{std::move(staged[i]), staged_expiry[i]});
             }
             staged.clear();
+            staged_expiry.clear();
             return true;
         },
         err);
+    http_pump();
+}
+
+void http_pump() {
+    if (queued.empty()) return;
+    int64 now = now_ms();
+    char err[kErrLen];
+    (void)run_core(
+        [&](std::string*) {
+            // In claim order; a handler without room keeps its requests for later.
+            core::HttpEngine::Batch batch;
+            std::deque<Queued> keep;
+            for (auto& q : queued) {
+                core::HttpRequest& r = q.req;
+                uint64 tag = r.tag;
+                int key = r.handler_key;
+                // A handler whose breaker tripped sends no more than the breaker
+                // allows (nothing while open, then one probe at a time): the rest
+                // of its queue gives the leases back, to be claimed again later.
+                auto b = breakers.find(key);
+                bool tripped = b != breakers.end() && b->second.is_open() &&
+                               static_cast<int>(engine != nullptr ? engine->in_flight(key) : 0) >=
+                                   b->second.limit(1 << 20, now);
+                if (now > q.expires_ms || engine == nullptr || tripped) {
+                    expired_ids.push_back(static_cast<int64>(tag));
+                    published_us.erase(tag);
+                    queued_of[key]--;
+                    continue;
+                }
+                if (!engine->can_submit(key)) {
+                    keep.push_back(std::move(q));
+                    continue;
+                }
+                queued_of[key]--;
+                std::string why;
+                // A request the engine refuses (bad URL or header) is a failure.
+                if (!engine->submit(std::move(r), &why)) {
+                    core::HttpResult failed;
+                    failed.tag = tag;
+                    failed.handler_key = key;
+                    failed.outcome = core::HttpOutcome::Fail;
+                    failed.error = why;
+                    finished.push_back(std::move(failed));
+                }
+            }
+            queued.swap(keep);
+            return true;
+        },
+        err);
+    if (!expired_ids.empty()) {
+        // Not sent: the deliveries are claimed again (by this or another dispatcher).
+        leases_release(expired_ids.data(), static_cast<int>(expired_ids.size()));
+        expired_ids.clear();
+    }
+}
+
+size_t http_queued() { return queued.size(); }
+
+void http_release_queued() {
+    char err[kErrLen];
+    (void)run_core(
+        [&](std::string*) {
+            for (const auto& q : queued) {
+                expired_ids.push_back(static_cast<int64>(q.req.tag));
+                published_us.erase(q.req.tag);
+            }
+            queued.clear();
+            queued_of.clear();
+            return true;
+        },
+        err);
+    if (!expired_ids.empty()) {
+        leases_release(expired_ids.data(), static_cast<int>(expired_ids.size()));
+        expired_ids.clear();
+    }
 }
 
 void http_drop_staged() {
@@ -159,6 +249,7 @@ void http_drop_staged() {
         [&](std::string*) {
             for (const auto& r : staged) published_us.erase(r.tag);
             staged.clear();
+            staged_expiry.clear();
             return true;
         },
         err);
@@ -286,13 +377,22 @@ bool http_wait(long timeout_ms) {
             },
             err);
     }
-    if (engine_timeout >= 0 && engine_timeout < timeout_ms) timeout_ms = static_cast<long>(engine_timeout);
+    // libcurl's own timers (often 0 or 1 ms while transfers run) end the wait
+    // too, but they are the engine's business: they do not call for a claim or
+    // a completion, so they do not count as a wake-up.
+    bool engine_timer = false;
+    if (engine_timeout >= 0 && engine_timeout < timeout_ms) {
+        timeout_ms = static_cast<long>(engine_timeout);
+        engine_timer = true;
+    }
     // An open breaker lets its probe through when its backoff ends.
     int64 nowms = now_ms();
     for (const auto& kv : breakers) {
         const core::CircuitBreaker& b = kv.second;
-        if (b.is_open() && b.open_until_ms() >= nowms && b.open_until_ms() - nowms + 1 < timeout_ms)
+        if (b.is_open() && b.open_until_ms() >= nowms && b.open_until_ms() - nowms + 1 < timeout_ms) {
             timeout_ms = static_cast<long>(b.open_until_ms() - nowms + 1);
+            engine_timer = false;
+        }
     }
 
     WaitEventSet* set = CreateWaitEventSet(CurrentMemoryContext, nsock + 2);
@@ -306,11 +406,12 @@ bool http_wait(long timeout_ms) {
     for (int i = 0; i < n; i++)
         if (occurred[i].events & WL_LATCH_SET) latch = true;
     if (latch) ResetLatch(MyLatch);
-    bool woken = latch || n == 0;  // n == 0: the timeout passed
+    bool woken = latch || (n == 0 && !engine_timer);  // n == 0: the timeout passed
     if (!engine) return woken;
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {
+            core::HttpEngine::Batch batch;
             for (int i = 0; i < n; i++) {
                 const WaitEvent& e = occurred[i];
                 if (e.events & (WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE))
@@ -325,6 +426,7 @@ bool http_wait(long timeout_ms) {
 }
 
 void http_shutdown() {
+    http_release_queued();
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {

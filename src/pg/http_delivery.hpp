@@ -14,16 +14,24 @@
 
 namespace relaybus::pg {
 
-// How many more deliveries of h may be claimed now (its concurrency minus what
-// is in flight; 0 while its circuit breaker is open).
+// How many more deliveries of h may be claimed now: claims run ahead of the
+// handler's concurrency (queued requests go out as responses come in), and
+// only once a good part of that is free; with the circuit breaker open, no
+// more than it may send (0, or 1 for the probe).
 int http_capacity(const HandlerEntry* h);
 // Lease of a claimed delivery: covers the request's timeout.
 int64 http_lease_ms(const HandlerEntry* h);
 // Within the dispatcher's transaction and SPI: turns the claimed rows into
 // requests to send once the transaction has committed.
 void http_stage(const HandlerEntry* h, const ClaimResult* res);
-void http_send_staged();  // after commit
+void http_send_staged();  // after commit: queues them and sends what has room
 void http_drop_staged();  // after an aborted iteration
+// Sends queued requests that have room now; gives back the leases of those
+// queued too long to be sent within their lease.
+void http_pump();
+size_t http_queued();
+// Drops every queued request and gives its lease back (the dispatcher stops).
+void http_release_queued();
 // Moves finished requests out of the engine; returns how many wait for completion.
 int http_collect();
 // How long the oldest of them has waited, in ms (0 if none).
@@ -32,7 +40,7 @@ int64 http_results_age_ms();
 int http_complete();
 // Waits for the latch, postmaster death, the engine's sockets or its timer, up
 // to timeout_ms, and lets the engine work. True if the latch was set or the
-// timeout passed; false if only sockets had activity.
+// timeout passed; false if only sockets or the engine's own timer had activity.
 bool http_wait(long timeout_ms);
 size_t http_in_flight();
 void http_shutdown();
