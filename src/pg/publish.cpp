@@ -18,6 +18,7 @@
 #include "pg/catalog_cache.hpp"
 #include "pg/delivery_writer.hpp"
 #include "pg/guard.hpp"
+#include "pg/key_counter.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/publish_args.hpp"
 #include "pg/settings.hpp"
@@ -117,12 +118,16 @@ static int64 next_event_id() { return nextval_internal(relay_event_seq(), false)
 // Bumps the key's counter and returns its new value. Runs under the key's lock
 // and with a fresh snapshot (see the file comment).
 static int64 bump_key_seq(const char* key) {
+    Datum k = CStringGetTextDatum(key);
+    int64 seq = 0;
+    CounterBump done = key_counter_bump(k, &seq);
+    if (done == CounterBump::Bumped) return seq;
     SpiScope scope;
     spi_begin(&scope);
-    Datum k = CStringGetTextDatum(key);
-    spi_exec_latest(&seq_update_plan, &k, nullptr, false, 0);
-    if (SPI_processed == 0) spi_exec_latest(&seq_upsert_plan, &k, nullptr, false, 0);
-    int64 seq = spi_int64(0, 1);
+    if (done == CounterBump::UseSql) spi_exec_latest(&seq_update_plan, &k, nullptr, false, 0);
+    if (done == CounterBump::NoRow || SPI_processed == 0)
+        spi_exec_latest(&seq_upsert_plan, &k, nullptr, false, 0);
+    seq = spi_int64(0, 1);
     spi_end(&scope);
     return seq;
 }
