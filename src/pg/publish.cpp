@@ -28,6 +28,7 @@
 extern "C" {
 #include "commands/sequence.h"
 #include "storage/lock.h"
+#include "tcop/utility.h"
 PG_FUNCTION_INFO_V1(relay_publish);
 PG_FUNCTION_INFO_V1(relay_publish_batch);
 }
@@ -231,6 +232,8 @@ using namespace relaybus;
 using namespace relaybus::pg;
 
 extern "C" Datum relay_publish(PG_FUNCTION_ARGS) {
+    // The rows are written without the executor, which would have checked this.
+    PreventCommandIfReadOnly("relay_publish()");
     PublishCommon common;
     read_publish_common(fcinfo, /*headers*/ 3, /*priority*/ 4, /*not_before*/ 5, &common);
 
@@ -320,6 +323,7 @@ static bool mark_uncounted(int n, char** keys, const int* key_lens, const bool* 
 }  // namespace relaybus::pg
 
 extern "C" Datum relay_publish_batch(PG_FUNCTION_ARGS) {
+    PreventCommandIfReadOnly("relay_publish_batch()");
     PublishCommon common;
     read_publish_common(fcinfo, 3, 4, 5, &common);
 
