@@ -1,21 +1,24 @@
 // relay_publish and relay_publish_batch: write an event's deliveries in the
 // caller's transaction.
 //
-// A keyed publish is one statement: it bumps the key's counter (locking it until
-// commit, so seq order is commit order), draws the event id after that lock, and
-// inserts one delivery per routed handler. Concurrent publishers of one key also
-// take a transaction advisory lock on the key's hash first, so that the counter
-// update never meets a concurrent update under REPEATABLE READ or SERIALIZABLE;
-// the statement reads with a fresh snapshot for the same reason.
+// A keyed publish first takes a transaction advisory lock on the key's hash, so
+// that publishers of one key serialize until commit, then bumps the key's
+// counter (with a fresh snapshot, so that it never meets a concurrent update
+// under REPEATABLE READ or SERIALIZABLE), then draws the event id: seq order and
+// event id order within a key are commit order. The delivery rows, one per
+// routed handler, are written directly (delivery_writer.hpp), not through SPI.
 
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/lane_hash.hpp"
 #include "core/topic.hpp"
 #include "pg/catalog_cache.hpp"
+#include "pg/delivery_writer.hpp"
 #include "pg/guard.hpp"
+#include "pg/key_counter.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/publish_args.hpp"
 #include "pg/settings.hpp"
@@ -23,53 +26,45 @@
 #include "pg/worker_state.hpp"
 
 extern "C" {
+#include "commands/sequence.h"
 #include "storage/lock.h"
+#include "tcop/utility.h"
 PG_FUNCTION_INFO_V1(relay_publish);
 PG_FUNCTION_INFO_V1(relay_publish_batch);
 }
 
 namespace relaybus::pg {
 
-static_assert(core::kLanes == 64, "the unkeyed lane expression in SQL below assumes 64 lanes");
-
 #define RELAY_DELIVERY_COLUMNS                                                            \
     "id, event_id, seq, published_at, not_before, handler_id, attempt, lane, priority, " \
     "topic, wire_topic, key, payload, headers"
 
-static SavedPlan keyed_plan = {
-    "WITH s AS ("
-    "  INSERT INTO relay.key_seqs AS k (key, seq) VALUES ($1, 1)"
-    "  ON CONFLICT (key) DO UPDATE SET seq = k.seq + 1 RETURNING k.seq"
-    "), e AS MATERIALIZED ("
-    "  SELECT s.seq, pg_catalog.nextval('relay.event_id_seq'::pg_catalog.regclass) AS eid FROM s"
-    ") INSERT INTO relay.deliveries (" RELAY_DELIVERY_COLUMNS ")"
-    " SELECT pg_catalog.nextval('relay.delivery_id_seq'::pg_catalog.regclass), e.eid, e.seq,"
-    "        pg_catalog.now(), coalesce($4, pg_catalog.now()), h.hid, 0, $2, $3, $5, h.wire, $1, $6, $7"
-    "   FROM e, unnest($8::int4[], $9::text[]) AS h(hid, wire)"
-    " RETURNING event_id",
-    9,
-    {TEXTOID, INT2OID, INT2OID, TIMESTAMPTZOID, TEXTOID, JSONBOID, JSONBOID, INT4ARRAYOID,
-     TEXTARRAYOID},
-    nullptr};
-
-static SavedPlan unkeyed_plan = {
-    "WITH e AS MATERIALIZED ("
-    "  SELECT pg_catalog.nextval('relay.event_id_seq'::pg_catalog.regclass) AS eid"
-    ") INSERT INTO relay.deliveries (" RELAY_DELIVERY_COLUMNS ")"
-    " SELECT pg_catalog.nextval('relay.delivery_id_seq'::pg_catalog.regclass), e.eid, NULL,"
-    "        pg_catalog.now(), coalesce($2, pg_catalog.now()), h.hid, 0, (e.eid % 64)::int2, $1,"
-    "        $3, h.wire, NULL, $4, $5"
-    "   FROM e, unnest($6::int4[], $7::text[]) AS h(hid, wire)"
-    " RETURNING event_id",
-    7,
-    {INT2OID, TIMESTAMPTZOID, TEXTOID, JSONBOID, JSONBOID, INT4ARRAYOID, TEXTARRAYOID},
-    nullptr};
-
-static SavedPlan unrouted_plan = {
-    "SELECT pg_catalog.nextval('relay.event_id_seq'::pg_catalog.regclass)"
-    "  FROM pg_catalog.generate_series(1, $1)",
+// The key's counter: an UPDATE first (one WAL record, a HOT update), the upsert
+// only for a key's first event. ON CONFLICT DO UPDATE would lock the row before
+// updating it, a second WAL record per keyed event.
+static SavedPlan seq_update_plan = {
+    "UPDATE relay.key_seqs SET seq = seq + 1 WHERE key = $1 RETURNING seq",
     1,
-    {INT4OID},
+    {TEXTOID},
+    nullptr};
+
+static SavedPlan seq_upsert_plan = {
+    "INSERT INTO relay.key_seqs AS k (key, seq) VALUES ($1, 1)"
+    " ON CONFLICT (key) DO UPDATE SET seq = k.seq + 1 RETURNING k.seq",
+    1,
+    {TEXTOID},
+    nullptr};
+
+// A batch's counters, the same way: one UPDATE for the keys that have a row,
+// then the upsert for the others. Each returns every key's last seq.
+static SavedPlan batch_seq_update_plan = {
+    "UPDATE relay.key_seqs AS k SET seq = k.seq + c.n"
+    "  FROM (SELECT u.key, count(*) AS n FROM pg_catalog.unnest($1::text[]) AS u(key)"
+    "         WHERE u.key IS NOT NULL GROUP BY u.key) AS c"
+    " WHERE k.key = c.key"
+    " RETURNING k.key, k.seq",
+    1,
+    {TEXTARRAYOID},
     nullptr};
 
 static SavedPlan batch_seq_plan = {
@@ -82,30 +77,24 @@ static SavedPlan batch_seq_plan = {
     {TEXTARRAYOID},
     nullptr};
 
-static SavedPlan batch_insert_plan = {
-    "WITH ev AS MATERIALIZED ("
-    "  SELECT u.i, pg_catalog.nextval('relay.event_id_seq'::pg_catalog.regclass) AS eid,"
-    "         u.p, u.k, u.s, u.l"
-    "    FROM unnest($1::jsonb[], $2::text[], $3::int8[], $4::int2[])"
-    "         WITH ORDINALITY AS u(p, k, s, l, i)"
-    ") INSERT INTO relay.deliveries (" RELAY_DELIVERY_COLUMNS ")"
-    " SELECT pg_catalog.nextval('relay.delivery_id_seq'::pg_catalog.regclass), ev.eid, ev.s,"
-    "        pg_catalog.now(), coalesce($7, pg_catalog.now()), h.hid, 0,"
-    "        coalesce(ev.l, (ev.eid % 64)::int2), $6, $5, h.wire, ev.k, ev.p, $8"
-    "   FROM ev, unnest($9::int4[], $10::text[]) AS h(hid, wire)"
-    " RETURNING event_id",
-    10,
-    {JSONBARRAYOID, TEXTARRAYOID, INT8ARRAYOID, INT2ARRAYOID, TEXTOID, INT2OID, TIMESTAMPTZOID,
-     JSONBOID, INT4ARRAYOID, TEXTARRAYOID},
+// Deliveries through SPI, only when relay.deliveries is not as this version
+// created it (see delivery_writer.hpp): one row per (event, route).
+static SavedPlan fallback_insert_plan = {
+    "INSERT INTO relay.deliveries (" RELAY_DELIVERY_COLUMNS ")"
+    " SELECT pg_catalog.nextval('relay.delivery_id_seq'::pg_catalog.regclass), e.eid, e.seq,"
+    "        pg_catalog.now(), coalesce($7, pg_catalog.now()), h.hid, 0, e.lane, $6, $5, h.wire,"
+    "        e.key, e.p, $8"
+    "   FROM unnest($1::int8[], $2::int8[], $3::int2[], $4::text[], $9::jsonb[])"
+    "          WITH ORDINALITY AS e(eid, seq, lane, key, p, i),"
+    "        unnest($10::int4[], $11::text[]) AS h(hid, wire)"
+    "  ORDER BY e.i, h.hid",
+    11,
+    {INT8ARRAYOID, INT8ARRAYOID, INT2ARRAYOID, TEXTARRAYOID, TEXTOID, INT2OID, TIMESTAMPTZOID,
+     JSONBOID, JSONBARRAYOID, INT4ARRAYOID, TEXTARRAYOID},
     nullptr};
 
 static int cmp_uint64(const void* a, const void* b) {
     uint64 x = *static_cast<const uint64*>(a), y = *static_cast<const uint64*>(b);
-    return x < y ? -1 : (x > y ? 1 : 0);
-}
-
-static int cmp_int64(const void* a, const void* b) {
-    int64 x = *static_cast<const int64*>(a), y = *static_cast<const int64*>(b);
     return x < y ? -1 : (x > y ? 1 : 0);
 }
 
@@ -125,31 +114,116 @@ static bool needs_workers(const RouteTarget* targets, int n) {
     return false;
 }
 
-// Handler ids and wire names of the routes, as SQL arrays.
-static void route_arrays(const RouteTarget* targets, int n, Datum* ids_out, Datum* wires_out) {
+static int64 next_event_id() { return nextval_internal(relay_event_seq(), false); }
+
+// Bumps the key's counter and returns its new value. Runs under the key's lock
+// and with a fresh snapshot (see the file comment).
+static int64 bump_key_seq(const char* key) {
+    Datum k = CStringGetTextDatum(key);
+    int64 seq = 0;
+    CounterBump done = key_counter_bump(k, &seq);
+    if (done == CounterBump::Bumped) return seq;
+    SpiScope scope;
+    spi_begin(&scope);
+    if (done == CounterBump::UseSql) spi_exec_latest(&seq_update_plan, &k, nullptr, false, 0);
+    if (done == CounterBump::NoRow || SPI_processed == 0)
+        spi_exec_latest(&seq_upsert_plan, &k, nullptr, false, 0);
+    seq = spi_int64(0, 1);
+    spi_end(&scope);
+    return seq;
+}
+
+// The events of one call, ready to become delivery rows.
+struct EventRows {
+    int n;
+    const int64* event_ids;
+    const int64* seqs;    // ignored where keys[i] is 0
+    const int16* lanes;
+    const Datum* keys;    // text, or 0 for an unkeyed event
+    const Datum* payloads;
+};
+
+// Same rows as the direct path, through SPI (see delivery_writer.hpp).
+static void insert_deliveries_spi(const PublishCommon& common, Datum topic, const EventRows& ev,
+                                  const RouteTarget* targets, int ntargets) {
+    int n = ev.n;
+    bool* key_nulls = static_cast<bool*>(palloc(sizeof(bool) * n));
+    Datum* seqs = static_cast<Datum*>(palloc(sizeof(Datum) * n));
     Datum* ids = static_cast<Datum*>(palloc(sizeof(Datum) * n));
-    Datum* wires = static_cast<Datum*>(palloc(sizeof(Datum) * n));
-    bool* wire_nulls = static_cast<bool*>(palloc(sizeof(bool) * n));
+    Datum* lanes = static_cast<Datum*>(palloc(sizeof(Datum) * n));
     for (int i = 0; i < n; i++) {
-        ids[i] = Int32GetDatum(targets[i].handler_id);
+        key_nulls[i] = ev.keys[i] == 0;
+        seqs[i] = Int64GetDatum(ev.seqs[i]);
+        ids[i] = Int64GetDatum(ev.event_ids[i]);
+        lanes[i] = Int16GetDatum(ev.lanes[i]);
+    }
+    Datum* hids = static_cast<Datum*>(palloc(sizeof(Datum) * ntargets));
+    Datum* wires = static_cast<Datum*>(palloc(sizeof(Datum) * ntargets));
+    bool* wire_nulls = static_cast<bool*>(palloc(sizeof(bool) * ntargets));
+    for (int i = 0; i < ntargets; i++) {
+        hids[i] = Int32GetDatum(targets[i].handler_id);
         wire_nulls[i] = targets[i].wire_name == nullptr;
         wires[i] = wire_nulls[i] ? (Datum)0 : CStringGetTextDatum(targets[i].wire_name);
     }
     int dims[1] = {n};
     int lbs[1] = {1};
-    *ids_out = PointerGetDatum(construct_array(ids, n, INT4OID, 4, true, TYPALIGN_INT));
-    *wires_out = PointerGetDatum(
-        construct_md_array(wires, wire_nulls, 1, dims, lbs, TEXTOID, -1, false, TYPALIGN_INT));
-}
-
-static int64 unrouted_event_id() {
+    int hdims[1] = {ntargets};
+    Datum values[11] = {
+        PointerGetDatum(construct_array(ids, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
+        PointerGetDatum(construct_md_array(seqs, key_nulls, 1, dims, lbs, INT8OID, 8,
+                                           FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
+        PointerGetDatum(construct_array(lanes, n, INT2OID, 2, true, TYPALIGN_SHORT)),
+        PointerGetDatum(construct_md_array(const_cast<Datum*>(ev.keys), key_nulls, 1, dims, lbs,
+                                           TEXTOID, -1, false, TYPALIGN_INT)),
+        topic,
+        Int16GetDatum(static_cast<int16>(common.priority)),
+        TimestampTzGetDatum(common.not_before),
+        common.headers,
+        PointerGetDatum(construct_array(const_cast<Datum*>(ev.payloads), n, JSONBOID, -1, false,
+                                        TYPALIGN_INT)),
+        PointerGetDatum(construct_array(hids, ntargets, INT4OID, 4, true, TYPALIGN_INT)),
+        PointerGetDatum(construct_md_array(wires, wire_nulls, 1, hdims, lbs, TEXTOID, -1, false,
+                                           TYPALIGN_INT))};
+    char nulls[12] = "           ";
+    if (common.not_before_null) nulls[6] = 'n';
+    if (common.headers_null) nulls[7] = 'n';
     SpiScope scope;
     spi_begin(&scope);
-    Datum one = Int32GetDatum(1);
-    spi_exec(&unrouted_plan, &one, nullptr, false, 0);
-    int64 id = spi_int64(0, 1);
+    spi_exec(&fallback_insert_plan, values, nulls, false, 0);
     spi_end(&scope);
-    return id;
+}
+
+// One delivery per (event, route), events in order.
+static void insert_deliveries(const PublishCommon& common, const EventRows& ev,
+                              const RouteTarget* targets, int ntargets) {
+    Datum topic = CStringGetTextDatum(common.topic);
+    DeliveryWriter w;
+    if (!delivery_writer_open(&w)) {
+        insert_deliveries_spi(common, topic, ev, targets, ntargets);
+        return;
+    }
+    Datum* wires = static_cast<Datum*>(palloc(sizeof(Datum) * ntargets));
+    for (int t = 0; t < ntargets; t++)
+        wires[t] = targets[t].wire_name == nullptr ? (Datum)0
+                                                   : CStringGetTextDatum(targets[t].wire_name);
+    DeliveryRow row;
+    row.not_before = common.not_before_null ? w.now : common.not_before;
+    row.priority = static_cast<int16>(common.priority);
+    row.topic = topic;
+    row.headers = common.headers_null ? (Datum)0 : common.headers;
+    for (int i = 0; i < ev.n; i++) {
+        row.event_id = ev.event_ids[i];
+        row.seq = ev.seqs[i];
+        row.lane = ev.lanes[i];
+        row.key = ev.keys[i];
+        row.payload = ev.payloads[i];
+        for (int t = 0; t < ntargets; t++) {
+            row.handler_id = targets[t].handler_id;
+            row.wire_topic = wires[t];
+            delivery_writer_insert(&w, row);
+        }
+    }
+    delivery_writer_close(&w);
 }
 
 }  // namespace relaybus::pg
@@ -158,6 +232,8 @@ using namespace relaybus;
 using namespace relaybus::pg;
 
 extern "C" Datum relay_publish(PG_FUNCTION_ARGS) {
+    // The rows are written without the executor, which would have checked this.
+    PreventCommandIfReadOnly("relay_publish()");
     PublishCommon common;
     read_publish_common(fcinfo, /*headers*/ 3, /*priority*/ 4, /*not_before*/ 5, &common);
 
@@ -172,47 +248,23 @@ extern "C" Datum relay_publish(PG_FUNCTION_ARGS) {
 
     const RouteTarget* targets = nullptr;
     int ntargets = catalog_routes_for(common.topic, &targets);
-    if (ntargets == 0) PG_RETURN_INT64(unrouted_event_id());
-
-    Datum handler_ids, wires;
-    route_arrays(targets, ntargets, &handler_ids, &wires);
+    if (ntargets == 0) PG_RETURN_INT64(next_event_id());
     bool wake = needs_workers(targets, ntargets);
 
-    SpiScope scope;
-    spi_begin(&scope);
-    int64 event_id;
+    int64 seq = 0;
+    int16 lane = 0;
+    Datum key_datum = (Datum)0;
     if (key != nullptr) {
         lock_key(key, key_len);
-        int lane = core::lane_for_key(std::string_view(key, key_len));
-        Datum values[9] = {CStringGetTextDatum(key),
-                           Int16GetDatum(static_cast<int16>(lane)),
-                           Int16GetDatum(static_cast<int16>(common.priority)),
-                           TimestampTzGetDatum(common.not_before),
-                           CStringGetTextDatum(common.topic),
-                           payload,
-                           common.headers,
-                           handler_ids,
-                           wires};
-        char nulls[10] = "         ";
-        if (common.not_before_null) nulls[3] = 'n';
-        if (common.headers_null) nulls[6] = 'n';
-        spi_exec_latest(&keyed_plan, values, nulls, false, 0);
-        event_id = spi_int64(0, 1);
-    } else {
-        Datum values[7] = {Int16GetDatum(static_cast<int16>(common.priority)),
-                           TimestampTzGetDatum(common.not_before),
-                           CStringGetTextDatum(common.topic),
-                           payload,
-                           common.headers,
-                           handler_ids,
-                           wires};
-        char nulls[8] = "       ";
-        if (common.not_before_null) nulls[1] = 'n';
-        if (common.headers_null) nulls[4] = 'n';
-        spi_exec(&unkeyed_plan, values, nulls, false, 0);
-        event_id = spi_int64(0, 1);
+        seq = bump_key_seq(key);
+        lane = static_cast<int16>(core::lane_for_key(std::string_view(key, key_len)));
+        key_datum = CStringGetTextDatum(key);
     }
-    spi_end(&scope);
+    // After the key's counter is locked, so within one key id order is commit order.
+    int64 event_id = next_event_id();
+    if (key == nullptr) lane = static_cast<int16>(event_id % core::kLanes);
+    EventRows ev = {1, &event_id, &seq, &lane, &key_datum, &payload};
+    insert_deliveries(common, ev, targets, ntargets);
     if (wake) wake_dispatchers_at_commit();
     PG_RETURN_INT64(event_id);
 }
@@ -254,9 +306,24 @@ static bool assign_batch_seqs(int n, char** keys, const int* key_lens, const boo
     return true;
 }
 
+// Which events of a batch have a key the counter UPDATE did not return (a key's
+// first events, which need the upsert).
+static bool mark_uncounted(int n, char** keys, const int* key_lens, const bool* key_nulls,
+                           int nresult, char** result_keys, bool* uncounted, int* nuncounted,
+                           std::string*) {
+    std::unordered_set<std::string_view> counted(result_keys, result_keys + nresult);
+    *nuncounted = 0;
+    for (int i = 0; i < n; i++) {
+        uncounted[i] = !key_nulls[i] && counted.count(std::string_view(keys[i], key_lens[i])) == 0;
+        if (uncounted[i]) ++*nuncounted;
+    }
+    return true;
+}
+
 }  // namespace relaybus::pg
 
 extern "C" Datum relay_publish_batch(PG_FUNCTION_ARGS) {
+    PreventCommandIfReadOnly("relay_publish_batch()");
     PublishCommon common;
     read_publish_common(fcinfo, 3, 4, 5, &common);
 
@@ -316,98 +383,86 @@ extern "C" Datum relay_publish_batch(PG_FUNCTION_ARGS) {
 
     const RouteTarget* targets = nullptr;
     int ntargets = catalog_routes_for(common.topic, &targets);
-    Datum handler_ids = 0, wires = 0;
-    bool wake = false;
-    if (ntargets > 0) {
-        route_arrays(targets, ntargets, &handler_ids, &wires);
-        wake = needs_workers(targets, ntargets);
+    int64* event_ids = static_cast<int64*>(palloc(sizeof(int64) * (n + 1)));
+    if (ntargets == 0) {
+        Datum* ids = static_cast<Datum*>(palloc(sizeof(Datum) * (n + 1)));
+        for (int i = 0; i < n; i++) ids[i] = Int64GetDatum(next_event_id());
+        PG_RETURN_ARRAYTYPE_P(construct_array(ids, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
     }
+    bool wake = needs_workers(targets, ntargets);
 
     int64* seqs = static_cast<int64*>(palloc0(sizeof(int64) * (n + 1)));
     int16* lanes = static_cast<int16*>(palloc0(sizeof(int16) * (n + 1)));
-    Datum* event_ids = static_cast<Datum*>(palloc(sizeof(Datum) * (n + 1)));
-
-    SpiScope scope;
-    spi_begin(&scope);
-    if (ntargets == 0) {
-        Datum count = Int32GetDatum(n);
-        spi_exec(&unrouted_plan, &count, nullptr, false, 0);
-        for (int i = 0; i < n; i++) event_ids[i] = Int64GetDatum(spi_int64(i, 1));
-    } else {
-        if (any_key) {
-            // Lock the keys' hashes in a fixed order so that two batches never deadlock.
-            uint64* hashes = static_cast<uint64*>(palloc(sizeof(uint64) * n));
-            int nh = 0;
+    if (any_key) {
+        // Lock the keys' hashes in a fixed order so that two batches never deadlock.
+        uint64* hashes = static_cast<uint64*>(palloc(sizeof(uint64) * n));
+        int nh = 0;
+        for (int i = 0; i < n; i++)
+            if (!key_nulls[i]) hashes[nh++] = core::fnv1a64(std::string_view(keys[i], key_lens[i]));
+        qsort(hashes, nh, sizeof(uint64), cmp_uint64);
+        for (int i = 0; i < nh; i++) {
+            if (i > 0 && hashes[i] == hashes[i - 1]) continue;
+            LOCKTAG tag;
+            SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, static_cast<uint32>(hashes[i] >> 32),
+                                 static_cast<uint32>(hashes[i]), 3);
+            (void)LockAcquire(&tag, ExclusiveLock, false, false);
+        }
+        SpiScope scope;
+        spi_begin(&scope);
+        // Counters that exist: one UPDATE. A key's first events: the upsert.
+        spi_exec_latest(&batch_seq_update_plan, &key_array_datum, nullptr, false, 0);
+        int nupdated = static_cast<int>(SPI_processed);
+        char** rkeys = static_cast<char**>(palloc(sizeof(char*) * (n + 1)));
+        int64* rlast = static_cast<int64*>(palloc(sizeof(int64) * (n + 1)));
+        for (int j = 0; j < nupdated; j++) {
+            rkeys[j] = SPI_getvalue(SPI_tuptable->vals[j], SPI_tuptable->tupdesc, 1);
+            rlast[j] = spi_int64(j, 2);
+        }
+        int nres = nupdated;
+        bool* uncounted = static_cast<bool*>(palloc(sizeof(bool) * (n + 1)));
+        int nuncounted = 0;
+        char err[kErrLen];
+        if (!run_core([&](std::string* why) {
+                return mark_uncounted(n, keys, key_lens, key_nulls, nupdated, rkeys, uncounted,
+                                      &nuncounted, why);
+            }, err))
+            elog(ERROR, "relaybus: %s", err);
+        if (nuncounted > 0) {
+            Datum* missing = static_cast<Datum*>(palloc(sizeof(Datum) * nuncounted));
+            int m = 0;
             for (int i = 0; i < n; i++)
-                if (!key_nulls[i]) hashes[nh++] = core::fnv1a64(std::string_view(keys[i], key_lens[i]));
-            qsort(hashes, nh, sizeof(uint64), cmp_uint64);
-            for (int i = 0; i < nh; i++) {
-                if (i > 0 && hashes[i] == hashes[i - 1]) continue;
-                LOCKTAG tag;
-                SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, static_cast<uint32>(hashes[i] >> 32),
-                                     static_cast<uint32>(hashes[i]), 3);
-                (void)LockAcquire(&tag, ExclusiveLock, false, false);
+                if (uncounted[i]) missing[m++] = CStringGetTextDatum(keys[i]);
+            Datum missing_array =
+                PointerGetDatum(construct_array(missing, m, TEXTOID, -1, false, TYPALIGN_INT));
+            spi_exec_latest(&batch_seq_plan, &missing_array, nullptr, false, 0);
+            for (uint64 j = 0; j < SPI_processed && nres < n; j++, nres++) {
+                rkeys[nres] = SPI_getvalue(SPI_tuptable->vals[j], SPI_tuptable->tupdesc, 1);
+                rlast[nres] = spi_int64(static_cast<int>(j), 2);
             }
-            spi_exec_latest(&batch_seq_plan, &key_array_datum, nullptr, false, 0);
-            int nres = static_cast<int>(SPI_processed);
-            char** rkeys = static_cast<char**>(palloc(sizeof(char*) * (nres + 1)));
-            int64* rlast = static_cast<int64*>(palloc(sizeof(int64) * (nres + 1)));
-            for (int j = 0; j < nres; j++) {
-                rkeys[j] = SPI_getvalue(SPI_tuptable->vals[j], SPI_tuptable->tupdesc, 1);
-                rlast[j] = spi_int64(j, 2);
-            }
-            char err[kErrLen];
-            if (!run_core([&](std::string* why) {
-                    return assign_batch_seqs(n, keys, key_lens, key_nulls, nres, rkeys, rlast, seqs,
-                                             lanes, why);
-                }, err))
-                elog(ERROR, "relaybus: %s", err);
         }
-        Datum* seq_datums = static_cast<Datum*>(palloc(sizeof(Datum) * n));
-        Datum* lane_datums = static_cast<Datum*>(palloc(sizeof(Datum) * n));
-        Datum* key_datums = static_cast<Datum*>(palloc(sizeof(Datum) * n));
-        for (int i = 0; i < n; i++) {
-            seq_datums[i] = Int64GetDatum(seqs[i]);
-            lane_datums[i] = Int16GetDatum(lanes[i]);
-            key_datums[i] = key_nulls[i] ? (Datum)0 : CStringGetTextDatum(keys[i]);
-        }
-        int dims[1] = {n};
-        int lbs[1] = {1};
-        Datum values[10] = {
-            PointerGetDatum(construct_array(payloads, n, JSONBOID, -1, false, TYPALIGN_INT)),
-            PointerGetDatum(construct_md_array(key_datums, key_nulls, 1, dims, lbs, TEXTOID, -1,
-                                               false, TYPALIGN_INT)),
-            PointerGetDatum(construct_md_array(seq_datums, key_nulls, 1, dims, lbs, INT8OID, 8,
-                                               FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
-            PointerGetDatum(construct_md_array(lane_datums, key_nulls, 1, dims, lbs, INT2OID, 2,
-                                               true, TYPALIGN_SHORT)),
-            CStringGetTextDatum(common.topic),
-            Int16GetDatum(static_cast<int16>(common.priority)),
-            TimestampTzGetDatum(common.not_before),
-            common.headers,
-            handler_ids,
-            wires};
-        char nulls[11] = "          ";
-        if (common.not_before_null) nulls[6] = 'n';
-        if (common.headers_null) nulls[7] = 'n';
-        if (any_key)
-            spi_exec_latest(&batch_insert_plan, values, nulls, false, 0);
-        else
-            spi_exec(&batch_insert_plan, values, nulls, false, 0);
-        // RETURNING yields one row per delivery; event ids grow in batch order.
-        int64 last = -1;
-        int k = 0;
-        int64* ret = static_cast<int64*>(palloc(sizeof(int64) * (SPI_processed + 1)));
-        for (uint64 r = 0; r < SPI_processed; r++) ret[r] = spi_int64(static_cast<int>(r), 1);
-        qsort(ret, SPI_processed, sizeof(int64), cmp_int64);
-        for (uint64 r = 0; r < SPI_processed && k < n; r++) {
-            if (ret[r] == last) continue;
-            last = ret[r];
-            event_ids[k++] = Int64GetDatum(last);
-        }
-        if (k != n) elog(ERROR, "relaybus: batch inserted %d events, expected %d", k, n);
+        if (!run_core([&](std::string* why) {
+                return assign_batch_seqs(n, keys, key_lens, key_nulls, nres, rkeys, rlast, seqs,
+                                         lanes, why);
+            }, err))
+            elog(ERROR, "relaybus: %s", err);
+        spi_end(&scope);
     }
-    spi_end(&scope);
+
+    // Event ids in batch order, drawn after the keys' counters are locked.
+    Datum* key_datums = static_cast<Datum*>(palloc(sizeof(Datum) * (n + 1)));
+    for (int i = 0; i < n; i++) {
+        event_ids[i] = next_event_id();
+        if (key_nulls[i]) {
+            lanes[i] = static_cast<int16>(event_ids[i] % core::kLanes);
+            key_datums[i] = (Datum)0;
+        } else {
+            key_datums[i] = CStringGetTextDatum(keys[i]);
+        }
+    }
+    EventRows ev = {n, event_ids, seqs, lanes, key_datums, payloads};
+    insert_deliveries(common, ev, targets, ntargets);
     if (wake) wake_dispatchers_at_commit();
-    PG_RETURN_ARRAYTYPE_P(construct_array(event_ids, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+    Datum* ids = static_cast<Datum*>(palloc(sizeof(Datum) * (n + 1)));
+    for (int i = 0; i < n; i++) ids[i] = Int64GetDatum(event_ids[i]);
+    PG_RETURN_ARRAYTYPE_P(construct_array(ids, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 }
