@@ -46,6 +46,14 @@ else
     { git -C "$root" rev-parse HEAD; git -C "$root" status --porcelain | sed 's/^/dirty: /'; } >"$dir/ref"
 fi
 
+# Clients built against the tree (the tests' libpq programs) ask its pg_config for
+# headers and libpq: the system's, through links (they are not copied).
+sys_include=$("$SYS_PG_CONFIG" --includedir)          # /usr/include/postgresql
+sys_libdir=$("$SYS_PG_CONFIG" --libdir)               # /usr/lib/x86_64-linux-gnu
+mkdir -p "$dir$(dirname "$sys_include")" "$dir$(dirname "$sys_libdir")"
+ln -sfn "$sys_include" "$dir$sys_include"
+ln -sfn "$sys_libdir" "$dir$sys_libdir"
+
 make -C "$src" -s -j"$(nproc)" PG_CONFIG="$SYS_PG_CONFIG" >/dev/null
 make -C "$src" -s PG_CONFIG="$SYS_PG_CONFIG" install DESTDIR="$dir" >/dev/null
 # The server runs as postgres when we are root: it must read the tree.
