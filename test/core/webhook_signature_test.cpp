@@ -1,6 +1,7 @@
 #include "core/webhook_signature.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -82,7 +83,8 @@ int verify_with_python(const std::string& secret, const std::string& id, int64_t
                        const std::string& body, const std::string& signature,
                        std::string* output) {
   const std::string dir = ::testing::TempDir();
-  const std::string body_file = dir + "relaybus_sig_body.bin";
+  // Per process: two test runs at once (two checkouts) must not share the file.
+  const std::string body_file = dir + "relaybus_sig_body." + std::to_string(getpid()) + ".bin";
   FILE* f = fopen(body_file.c_str(), "wb");
   if (f == nullptr) return -1;
   fwrite(body.data(), 1, body.size(), f);
