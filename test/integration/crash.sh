@@ -49,7 +49,7 @@ report() {
     dump_pub_log "$db" "$TMP/$name.pub"
     analyze --published "$TMP/$name.pub" "$@" || die "analysis failed"
     log "$name: ${R[published]} committed, ${R[lines]} notifications, ${R[dups]} duplicates"
-    check "$name: hundreds of events were committed (${R[published]})" test "${R[published]}" -ge 300
+    check "$name: at least 150 events were committed (a loaded machine publishes fewer before the crash) (${R[published]})" test "${R[published]}" -ge 150
     check_eq "$name: every committed event was received" 0 "${R[missing]}"
     [[ "${R[missing]}" == 0 ]] || echo "    missing: ${R[missing_ids]}"
     check_eq "$name: nothing was received that was not committed" 0 "${R[extra]}"
