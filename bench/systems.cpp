@@ -313,11 +313,11 @@ public:
     }
 
     std::vector<std::string> tables(const Cell& c) const override {
-        if (c.group == Group::Publish) return {"public.floor_events"};
+        if (c.group != Group::Dispatch) return {"public.floor_events"};
         return {"public.floor_backlog", "public.floor_done"};
     }
     std::string main_table(const Cell& c) const override {
-        return c.group == Group::Publish ? "public.floor_events" : "public.floor_backlog";
+        return c.group != Group::Dispatch ? "public.floor_events" : "public.floor_backlog";
     }
 
     void prepare(Conn& setup, Conn&, const Cell& c) override {
@@ -366,7 +366,33 @@ public:
                         " RETURNING id, key, payload",
                         part.c_str(), c.batch);
         };
-        if (c.group == Group::Publish) {
+        if (c.group == Group::Mixed) {
+            // Latency floor: INSERT + pg_notify in the publisher's own transaction, paced
+            // like the relaybus publishers, the payload shaped like relaybus's.
+            for (int i = 0; i < c.publishers; i++) {
+                ChildSpec s;
+                s.role = Role::Publish;
+                s.label = "pub-" + std::to_string(i);
+                s.conninfo = conninfo;
+                s.batch = 1;
+                s.sql = "WITH e AS (INSERT INTO floor_events (key, payload) VALUES ($2, $1::jsonb) RETURNING id, key, payload)"
+                        " SELECT e.id FROM e, LATERAL pg_notify('floor_ch', pg_catalog.jsonb_build_object('id', e.id,"
+                        " 'event_id', e.id, 'topic', 'bench.e', 'key', e.key, 'seq', NULL, 'attempt', 1,"
+                        " 'headers', NULL, 'payload', e.payload)::text) AS n";
+                s.keys = c.keys;
+                s.rate = double(c.rate) / c.publishers;
+                s.returns_ids = true;
+                s.record_pubs = true;
+                s.seed = seed_of(c, i);
+                out.push_back(s);
+            }
+            ChildSpec l;
+            l.role = Role::Listen;
+            l.label = "listen-0";
+            l.conninfo = conninfo;
+            l.channels = {"floor_ch"};
+            out.push_back(l);
+        } else if (c.group == Group::Publish) {
             for (int i = 0; i < c.publishers; i++) {
                 ChildSpec s;
                 s.role = Role::Publish;
@@ -438,7 +464,7 @@ public:
 
     long long backlog(Conn& admin, const Cell& c) override {
         if (c.group == Group::Publish) return admin.one_i64("SELECT count(*) FROM floor_events");
-        if (c.variant == "notify" || c.variant == "wrk") return -1;
+        if (c.variant == "notify" || c.variant == "wrk") return -1;  // bare pg_notify, the mixed floor, wrk
         return admin.one_i64("SELECT count(*) FROM floor_backlog");
     }
 

@@ -263,6 +263,7 @@ static bool iterate() {
     bool busy = false;
     next_ready_ms = 0;
     uint64 created_seen = workers->databases[my_db].created;
+    uint32 wakes_seen = pg_atomic_read_u32(&workers->slots[my_slot].wakes);
     pg_memory_barrier();
     SetCurrentStatementStartTimestamp();
     StartTransactionCommand();
@@ -331,6 +332,10 @@ static bool iterate() {
     CommitTransactionCommand();
     pgstat_report_stat(false);
     pgstat_report_activity(STATE_IDLE, nullptr);
+    // A publisher that committed after our snapshot asked for a wake-up; if a
+    // lock wait in this iteration reset the latch, set it again so that the
+    // next wait returns at once instead of at the poll interval.
+    if (pg_atomic_read_u32(&workers->slots[my_slot].wakes) != wakes_seen) SetLatch(MyLatch);
     http_send_staged();  // only now, with no transaction open
 
     count_delivered(MyDatabaseId, handler_of, latency, ndelivered);

@@ -171,6 +171,7 @@ static void reconcile() {
             if (running || free_slot < 0) continue;
             DispatcherSlot& slot = workers->slots[free_slot];
             memset(&slot, 0, sizeof(slot));
+            pg_atomic_init_u32(&slot.wakes, 0);
             slot.dboid = dbs[i].oid;
             slot.worker_index = w;
             to_start[nstart++] = free_slot;

@@ -13,6 +13,7 @@ Size worker_state_size() { return MAXALIGN(sizeof(WorkerState)); }
 void worker_state_init(bool found) {
     if (found) return;
     memset(workers, 0, sizeof(WorkerState));
+    for (int s = 0; s < kMaxDispatchers; s++) pg_atomic_init_u32(&workers->slots[s].wakes, 0);
     for (int d = 0; d < kMaxDatabases; d++)
         for (int l = 0; l < kNumLanes; l++) workers->lanes[d][l].owner_slot = -1;
     workers->next_token = 1;
@@ -47,8 +48,11 @@ void wake_dispatchers(Oid dboid) {
     if (workers == nullptr) return;
     // Unlocked read: a slot that changes meanwhile costs at most one spurious wake-up.
     for (int i = 0; i < kMaxDispatchers; i++) {
-        const DispatcherSlot& s = workers->slots[i];
-        if (s.dboid == dboid && s.pid != 0) set_latch_of(s.pgprocno);
+        DispatcherSlot& s = workers->slots[i];
+        if (s.dboid == dboid && s.pid != 0) {
+            pg_atomic_fetch_add_u32(&s.wakes, 1);
+            set_latch_of(s.pgprocno);
+        }
     }
 }
 

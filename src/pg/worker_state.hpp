@@ -28,6 +28,9 @@ struct DispatcherSlot {
     uint64 delivered;
     uint64 failed;
     char last_error[256];
+    // Bumped by every wake-up request before the latch is set. The latch alone
+    // can lose a wake: a lock wait inside an iteration (ProcSleep) resets it.
+    pg_atomic_uint32 wakes;
 };
 
 struct DatabaseState {

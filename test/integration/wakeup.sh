@@ -73,6 +73,32 @@ import json, sys
 seqs = [json.loads(l.split('\t')[1])['seq'] for l in open('$TMP/acker.out')]
 sys.exit(seqs != [1, 2, 3, 4])"
 
+# A wake-up that comes while the dispatcher waits on a lock inside an iteration
+# is not lost (PostgreSQL's lock wait resets the process latch): the event goes
+# out as soon as the iteration ends, not at the next poll (10 s).
+set_conf relaybus.enabled off || die "could not disable the workers"
+no_dispatcher() { [[ -z $(dispatcher_pids "$db") ]]; }
+check "the dispatcher stopped" wait_until 20 no_dispatcher
+sql "$db" "SELECT relay_publish('wake.locked', '{\"locked\": \"a\"}', 'lock-a')" >/dev/null
+# Holds the row the dispatcher will delete when it hands the event over.
+psql_q -d "$db" -c "BEGIN" -c "SELECT id FROM relay.deliveries WHERE topic = 'wake.locked' FOR UPDATE" \
+    -c "SELECT pg_sleep(3)" -c "COMMIT" >/dev/null &
+locker=$!
+bg_track "$locker"
+sleep 0.5
+reset_conf relaybus.enabled
+dispatcher_waits() {
+    [[ $(sql "$db" "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'relaybus dispatcher'
+                    AND datname = current_database() AND wait_event_type = 'Lock'") == 1 ]]
+}
+check "the dispatcher waits on the held row" wait_until 10 dispatcher_waits
+sql "$db" "SELECT relay_publish('wake.locked', '{\"locked\": \"b\"}', 'lock-b')" >/dev/null
+wait_pid "$locker" 10
+t=$(sql "$db" "SELECT extract(epoch FROM clock_timestamp())")
+n=$((n + 2))
+check "the event published during the lock wait arrives < ${LIMIT}s after the lock is released" latency_ok "$n" "$t"
+check_eq "it is the second one" 1 "$(sed -n "${n}p" "$TMP/main.out" | grep -c '"locked": "b"')"
+
 reset_conf relaybus.poll_interval
 check "relaybus.poll_interval is back to its default" wait_until 5 show_is 1s
 
