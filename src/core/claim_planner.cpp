@@ -165,6 +165,12 @@ ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams,
     ++chosen;
   }
 
+  for (size_t c = 0; c < kClasses; ++c) {
+    // Not filled: every row was looked at (deferred rows never released
+    // included); filled: only the prefix up to pos[c].
+    const size_t depth = chosen < max ? streams[c].size() : pos[c];
+    plan.rows_needed = std::max(plan.rows_needed, static_cast<int64_t>(depth));
+  }
   for (auto& g : groups) {
     std::sort(g.begin(), g.end());  // already ascending; kept as a guarantee
     plan.ids.insert(plan.ids.end(), g.begin(), g.end());

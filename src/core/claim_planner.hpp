@@ -28,6 +28,10 @@ struct ClaimPlan {
   // Fewer than max rows were chosen and some stream was truncated, so a wider
   // scan could find more.
   bool may_have_more = false;
+  // How deep the plan read into the streams: the largest count of rows taken
+  // off one stream before it stopped (every row of the input when it did not
+  // fill max). A caller sizing its next scan window per class uses it.
+  int64_t rows_needed = 0;
 };
 
 // Decides which deliveries one claim takes from up to 4 "class streams"

@@ -110,9 +110,32 @@ static void scan(int32 handler_id, int window, Datum lanes, TimestampTz now, Sca
     leases_lookup(out->ids, n, now, out->leased);
 }
 
+// Per backend: how many rows per class the last claim of a handler needed to
+// read. Consumers and dispatchers claim the same handlers in a loop and that
+// depth (rows leased by others, keys over per_key ahead of ready rows) moves
+// slowly, so the next claim starts its scan there instead of at 4 x max: an
+// unkeyed consumer reads about one row per row it gets, and a claim that had
+// to widen last time does not repeat the narrow scans. Only a hint: a short
+// window still widens, and correctness never depends on the window.
+struct WindowHint {
+    int32 handler_id;
+    int max;
+    int per_key;
+    int window;  // 0 = none
+};
+static WindowHint window_hints[16];
+
+static WindowHint* window_hint(int32 handler_id, int max, int per_key) {
+    WindowHint* h = &window_hints[static_cast<uint32>(handler_id) % lengthof(window_hints)];
+    if (h->handler_id != handler_id || h->max != max || h->per_key != per_key) {
+        *h = WindowHint{handler_id, max, per_key, 0};
+    }
+    return h;
+}
+
 // The core's plan for the scanned rows: chosen ids into `chosen`, returns count.
 static int plan(const ScannedRows& rows, int max, int per_key, int64 now_ms, bool* may_have_more,
-                int64* chosen) {
+                int64* rows_needed, int64* chosen) {
     int count = 0;
     char err[kErrLen];
     bool ok = run_core(
@@ -137,6 +160,7 @@ static int plan(const ScannedRows& rows, int max, int per_key, int64 now_ms, boo
             core::ClaimPlan result =
                 core::plan_claim(streams, truncated, lim, now_ms, guc_priority_aging_ms);
             *may_have_more = result.may_have_more;
+            *rows_needed = result.rows_needed;
             for (int64_t id : result.ids) {
                 if (count >= max) break;
                 chosen[count++] = id;
@@ -235,10 +259,14 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
     // A claim that lost every row it planned to a concurrent claimer (their
     // leases won) looks again: the next scan sees those leases and moves on.
     for (int round = 0;; round++) {
-        // Widen the window while the plan is short and a class may hold more.
-        int window = std::max(64, std::min(max * 4, guc_claim_scan_limit / 4));
+        // Widen the window (x4) while the plan is short and a class may hold more.
+        const int cap = guc_claim_scan_limit / 4 + 1;
+        WindowHint* hint = window_hint(req->handler_id, max, req->per_key);
+        int window = hint->window > 0 ? std::min(hint->window, cap)
+                                      : std::max(64, std::min(max * 4, guc_claim_scan_limit / 4));
         int64* chosen = static_cast<int64*>(palloc(sizeof(int64) * (max + 1)));
         int nchosen = 0;
+        int64 rows_needed = 0;
         for (;;) {
             ScannedRows rows;
             scan(req->handler_id, window, lanes, now, &rows);
@@ -248,10 +276,14 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
                     (out->next_ready_ms == 0 || rows.ready_at_ms[i] < out->next_ready_ms))
                     out->next_ready_ms = rows.ready_at_ms[i];
             bool more = false;
-            nchosen = plan(rows, max, req->per_key, now_ms, &more, chosen);
+            nchosen = plan(rows, max, req->per_key, now_ms, &more, &rows_needed, chosen);
             if (nchosen >= max || !more || window * 4 >= guc_claim_scan_limit) break;
-            window = std::min(window * 4, guc_claim_scan_limit / 4 + 1);
+            window = std::min(window * 4, cap);
         }
+        // Next time start a little past what this claim needed; grow at once,
+        // shrink slowly (a concurrent claimer's leases come and go).
+        int target = static_cast<int>(std::min<int64>(rows_needed + rows_needed / 8 + 8, cap));
+        hint->window = std::max(target, hint->window - hint->window / 4);
         if (nchosen == 0) return;
 
         bool* got = static_cast<bool*>(palloc(sizeof(bool) * nchosen));

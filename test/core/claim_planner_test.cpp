@@ -380,5 +380,19 @@ TEST(FinalizeClaim, InvalidHeadDropsWholeKey) {
             (Ids{}));
 }
 
+TEST(PlanClaim, RowsNeededIsTheDepthReadPerStream) {
+  std::vector<ClaimRow> rows;
+  for (int i = 1; i <= 20; ++i) rows.push_back(row(i, 1, nullptr));
+  EXPECT_EQ(plan(rows, 5, 1).rows_needed, 5) << "filled after 5 rows of class 1";
+  rows[0].leased = true;
+  rows[1].leased = true;
+  EXPECT_EQ(plan(rows, 5, 1).rows_needed, 7) << "two leased rows skipped";
+  EXPECT_EQ(plan(rows, 100, 1).rows_needed, 20) << "not filled: the whole stream";
+  // A hot key with per_key 1: one row chosen, every row read.
+  std::vector<ClaimRow> hot;
+  for (int i = 1; i <= 10; ++i) hot.push_back(row(i, 1, "k"));
+  EXPECT_EQ(plan(hot, 5, 1).rows_needed, 10);
+}
+
 }  // namespace
 }  // namespace relaybus::core
