@@ -45,9 +45,14 @@ static SavedPlan scan_lanes_plan = {ALL_CLASSES(" AND lane = ANY ($3)"), 3,
 // A keyed row is valid only if every delivery of its (handler, key) up to the
 // highest seq taken is in this claim: the head and no gap. One count per key
 // (an index range on deliveries_key), not one probe per row.
+//
+// The fetch finds its rows by primary key only: `handler_id + 0` keeps the
+// planner from reading the handler's whole backlog through deliveries_claim
+// and filtering the ids (a custom plan did that with stale statistics: 36,000
+// rows read for 100 fetched).
 #define FETCH_WITH                                                                               \
     "WITH d AS MATERIALIZED (SELECT * FROM relay.deliveries x"                                    \
-    "                         WHERE x.id = ANY ($1) AND x.handler_id = $2),"                      \
+    "                         WHERE x.id = ANY ($1) AND x.handler_id + 0 = $2),"                  \
     " k AS (SELECT d.key, max(d.seq) AS hi, count(*) AS n FROM d WHERE d.key IS NOT NULL"       \
     "       GROUP BY d.key),"                                                                     \
     " whole AS (SELECT k.key FROM k WHERE (SELECT count(*) FROM relay.deliveries p"              \
