@@ -66,9 +66,15 @@ ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams,
         duplicate[c][i] = 1;
         continue;
       }
-      if (r.has_key) keys[r.key].pending.insert(r.id);
+      if (r.has_key) {
+        keys[r.key].pending.insert(r.id);
+        ++plan.keyed_rows;
+      } else {
+        ++plan.unkeyed_rows;
+      }
     }
   }
+  plan.distinct_keys = static_cast<int64_t>(keys.size());
 
   std::array<size_t, kClasses> pos{};
   std::vector<const ClaimRow*> released;  // deferred rows that are now their key's head

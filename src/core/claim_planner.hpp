@@ -32,6 +32,11 @@ struct ClaimPlan {
   // off one stream before it stopped (every row of the input when it did not
   // fill max). A caller sizing its next scan window per class uses it.
   int64_t rows_needed = 0;
+  // Distinct keys, keyed rows and unkeyed rows in the input (repeated ids
+  // excluded): a caller tells from them whether a wider scan could help.
+  int64_t distinct_keys = 0;
+  int64_t keyed_rows = 0;
+  int64_t unkeyed_rows = 0;
 };
 
 // Decides which deliveries one claim takes from up to 4 "class streams"

@@ -392,6 +392,13 @@ TEST(PlanClaim, RowsNeededIsTheDepthReadPerStream) {
   std::vector<ClaimRow> hot;
   for (int i = 1; i <= 10; ++i) hot.push_back(row(i, 1, "k"));
   EXPECT_EQ(plan(hot, 5, 1).rows_needed, 10);
+  hot.push_back(row(11, 2, "j"));
+  hot.push_back(row(12, 2, nullptr));
+  hot.push_back(row(3, 2, "k"));  // the same id again (another stream): not counted
+  const ClaimPlan p = plan(hot, 5, 1);
+  EXPECT_EQ(p.distinct_keys, 2);
+  EXPECT_EQ(p.keyed_rows, 11);
+  EXPECT_EQ(p.unkeyed_rows, 1);
 }
 
 }  // namespace
