@@ -56,7 +56,10 @@ struct ClaimPlan {
 //   - leased: if keyed, the key becomes blocked; skip.
 //   - keyed and key blocked: skip.
 //   - keyed and per_key rows of this key already chosen: skip (key full).
-//   - otherwise choose it.
+//   - otherwise choose it, and then take the key's following rows at once
+//     (up to per_key, while each is ready, unleased and of no lower effective
+//     priority), so that a claim holds whole runs of few keys rather than a
+//     few rows of every key.
 // Stops when max rows are chosen or all streams are consumed. An id seen a
 // second time is ignored. max < 1 chooses nothing; per_key < 1 counts as 1.
 ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams_by_priority,

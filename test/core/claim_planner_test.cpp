@@ -380,6 +380,21 @@ TEST(FinalizeClaim, InvalidHeadDropsWholeKey) {
             (Ids{}));
 }
 
+TEST(PlanClaim, TakesAKeysRunBeforeTheNextKey) {
+  // Interleaved hot keys: a1 b1 a2 b2 a3 b3 a4 b4.
+  std::vector<ClaimRow> rows;
+  for (int i = 1; i <= 8; ++i) rows.push_back(row(i, 1, i % 2 ? "a" : "b"));
+  EXPECT_EQ(plan(rows, 3, 3).ids, (Ids{1, 3, 5})) << "a's run of 3, b left for another claimer";
+  EXPECT_EQ(plan(rows, 100, 3).ids, (Ids{1, 3, 5, 2, 4, 6}));
+  EXPECT_EQ(plan(rows, 100, 3).rows_needed, 8);
+  // The run stops at a leased row; the key is then blocked.
+  rows[4].leased = true;  // a3
+  EXPECT_EQ(plan(rows, 100, 3).ids, (Ids{1, 3, 2, 4, 6}));
+  // A run does not jump ahead of a higher class.
+  std::vector<ClaimRow> mixed = {row(1, 1, "a"), row(2, 1, "a"), row(3, 3, "b")};
+  EXPECT_EQ(plan(mixed, 2, 2).ids, (Ids{3, 1}));
+}
+
 TEST(PlanClaim, RowsNeededIsTheDepthReadPerStream) {
   std::vector<ClaimRow> rows;
   for (int i = 1; i <= 20; ++i) rows.push_back(row(i, 1, nullptr));
