@@ -380,16 +380,19 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
                 (nchosen >= max || (st.unkeyed_rows == 0 && !more_keys && hint->claims % 16 != 0)))
                 break;
             if (window * 4 >= guc_claim_scan_limit) break;
-            window = std::min(window * 4, cap);
+            // From a hint the window is usually close: double it; from a cold
+            // start quadruple it, as before.
+            window = std::min(window * (hint->window > 0 ? 2 : 4), cap);
         }
         // With hot keys the heads do the finding; the window only has to
         // cover unkeyed and old rows: start the next one at max.
         if (heads_added) rows_needed = std::min<int64>(rows_needed, max);
         // Next time start a little past what this claim needed; grow at once,
-        // shrink slowly (a concurrent claimer's leases come and go).
+        // shrink slowly: a concurrent claimer's leases come and go, and a
+        // window that shrank below them would cost a second scan.
         hint->claims++;
         int target = static_cast<int>(std::min<int64>(rows_needed + rows_needed / 8 + 8, cap));
-        hint->window = std::max(target, hint->window - hint->window / 4);
+        hint->window = std::max(target, hint->window - hint->window / 16);
         if (nchosen == 0) return;
 
         bool* got = static_cast<bool*>(palloc(sizeof(bool) * nchosen));
