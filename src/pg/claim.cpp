@@ -365,7 +365,7 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
             // no use to this claim, and a wider window would mostly read more
             // of it. Add the heads of the keys instead (one index descent per
             // key) and plan again over both.
-            if (!heads_added && st.keyed_rows >= 4 * st.distinct_keys) {
+            if (!heads_added && st.distinct_keys > 0 && st.keyed_rows >= 4 * st.distinct_keys) {
                 more_keys = key_heads(req->handler_id, std::max(64, 2 * max), req->per_key, lanes, now, &heads);
                 heads_added = true;
                 add_rows(&rows, heads);
