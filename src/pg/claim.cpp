@@ -198,7 +198,7 @@ static WindowHint* window_hint(int32 handler_id, int max, int per_key) {
     return h;
 }
 
-// The core's plan for the scanned rows: chosen ids into `chosen`, returns count.
+// What the core's plan says besides the chosen ids (see core::ClaimPlan).
 struct PlanStats {
     bool may_have_more;
     int64 rows_needed;
@@ -207,6 +207,7 @@ struct PlanStats {
     int64 unkeyed_rows;
 };
 
+// The core's plan for the scanned rows: chosen ids into `chosen`, returns count.
 static int plan(const ScannedRows& rows, int max, int per_key, int64 now_ms, PlanStats* stats,
                 int64* chosen) {
     int count = 0;
