@@ -58,8 +58,13 @@ ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams,
   std::unordered_map<std::string, KeyState> keys;
   std::unordered_set<int64_t> seen;
   std::array<std::vector<char>, kClasses> duplicate;
-  // Each keyed row by id, to take a key's run early (see below).
-  std::unordered_map<int64_t, const ClaimRow*> row_of;
+  // Where each keyed row sits, to take a key's run early (see below).
+  struct Place {
+    const ClaimRow* row;
+    size_t stream;
+    size_t index;
+  };
+  std::unordered_map<int64_t, Place> place_of;
   for (size_t c = 0; c < kClasses; ++c) {
     duplicate[c].assign(streams[c].size(), 0);
     for (size_t i = 0; i < streams[c].size(); ++i) {
@@ -69,7 +74,7 @@ ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams,
         continue;
       }
       if (r.has_key) {
-        row_of.emplace(r.id, &r);
+        place_of.emplace(r.id, Place{&r, c, i});
         keys[r.key].pending.insert(r.id);
         ++plan.keyed_rows;
       } else {
@@ -80,6 +85,7 @@ ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams,
   plan.distinct_keys = static_cast<int64_t>(keys.size());
 
   std::array<size_t, kClasses> pos{};
+  std::array<size_t, kClasses> depth{};  // rows of each stream read, early takes included
   std::unordered_set<int64_t> taken_early;
   std::vector<const ClaimRow*> released;  // deferred rows that are now their key's head
   std::vector<std::vector<int64_t>> groups;
@@ -184,11 +190,13 @@ ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams,
     // keys with long runs rather than a few rows of every key, so concurrent
     // claimers find other keys free instead of every head leased.
     while (chosen < max && k->chosen < per_key && !k->pending.empty()) {
-      const ClaimRow& n = *row_of.at(*k->pending.begin());
+      const Place& next = place_of.at(*k->pending.begin());
+      const ClaimRow& n = *next.row;
       if (n.ready_at_ms > now_ms || n.leased ||
           effective_priority(n, now_ms, aging_ms) < best_eff)
         break;  // left to the merge, which blocks the key or takes it in turn
       taken_early.insert(n.id);
+      depth[next.stream] = std::max(depth[next.stream], next.index + 1);
       take(n);
       groups[static_cast<size_t>(k->group)].push_back(n.id);
       ++k->chosen;
@@ -198,10 +206,8 @@ ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams,
 
   for (size_t c = 0; c < kClasses; ++c) {
     // Not filled: every row was looked at (deferred rows never released
-    // included); filled: only the prefix up to pos[c]. Rows taken early with
-    // their key's run do not count: the next claim has no use for them, and
-    // counting them would grow every keyed claim's window to the limit.
-    const size_t d = chosen < max ? streams[c].size() : pos[c];
+    // included); filled: only the prefix up to pos[c].
+    const size_t d = chosen < max ? streams[c].size() : std::max(pos[c], depth[c]);
     plan.rows_needed = std::max(plan.rows_needed, static_cast<int64_t>(d));
   }
   for (auto& g : groups) {

@@ -30,8 +30,7 @@ struct ClaimPlan {
   bool may_have_more = false;
   // How deep the plan read into the streams: the largest count of rows taken
   // off one stream before it stopped (every row of the input when it did not
-  // fill max; rows taken early with a key's run not counted). A caller sizing
-  // its next scan window per class uses it.
+  // fill max). A caller sizing its next scan window per class uses it.
   int64_t rows_needed = 0;
   // Distinct keys, keyed rows and unkeyed rows in the input (repeated ids
   // excluded): a caller tells from them whether a wider scan could help.
