@@ -58,6 +58,13 @@ ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams,
   std::unordered_map<std::string, KeyState> keys;
   std::unordered_set<int64_t> seen;
   std::array<std::vector<char>, kClasses> duplicate;
+  // Where each keyed row sits, to take a key's run early (see below).
+  struct Place {
+    const ClaimRow* row;
+    size_t stream;
+    size_t index;
+  };
+  std::unordered_map<int64_t, Place> place_of;
   for (size_t c = 0; c < kClasses; ++c) {
     duplicate[c].assign(streams[c].size(), 0);
     for (size_t i = 0; i < streams[c].size(); ++i) {
@@ -66,11 +73,20 @@ ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams,
         duplicate[c][i] = 1;
         continue;
       }
-      if (r.has_key) keys[r.key].pending.insert(r.id);
+      if (r.has_key) {
+        place_of.emplace(r.id, Place{&r, c, i});
+        keys[r.key].pending.insert(r.id);
+        ++plan.keyed_rows;
+      } else {
+        ++plan.unkeyed_rows;
+      }
     }
   }
+  plan.distinct_keys = static_cast<int64_t>(keys.size());
 
   std::array<size_t, kClasses> pos{};
+  std::array<size_t, kClasses> depth{};  // rows of each stream read, early takes included
+  std::unordered_set<int64_t> taken_early;
   std::vector<const ClaimRow*> released;  // deferred rows that are now their key's head
   std::vector<std::vector<int64_t>> groups;
   int chosen = 0;
@@ -101,7 +117,7 @@ ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams,
       // still to come (priority never reorders a key); those are deferred.
       while (pos[c] < streams[c].size()) {
         const ClaimRow& r = streams[c][pos[c]];
-        if (duplicate[c][pos[c]]) {
+        if (duplicate[c][pos[c]] || taken_early.count(r.id)) {
           ++pos[c];
           continue;
         }
@@ -124,7 +140,12 @@ ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams,
         best_stream = c;
       }
     }
-    for (size_t i = 0; i < released.size(); ++i) {
+    for (size_t i = 0; i < released.size();) {
+      if (taken_early.count(released[i]->id)) {  // already taken with its key's run
+        released[i] = released.back();
+        released.pop_back();
+        continue;
+      }
       const int eff = effective_priority(*released[i], now_ms, aging_ms);
       if (!best || goes_before(*released[i], eff, *best, best_eff)) {
         best = released[i];
@@ -132,6 +153,7 @@ ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams,
         best_stream = kClasses;
         best_released = i;
       }
+      ++i;
     }
     if (!best) break;  // input exhausted
     const ClaimRow& r = *best;
@@ -163,8 +185,31 @@ ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams,
     groups[static_cast<size_t>(k->group)].push_back(r.id);
     ++k->chosen;
     ++chosen;
+    // Take the rest of the key's run now (up to per_key), while its rows are
+    // ready, unleased and rank no lower than this one: a claim then holds few
+    // keys with long runs rather than a few rows of every key, so concurrent
+    // claimers find other keys free instead of every head leased.
+    while (chosen < max && k->chosen < per_key && !k->pending.empty()) {
+      const Place& next = place_of.at(*k->pending.begin());
+      const ClaimRow& n = *next.row;
+      if (n.ready_at_ms > now_ms || n.leased ||
+          effective_priority(n, now_ms, aging_ms) < best_eff)
+        break;  // left to the merge, which blocks the key or takes it in turn
+      taken_early.insert(n.id);
+      depth[next.stream] = std::max(depth[next.stream], next.index + 1);
+      take(n);
+      groups[static_cast<size_t>(k->group)].push_back(n.id);
+      ++k->chosen;
+      ++chosen;
+    }
   }
 
+  for (size_t c = 0; c < kClasses; ++c) {
+    // Not filled: every row was looked at (deferred rows never released
+    // included); filled: only the prefix up to pos[c].
+    const size_t d = chosen < max ? streams[c].size() : std::max(pos[c], depth[c]);
+    plan.rows_needed = std::max(plan.rows_needed, static_cast<int64_t>(d));
+  }
   for (auto& g : groups) {
     std::sort(g.begin(), g.end());  // already ascending; kept as a guarantee
     plan.ids.insert(plan.ids.end(), g.begin(), g.end());

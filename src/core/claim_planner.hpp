@@ -28,6 +28,15 @@ struct ClaimPlan {
   // Fewer than max rows were chosen and some stream was truncated, so a wider
   // scan could find more.
   bool may_have_more = false;
+  // How deep the plan read into the streams: the largest count of rows taken
+  // off one stream before it stopped (every row of the input when it did not
+  // fill max). A caller sizing its next scan window per class uses it.
+  int64_t rows_needed = 0;
+  // Distinct keys, keyed rows and unkeyed rows in the input (repeated ids
+  // excluded): a caller tells from them whether a wider scan could help.
+  int64_t distinct_keys = 0;
+  int64_t keyed_rows = 0;
+  int64_t unkeyed_rows = 0;
 };
 
 // Decides which deliveries one claim takes from up to 4 "class streams"
@@ -47,7 +56,10 @@ struct ClaimPlan {
 //   - leased: if keyed, the key becomes blocked; skip.
 //   - keyed and key blocked: skip.
 //   - keyed and per_key rows of this key already chosen: skip (key full).
-//   - otherwise choose it.
+//   - otherwise choose it, and then take the key's following rows at once
+//     (up to per_key, while each is ready, unleased and of no lower effective
+//     priority), so that a claim holds whole runs of few keys rather than a
+//     few rows of every key.
 // Stops when max rows are chosen or all streams are consumed. An id seen a
 // second time is ignored. max < 1 chooses nothing; per_key < 1 counts as 1.
 ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams_by_priority,

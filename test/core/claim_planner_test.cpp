@@ -380,5 +380,41 @@ TEST(FinalizeClaim, InvalidHeadDropsWholeKey) {
             (Ids{}));
 }
 
+TEST(PlanClaim, TakesAKeysRunBeforeTheNextKey) {
+  // Interleaved hot keys: a1 b1 a2 b2 a3 b3 a4 b4.
+  std::vector<ClaimRow> rows;
+  for (int i = 1; i <= 8; ++i) rows.push_back(row(i, 1, i % 2 ? "a" : "b"));
+  EXPECT_EQ(plan(rows, 3, 3).ids, (Ids{1, 3, 5})) << "a's run of 3, b left for another claimer";
+  EXPECT_EQ(plan(rows, 100, 3).ids, (Ids{1, 3, 5, 2, 4, 6}));
+  EXPECT_EQ(plan(rows, 100, 3).rows_needed, 8);
+  // The run stops at a leased row; the key is then blocked.
+  rows[4].leased = true;  // a3
+  EXPECT_EQ(plan(rows, 100, 3).ids, (Ids{1, 3, 2, 4, 6}));
+  // A run does not jump ahead of a higher class.
+  std::vector<ClaimRow> mixed = {row(1, 1, "a"), row(2, 1, "a"), row(3, 3, "b")};
+  EXPECT_EQ(plan(mixed, 2, 2).ids, (Ids{3, 1}));
+}
+
+TEST(PlanClaim, RowsNeededIsTheDepthReadPerStream) {
+  std::vector<ClaimRow> rows;
+  for (int i = 1; i <= 20; ++i) rows.push_back(row(i, 1, nullptr));
+  EXPECT_EQ(plan(rows, 5, 1).rows_needed, 5) << "filled after 5 rows of class 1";
+  rows[0].leased = true;
+  rows[1].leased = true;
+  EXPECT_EQ(plan(rows, 5, 1).rows_needed, 7) << "two leased rows skipped";
+  EXPECT_EQ(plan(rows, 100, 1).rows_needed, 20) << "not filled: the whole stream";
+  // A hot key with per_key 1: one row chosen, every row read.
+  std::vector<ClaimRow> hot;
+  for (int i = 1; i <= 10; ++i) hot.push_back(row(i, 1, "k"));
+  EXPECT_EQ(plan(hot, 5, 1).rows_needed, 10);
+  hot.push_back(row(11, 2, "j"));
+  hot.push_back(row(12, 2, nullptr));
+  hot.push_back(row(3, 2, "k"));  // the same id again (another stream): not counted
+  const ClaimPlan p = plan(hot, 5, 1);
+  EXPECT_EQ(p.distinct_keys, 2);
+  EXPECT_EQ(p.keyed_rows, 11);
+  EXPECT_EQ(p.unkeyed_rows, 1);
+}
+
 }  // namespace
 }  // namespace relaybus::core
