@@ -99,20 +99,6 @@ struct CellResult {
     std::map<std::string, double> worst_excess;                // max over pairs of cand - allowed (> 0 fails)
 };
 
-std::string num(double v, int prec = 0) {
-    if (!std::isfinite(v)) return "–";
-    if (prec == 0) {
-        long long x = llround(v);
-        std::string s = std::to_string(x < 0 ? -x : x), o;
-        for (size_t i = 0; i < s.size(); i++) {
-            if (i && (s.size() - i) % 3 == 0) o += ',';
-            o += s[i];
-        }
-        return (x < 0 ? "-" : "") + o;
-    }
-    return strf("%.*f", prec, v);
-}
-
 std::string fmt_ratio(double r) { return std::isfinite(r) ? strf("%.3f", r) : "–"; }
 
 // Compact counter value: enough digits for per-unit numbers below 1.

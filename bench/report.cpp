@@ -21,21 +21,6 @@ double get(const std::map<std::string, double>& m, const std::string& k) {
     return it == m.end() ? NAN : it->second;
 }
 
-std::string num(double v, int prec = 0) {
-    if (!std::isfinite(v)) return "–";
-    if (prec == 0) {
-        // thousands separators
-        long long x = llround(v);
-        std::string s = std::to_string(x < 0 ? -x : x), o;
-        for (size_t i = 0; i < s.size(); i++) {
-            if (i && (s.size() - i) % 3 == 0) o += ',';
-            o += s[i];
-        }
-        return (x < 0 ? "-" : "") + o;
-    }
-    return strf("%.*f", prec, v);
-}
-
 std::string ratio(double a, double b) {
     if (!std::isfinite(a) || !std::isfinite(b) || b <= 0) return "–";
     return strf("%.2fx", a / b);

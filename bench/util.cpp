@@ -160,4 +160,18 @@ std::string Json::dump() const {
     return "null";
 }
 
+std::string num(double v, int prec) {
+    if (!std::isfinite(v)) return "–";
+    if (prec == 0) {
+        long long x = llround(v);
+        std::string s = std::to_string(x < 0 ? -x : x), o;
+        for (size_t i = 0; i < s.size(); i++) {
+            if (i && (s.size() - i) % 3 == 0) o += ',';
+            o += s[i];
+        }
+        return (x < 0 ? "-" : "") + o;
+    }
+    return strf("%.*f", prec, v);
+}
+
 }  // namespace bench

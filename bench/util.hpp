@@ -38,6 +38,8 @@ inline void sleep_until_mono(int64_t t) {
 inline void sleep_ms(int64_t ms) { sleep_until_mono(mono_ns() + ms * 1000000); }
 
 std::string strf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+// A number for the reports: "1,234" (prec 0, thousands separators) or fixed decimals; "–" if not finite.
+std::string num(double v, int prec = 0);
 
 // A fixed CPU spin; returns its duration in milliseconds. Timed before each
 // sample so a busy machine shows up in the sample instead of in the ratio.
