@@ -29,6 +29,20 @@ static uint32_t seed_of(const Cell& c, int i) {
     return uint32_t(std::hash<std::string>()(c.name) & 0x7fffffff) + uint32_t(i) * 7919u + 1u;
 }
 
+// Publisher process i of a cell: its sql takes ($1 payload, $2 key) for batch 1, or
+// ($1 payloads[], $2 keys[]) for batches; the caller adds pacing and id recording.
+static ChildSpec publisher(const Cell& c, int i, const std::string& conninfo, int batch, std::string sql) {
+    ChildSpec s;
+    s.role = Role::Publish;
+    s.label = "pub-" + std::to_string(i);
+    s.conninfo = conninfo;
+    s.batch = batch;
+    s.sql = std::move(sql);
+    s.keys = c.keys;
+    s.seed = seed_of(c, i);
+    return s;
+}
+
 // The http cells' handler secret (requests are signed, as in production).
 static const char* kHttpSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -118,18 +132,13 @@ public:
         std::vector<ChildSpec> out;
         auto publishers = [&](double rate_each, bool record) {
             for (int i = 0; i < c.publishers; i++) {
-                ChildSpec s;
-                s.role = Role::Publish;
-                s.label = "pub-" + std::to_string(i);
-                s.conninfo = conninfo;
-                s.batch = c.group == Group::Mixed ? 1 : c.batch;
-                s.sql = s.batch == 1 ? "SELECT relay_publish('bench.e', $1::jsonb, $2)"
-                                     : "SELECT relay_publish_batch('bench.e', $1::jsonb[], $2::text[])";
-                s.keys = c.keys;
+                int batch = c.group == Group::Mixed ? 1 : c.batch;
+                ChildSpec s = publisher(c, i, conninfo, batch,
+                                        batch == 1 ? "SELECT relay_publish('bench.e', $1::jsonb, $2)"
+                                                   : "SELECT relay_publish_batch('bench.e', $1::jsonb[], $2::text[])");
                 s.rate = rate_each;
                 s.returns_ids = true;
                 s.record_pubs = record;
-                s.seed = seed_of(c, i);
                 out.push_back(s);
             }
         };
@@ -370,20 +379,15 @@ public:
             // Latency floor: INSERT + pg_notify in the publisher's own transaction, paced
             // like the relaybus publishers, the payload shaped like relaybus's.
             for (int i = 0; i < c.publishers; i++) {
-                ChildSpec s;
-                s.role = Role::Publish;
-                s.label = "pub-" + std::to_string(i);
-                s.conninfo = conninfo;
-                s.batch = 1;
-                s.sql = "WITH e AS (INSERT INTO floor_events (key, payload) VALUES ($2, $1::jsonb) RETURNING id, key, payload)"
-                        " SELECT e.id FROM e, LATERAL pg_notify('floor_ch', pg_catalog.jsonb_build_object('id', e.id,"
-                        " 'event_id', e.id, 'topic', 'bench.e', 'key', e.key, 'seq', NULL, 'attempt', 1,"
-                        " 'headers', NULL, 'payload', e.payload)::text) AS n";
-                s.keys = c.keys;
+                ChildSpec s = publisher(
+                    c, i, conninfo, 1,
+                    "WITH e AS (INSERT INTO floor_events (key, payload) VALUES ($2, $1::jsonb) RETURNING id, key, payload)"
+                    " SELECT e.id FROM e, LATERAL pg_notify('floor_ch', pg_catalog.jsonb_build_object('id', e.id,"
+                    " 'event_id', e.id, 'topic', 'bench.e', 'key', e.key, 'seq', NULL, 'attempt', 1,"
+                    " 'headers', NULL, 'payload', e.payload)::text) AS n");
                 s.rate = double(c.rate) / c.publishers;
                 s.returns_ids = true;
                 s.record_pubs = true;
-                s.seed = seed_of(c, i);
                 out.push_back(s);
             }
             ChildSpec l;
@@ -394,22 +398,16 @@ public:
             out.push_back(l);
         } else if (c.group == Group::Publish) {
             for (int i = 0; i < c.publishers; i++) {
-                ChildSpec s;
-                s.role = Role::Publish;
-                s.label = "pub-" + std::to_string(i);
-                s.conninfo = conninfo;
-                s.batch = c.batch;
                 std::string times = c.handlers > 1 ? strf(" CROSS JOIN generate_series(1, %d)", c.handlers) : "";
+                std::string sql;
                 if (c.batch == 1)
-                    s.sql = c.handlers > 1 ? "INSERT INTO floor_events (key, payload) SELECT $2, $1::jsonb FROM generate_series(1, " +
-                                                 std::to_string(c.handlers) + ")"
-                                           : "INSERT INTO floor_events (key, payload) VALUES ($2, $1::jsonb)";
+                    sql = c.handlers > 1 ? "INSERT INTO floor_events (key, payload) SELECT $2, $1::jsonb FROM generate_series(1, " +
+                                               std::to_string(c.handlers) + ")"
+                                         : "INSERT INTO floor_events (key, payload) VALUES ($2, $1::jsonb)";
                 else
-                    s.sql = "INSERT INTO floor_events (key, payload) SELECT u.k, u.p FROM unnest($1::jsonb[], $2::text[]) AS u(p, k)" +
-                            times;
-                s.keys = c.keys;
-                s.seed = seed_of(c, i);
-                out.push_back(s);
+                    sql = "INSERT INTO floor_events (key, payload) SELECT u.k, u.p FROM unnest($1::jsonb[], $2::text[]) AS u(p, k)" +
+                          times;
+                out.push_back(publisher(c, i, conninfo, c.batch, sql));
             }
         } else if (c.variant == "wrk") {
             out.push_back(http_log_child(conninfo, false));
@@ -573,18 +571,11 @@ public:
         out.push_back(t);
         if (c.group == Group::Publish) {
             for (int i = 0; i < c.publishers; i++) {
-                ChildSpec s;
-                s.role = Role::Publish;
-                s.label = "pub-" + std::to_string(i);
-                s.conninfo = conninfo;
-                s.batch = c.batch;
                 // The key rides in ev_extra1, as relaybus carries it (NULL when unkeyed).
-                s.sql = c.batch == 1 ? "SELECT pgq.insert_event('bench_q', 'ev', $1, $2, NULL, NULL, NULL)"
-                                     : "SELECT count(pgq.insert_event('bench_q', 'ev', u.p, u.k, NULL, NULL, NULL))"
-                                       " FROM unnest($1::text[], $2::text[]) AS u(p, k)";
-                s.keys = c.keys;
-                s.seed = seed_of(c, i);
-                out.push_back(s);
+                out.push_back(publisher(c, i, conninfo, c.batch,
+                                        c.batch == 1 ? "SELECT pgq.insert_event('bench_q', 'ev', $1, $2, NULL, NULL, NULL)"
+                                                     : "SELECT count(pgq.insert_event('bench_q', 'ev', u.p, u.k, NULL, NULL, NULL))"
+                                                       " FROM unnest($1::text[], $2::text[]) AS u(p, k)"));
             }
         } else {
             ChildSpec s;
@@ -705,19 +696,12 @@ public:
         std::vector<ChildSpec> out;
         if (c.group == Group::Publish) {
             for (int i = 0; i < c.publishers; i++) {
-                ChildSpec s;
-                s.role = Role::Publish;
-                s.label = "pub-" + std::to_string(i);
-                s.conninfo = conninfo;
-                s.batch = c.batch;
                 // A key becomes the job's queue_name: graphile runs a named queue's jobs one at a time.
-                s.sql = c.batch == 1 ? "SELECT (graphile_worker.add_job('bench', $1::json, $2::text)).id"
-                                     : "SELECT count(*) FROM graphile_worker.add_jobs(ARRAY(SELECT ROW('bench', u.p, u.k,"
-                                       " NULL, NULL, NULL, NULL, NULL)::graphile_worker.job_spec"
-                                       " FROM unnest($1::json[], $2::text[]) AS u(p, k)))";
-                s.keys = c.keys;
-                s.seed = seed_of(c, i);
-                out.push_back(s);
+                out.push_back(publisher(c, i, conninfo, c.batch,
+                                        c.batch == 1 ? "SELECT (graphile_worker.add_job('bench', $1::json, $2::text)).id"
+                                                     : "SELECT count(*) FROM graphile_worker.add_jobs(ARRAY(SELECT ROW('bench', u.p, u.k,"
+                                                       " NULL, NULL, NULL, NULL, NULL)::graphile_worker.job_spec"
+                                                       " FROM unnest($1::json[], $2::text[]) AS u(p, k)))"));
             }
             return out;
         }
