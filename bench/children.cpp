@@ -66,11 +66,30 @@ struct Counter {
         }
     }
     bool in_window(int64_t t) const { return t >= go->t0 && t <= go->t1; }
+    // A call that handed over nothing (ended at t).
+    void empty(int64_t t) {
+        if (in_window(t)) out.empty_in_window++;
+    }
     void error(const std::exception& e) {
         out.errors++;
         if (out.first_error.empty()) out.first_error = e.what();
     }
 };
+
+// After a failed call: counts it, rolls back an open transaction (in_tx) and
+// backs off. False when the connection is gone and the loop should end.
+bool recover(Conn& c, Counter& cnt, const PgError& e, bool in_tx) {
+    cnt.error(e);
+    if (PQstatus(c.raw()) != CONNECTION_OK) return false;
+    if (in_tx) {
+        try {
+            c.exec("ROLLBACK");
+        } catch (...) {
+        }
+    }
+    sleep_ms(5);
+    return true;
+}
 
 class BinWriter {
 public:
@@ -180,9 +199,7 @@ void run_publish(const ChildSpec& spec, Conn& c, const Go& go, Counter& cnt) {
                 }
             }
         } catch (const PgError& e) {
-            cnt.error(e);
-            if (PQstatus(c.raw()) != CONNECTION_OK) break;
-            sleep_ms(5);
+            if (!recover(c, cnt, e, false)) break;
         }
     }
 }
@@ -203,7 +220,7 @@ void run_claim_ack(const ChildSpec& spec, Conn& c, const Go& go, Counter& cnt) {
             int n = r.rows();
             if (n == 0) {
                 c.exec("COMMIT");
-                if (cnt.in_window(t_recv)) cnt.out.empty_in_window++;
+                cnt.empty(t_recv);
                 sleep_ms(2);
                 continue;
             }
@@ -232,13 +249,7 @@ void run_claim_ack(const ChildSpec& spec, Conn& c, const Go& go, Counter& cnt) {
             }
             cnt.done(n, start, end);
         } catch (const PgError& e) {
-            cnt.error(e);
-            if (PQstatus(c.raw()) != CONNECTION_OK) break;
-            try {
-                c.exec("ROLLBACK");
-            } catch (...) {
-            }
-            sleep_ms(5);
+            if (!recover(c, cnt, e, true)) break;
         }
     }
 }
@@ -254,15 +265,13 @@ void run_take(const ChildSpec& spec, Conn& c, const Go& go, Counter& cnt) {
             int64_t end = mono_ns();
             int n = r.rows();
             if (n == 0) {
-                if (cnt.in_window(end)) cnt.out.empty_in_window++;
+                cnt.empty(end);
                 sleep_ms(2);
                 continue;
             }
             cnt.done(n, start, end);
         } catch (const PgError& e) {
-            cnt.error(e);
-            if (PQstatus(c.raw()) != CONNECTION_OK) break;
-            sleep_ms(5);
+            if (!recover(c, cnt, e, false)) break;
         }
     }
 }
@@ -297,15 +306,13 @@ void run_notify_send(const ChildSpec& spec, Conn& c, const Go& go, Counter& cnt)
             }
             int64_t end = mono_ns();
             if (n == 0) {
-                if (cnt.in_window(end)) cnt.out.empty_in_window++;
+                cnt.empty(end);
                 sleep_ms(2);
                 continue;
             }
             cnt.done(n, start, end);
         } catch (const PgError& e) {
-            cnt.error(e);
-            if (PQstatus(c.raw()) != CONNECTION_OK) break;
-            sleep_ms(5);
+            if (!recover(c, cnt, e, false)) break;
         }
     }
 }
@@ -442,7 +449,7 @@ void run_pgq_batch(const ChildSpec& spec, Conn& c, const Go& go, Counter& cnt) {
             Result b = c.exec_prepared("batch", {});
             if (b.rows() == 0 || b.null(0, 0)) {  // no tick ahead of this consumer yet
                 c.exec("COMMIT");
-                if (cnt.in_window(mono_ns())) cnt.out.empty_in_window++;
+                cnt.empty(mono_ns());
                 sleep_ms(2);
                 continue;
             }
@@ -469,18 +476,12 @@ void run_pgq_batch(const ChildSpec& spec, Conn& c, const Go& go, Counter& cnt) {
                 rc.put(x);
             }
             if (got.empty()) {
-                if (cnt.in_window(end)) cnt.out.empty_in_window++;
+                cnt.empty(end);
                 continue;
             }
             cnt.done((long long)got.size(), start, end);
         } catch (const PgError& e) {
-            cnt.error(e);
-            if (PQstatus(c.raw()) != CONNECTION_OK) break;
-            try {
-                c.exec("ROLLBACK");
-            } catch (...) {
-            }
-            sleep_ms(5);
+            if (!recover(c, cnt, e, true)) break;
         }
     }
 }
