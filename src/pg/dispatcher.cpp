@@ -23,6 +23,7 @@
 #include "pg/worker_signals.hpp"
 #include "pg/spi_support.hpp"
 #include "pg/worker_state.hpp"
+#include "pg/worker_xact.hpp"
 
 extern "C" {
 #include "commands/async.h"
@@ -265,12 +266,9 @@ static bool iterate() {
     uint64 created_seen = workers->databases[my_db].created;
     uint32 wakes_seen = pg_atomic_read_u32(&workers->slots[my_slot].wakes);
     pg_memory_barrier();
-    SetCurrentStatementStartTimestamp();
-    StartTransactionCommand();
-    PushActiveSnapshot(GetTransactionSnapshot());
+    worker_xact_begin();
     if (!OidIsValid(get_extension_oid("relaybus", true))) {
-        PopActiveSnapshot();
-        CommitTransactionCommand();
+        worker_xact_commit();
         mark_no_extension(created_seen);
         ereport(LOG, (errmsg("relaybus dispatcher: extension not installed in this database, exiting")));
         proc_exit(0);
@@ -328,9 +326,7 @@ static bool iterate() {
     if (handed > 0 && !lanes_still_mine())
         ereport(ERROR, (errcode(ERRCODE_LOCK_NOT_AVAILABLE),
                         errmsg("relaybus dispatcher lost its lanes during a batch; not completing it")));
-    PopActiveSnapshot();
-    CommitTransactionCommand();
-    pgstat_report_stat(false);
+    worker_xact_commit();
     pgstat_report_activity(STATE_IDLE, nullptr);
     // A publisher that committed after our snapshot asked for a wake-up; if a
     // lock wait in this iteration reset the latch, set it again so that the
@@ -351,14 +347,12 @@ static bool iterate() {
 static void nack_poison(int64 id, const char* message) {
     PG_TRY();
     {
-        StartTransactionCommand();
-        PushActiveSnapshot(GetTransactionSnapshot());
+        worker_xact_begin();
         SpiScope scope;
         spi_begin(&scope);
         const char* outcome = nack_delivery(id, CStringGetTextDatum(message), -1, 0, false, true);
         spi_end(&scope);
-        PopActiveSnapshot();
-        CommitTransactionCommand();
+        worker_xact_commit();
         ereport(LOG, (errmsg("relaybus dispatcher: delivery %lld failed alone (%s); %s",
                              static_cast<long long>(id), message,
                              outcome[0] == 'd' ? "dead-lettered" : "will retry")));
@@ -367,7 +361,7 @@ static void nack_poison(int64 id, const char* message) {
     {
         EmitErrorReport();
         FlushErrorState();
-        AbortCurrentTransaction();
+        worker_xact_abort();
     }
     PG_END_TRY();
 }
@@ -376,7 +370,7 @@ static void after_error(MemoryContext cxt) {
     MemoryContextSwitchTo(cxt);
     ErrorData* ed = CopyErrorData();
     FlushErrorState();
-    AbortCurrentTransaction();
+    worker_xact_abort();
     http_drop_staged();
     ereport(LOG, (errmsg("relaybus dispatcher: iteration failed: %s", ed->message)));
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
@@ -417,7 +411,7 @@ static void drain_http_on_exit(MemoryContext cxt) {
         MemoryContextSwitchTo(cxt);
         EmitErrorReport();
         FlushErrorState();
-        AbortCurrentTransaction();
+        worker_xact_abort();
     }
     PG_END_TRY();
 }
@@ -454,6 +448,7 @@ extern "C" void relay_dispatcher_main(Datum) {
 
     MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "relaybus dispatcher", ALLOCSET_DEFAULT_SIZES);
     loop_cxt = cxt;
+    worker_xact_set_loop_context(cxt);
     apply_commit_mode();
     // Responses trickle in one socket event at a time; completing and claiming
     // per response would cost two transactions per delivery. Results wait for

@@ -16,6 +16,7 @@
 #include "pg/settings.hpp"
 #include "pg/spi_support.hpp"
 #include "pg/worker_state.hpp"
+#include "pg/worker_xact.hpp"
 
 extern "C" {
 #include "pgstat.h"
@@ -296,9 +297,7 @@ int http_complete() {
 
     PG_TRY();
     {
-        SetCurrentStatementStartTimestamp();
-        StartTransactionCommand();
-        PushActiveSnapshot(GetTransactionSnapshot());
+        worker_xact_begin();
         SpiScope scope;
         spi_begin(&scope);
         for (int i = 0; i < n; i++) {
@@ -326,9 +325,7 @@ int http_complete() {
             for (int i = 0; i < ndone; i++) leases_release_at_commit(DatumGetInt64(done[i]));
         }
         spi_end(&scope);
-        PopActiveSnapshot();
-        CommitTransactionCommand();
-        pgstat_report_stat(false);
+        worker_xact_commit();
     }
     PG_CATCH();
     {

@@ -13,6 +13,7 @@
 #include "pg/settings.hpp"
 #include "pg/worker_signals.hpp"
 #include "pg/worker_state.hpp"
+#include "pg/worker_xact.hpp"
 
 extern "C" {
 #include "access/heapam.h"
@@ -82,6 +83,7 @@ static int list_databases(ListedDatabase* out, int max) {
     table_endscan(scan);
     table_close(rel, AccessShareLock);
     CommitTransactionCommand();
+    MemoryContextSwitchTo(worker_loop_context());
     return n;
 }
 
@@ -204,12 +206,17 @@ extern "C" void relay_launcher_main(Datum) {
         if (workers->slots[s].pid == 0) workers->slots[s].dboid = InvalidOid;
     LWLockRelease(workers->lock);
 
+    // Reset after every pass: the relaybus.databases list is parsed anew each time.
+    MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "relaybus launcher", ALLOCSET_DEFAULT_SIZES);
+    worker_xact_set_loop_context(cxt);
     while (!got_sigterm) {
         if (got_sighup) {
             got_sighup = false;
             ProcessConfigFile(PGC_SIGHUP);
         }
+        MemoryContextSwitchTo(cxt);
         reconcile();
+        MemoryContextReset(cxt);
         (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, kLauncherNaptimeMs,
                         PG_WAIT_EXTENSION);
         ResetLatch(MyLatch);
