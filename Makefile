@@ -32,9 +32,15 @@ EXTRA_CLEAN = results_regress results_isolation $(OBJS:.o=.d)
 # inlining, and this keeps clang out of the build requirements.
 override with_llvm = no
 
-PG_CONFIG ?= pg_config
-PGXS := $(shell $(PG_CONFIG) --pgxs)
+# test, demo and deps install PostgreSQL first when it is missing, so they must
+# not need pg_config to read this file.
+PG_CONFIG ?= $(firstword $(wildcard /usr/lib/postgresql/15/bin/pg_config) pg_config)
+PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
+ifneq ($(PGXS),)
 include $(PGXS)
+else ifneq ($(filter-out test demo deps,$(or $(MAKECMDGOALS),all)),)
+$(error $(PG_CONFIG) not found: run `make deps` first (make test and make demo install it themselves))
+endif
 
 # Header dependencies (-MMD), so an incremental build never mixes old and new layouts.
 -include $(OBJS:.o=.d)
@@ -45,9 +51,12 @@ mongo:
 	$(MAKE) -C src/mongo
 deps:
 	bash scripts/install-deps.sh
+# run_all.sh and demo.sh print their summary last. On failure make would print
+# its own "*** [test] Error 1" after it, so the recipe ends make itself with
+# the script's failure instead (exit status 128 + 9: still a failure).
 test:
-	bash test/run_all.sh
+	@bash test/run_all.sh || kill -KILL $$PPID
 demo:
-	bash scripts/demo.sh
+	@bash scripts/demo.sh || kill -KILL $$PPID
 core-test:
 	$(MAKE) -C test/core check

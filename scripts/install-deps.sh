@@ -24,6 +24,7 @@ PACKAGES=(
     python3-pip
     nghttp2-server                           # nghttpd: the HTTP/2 TLS peer of the core HTTP tests
     openssl                                  # test certificates
+    pkg-config                               # relaybus-mongo's Makefile finds libmongoc with it
     libmongoc-dev                            # relaybus-mongo (libmongoc 1.23 on Debian 12)
     libbson-dev
     python3-pymongo                          # the MongoDB sidecar tests: application-side publishing, raw documents
@@ -58,32 +59,41 @@ python_deps() {
     fi
 }
 
-# Go builds FerretDB v1.24.2 (test/ferretdb) for the sidecar tests; it is
-# preinstalled on the test machines, otherwise Debian's golang is too old
-# (FerretDB v1.24 needs Go >= 1.24); the machines this project runs on have it.
-go_check() {
-    if ! command -v go >/dev/null 2>&1; then
-        echo "install-deps: warning: go not found; test/integration/mongo.sh needs Go >= 1.24 to build FerretDB" >&2
+# Go builds FerretDB v1.24.2 (test/ferretdb) for the sidecar tests. Any Go >=
+# 1.21 will do: test/ferretdb/build.sh runs it with GOTOOLCHAIN=auto, and go
+# then fetches the toolchain that go.mod names (golang.org/toolchain) from the
+# Go module proxy. Debian 12's own golang (1.19) is older than that, so when
+# no such Go is present this installs golang-1.23-go from bookworm-backports.
+go_version_ok() {  # GO_BINARY: true if it is Go >= 1.21
+    local v
+    v=$("$1" env GOVERSION 2>/dev/null) || return 1
+    [[ "$(printf '%s\n' go1.21 "$v" | sort -V | head -n 1)" == go1.21 ]]
+}
+find_go() {
+    local g
+    for g in "$(command -v go 2>/dev/null)" /usr/local/go/bin/go /usr/lib/go-1.2[1-9]/bin/go; do
+        [[ -n "$g" && -x "$g" ]] && go_version_ok "$g" && { echo "$g"; return 0; }
+    done
+    return 1
+}
+go_deps() {
+    find_go >/dev/null && return 0
+    echo "install-deps: no Go >= 1.21; installing golang-1.23-go from bookworm-backports"
+    local src=/etc/apt/sources.list.d/relaybus-backports.sources
+    if [[ ! -f "$src" ]]; then
+        printf '%s\n' 'Types: deb' 'URIs: http://deb.debian.org/debian' 'Suites: bookworm-backports' \
+            'Components: main' 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' |
+            "${SUDO[@]}" tee "$src" >/dev/null
     fi
+    attempt "${SUDO[@]}" apt-get update -q
+    attempt "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install "${APT_OPTS[@]}" \
+        -t bookworm-backports golang-1.23-go
+    find_go >/dev/null || { echo "install-deps: Go is still missing" >&2; return 1; }
 }
 
-if ((${#missing[@]} == 0)); then
-    echo "install-deps: all ${#PACKAGES[@]} packages present"
-    python_deps
-    go_check
-    exit 0
-fi
-
-echo "install-deps: installing: ${missing[*]}"
-
 SUDO=()
-if ((EUID != 0)); then
-    if command -v sudo >/dev/null 2>&1; then
-        SUDO=(sudo)
-    else
-        echo "install-deps: missing packages and not root (no sudo): ${missing[*]}" >&2
-        exit 1
-    fi
+if ((EUID != 0)) && command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo)
 fi
 
 export DEBIAN_FRONTEND=noninteractive
@@ -98,6 +108,19 @@ attempt() {
     "$@"
 }
 
+if ((${#missing[@]} == 0)); then
+    echo "install-deps: all ${#PACKAGES[@]} packages present"
+    python_deps
+    go_deps
+    exit 0
+fi
+
+echo "install-deps: installing: ${missing[*]}"
+if ((EUID != 0 && ${#SUDO[@]} == 0)); then
+    echo "install-deps: missing packages and not root (no sudo): ${missing[*]}" >&2
+    exit 1
+fi
+
 attempt "${SUDO[@]}" apt-get update -q
 attempt "${SUDO[@]}" apt-get install "${APT_OPTS[@]}" "${missing[@]}"
 
@@ -110,5 +133,5 @@ if ((${#still[@]} > 0)); then
     exit 1
 fi
 python_deps
-go_check
+go_deps
 echo "install-deps: done"
