@@ -9,7 +9,8 @@
 #
 # Needs root and debootstrap (installed with apt-get when missing). The root
 # gets no /etc/hosts entry for this machine's name and nothing else from the
-# host but /etc/resolv.conf (apt inside needs the package mirror).
+# host but /etc/resolv.conf (apt inside needs the package mirror) and the
+# host's local CA certificates.
 set -euo pipefail
 ((EUID == 0)) || { echo "fresh-root: run as root" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/.." && pwd -P)
@@ -49,6 +50,13 @@ in_root() { chroot "$dir" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin bash -c "$1"; }
 in_root "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends git make ca-certificates" \
     >"$dir/relaybus-setup.log" 2>&1 || { tail -n 20 "$dir/relaybus-setup.log"; exit 1; }
+# Local CA certificates of this machine (a TLS-inspecting proxy in front of the
+# registries needs them; a newcomer's machine has its own).
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    mkdir -p "$dir/usr/local/share/ca-certificates"
+    cp /usr/local/share/ca-certificates/*.crt "$dir/usr/local/share/ca-certificates/"
+    in_root "update-ca-certificates" >>"$dir/relaybus-setup.log" 2>&1
+fi
 git clone -q "$root" "$dir/root/relaybus"
 echo "fresh-root: root ready in $(($(date +%s) - t0)) s; /etc/hosts: $(cat "$dir/etc/hosts" 2>/dev/null | tr '\n' ';' || echo none)"
 
