@@ -7,7 +7,7 @@ namespace {
 // PostgreSQL's message when the NOTIFY queue (pg_notify/, 8 GB) is full.
 constexpr std::string_view kNotifyQueueFull = "too many notifications in the NOTIFY queue";
 
-bool is_sqlstate(std::string_view s) {
+bool is_sqlstate(std::string_view s) noexcept {
   if (s.size() != 5) return false;
   for (char c : s)
     if (!((c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z'))) return false;
@@ -16,7 +16,7 @@ bool is_sqlstate(std::string_view s) {
 
 }  // namespace
 
-ErrorCause classify_error(std::string_view sqlstate, std::string_view message) {
+ErrorCause classify_error(std::string_view sqlstate, std::string_view message) noexcept {
   if (!is_sqlstate(sqlstate)) return ErrorCause::Unknown;
   const std::string_view cls = sqlstate.substr(0, 2);
   if (cls == "54") {
@@ -46,7 +46,7 @@ ErrorCause classify_error(std::string_view sqlstate, std::string_view message) {
   return ErrorCause::Unknown;
 }
 
-const char* error_cause_name(ErrorCause cause) {
+const char* error_cause_name(ErrorCause cause) noexcept {
   switch (cause) {
     case ErrorCause::Delivery:
       return "delivery";

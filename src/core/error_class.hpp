@@ -24,9 +24,9 @@ enum class ErrorCause {
 // The cause of an error from its five-character SQLSTATE and its primary
 // message (needed where PostgreSQL shares one SQLSTATE between causes: 54000
 // is both "too many notifications in the NOTIFY queue" and a payload too big).
-ErrorCause classify_error(std::string_view sqlstate, std::string_view message);
+ErrorCause classify_error(std::string_view sqlstate, std::string_view message) noexcept;
 
 // "delivery", "environment" or "unknown": for logs and views.
-const char* error_cause_name(ErrorCause cause);
+const char* error_cause_name(ErrorCause cause) noexcept;
 
 }  // namespace relaybus::core
