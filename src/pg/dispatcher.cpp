@@ -23,6 +23,7 @@
 
 #include "core/backoff.hpp"
 #include "core/error_class.hpp"
+#include "pg/boundary.hpp"
 #include "pg/claim.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/complete.hpp"
@@ -364,9 +365,8 @@ static bool iterate() {
 }
 
 // A delivery that failed alone is nacked in its own transaction.
-static void nack_poison(int64 id, const char* message) {
-    PG_TRY();
-    {
+static void nack_poison(MemoryContext cxt, int64 id, const char* message) {
+    ErrorData* error = worker_step(cxt, [&] {
         StartTransactionCommand();
         PushActiveSnapshot(GetTransactionSnapshot());
         SpiScope scope;
@@ -378,22 +378,16 @@ static void nack_poison(int64 id, const char* message) {
         ereport(LOG, (errmsg("relaybus dispatcher: delivery %lld failed alone (%s); %s",
                              static_cast<long long>(id), message,
                              outcome[0] == 'd' ? "dead-lettered" : "will retry")));
-    }
-    PG_CATCH();
-    {
-        EmitErrorReport();
-        FlushErrorState();
-        AbortCurrentTransaction();
-    }
-    PG_END_TRY();
+    });
+    if (error == nullptr) return;
+    ereport(LOG, (errcode(error->sqlerrcode),
+                  errmsg("relaybus dispatcher: could not nack delivery %lld: %s", static_cast<long long>(id),
+                         error->message)));
+    FreeErrorData(error);
 }
 
 // Charges the error that aborted an iteration to its cause (see the top).
-static void after_error(MemoryContext cxt) {
-    MemoryContextSwitchTo(cxt);
-    ErrorData* ed = CopyErrorData();
-    FlushErrorState();
-    AbortCurrentTransaction();
+static void after_error(MemoryContext cxt, ErrorData* ed) {
     http_drop_staged();
     const char* message = ed->message != nullptr ? ed->message : "(no message)";
     core::ErrorCause cause = core::classify_error(unpack_sql_state(ed->sqlerrcode), message);
@@ -419,7 +413,7 @@ static void after_error(MemoryContext cxt) {
     if (isolation_left > 0 && ninflight == 1) {
         int64 id = inflight[0];
         leases_release(&id, 1);
-        nack_poison(id, message);
+        nack_poison(cxt, id, message);
         isolation_left = 0;  // found: batches again
     } else {
         leases_release(inflight, ninflight);
@@ -436,8 +430,7 @@ static void after_error(MemoryContext cxt) {
 static void drain_http_on_exit(MemoryContext cxt) {
     constexpr int64 kDrainMs = 3000;
     int64 deadline = timestamptz_to_epoch_ms(GetCurrentTimestamp()) + kDrainMs;
-    PG_TRY();
-    {
+    ErrorData* error = worker_step(cxt, [&] {
         for (;;) {
             int64 left = deadline - timestamptz_to_epoch_ms(GetCurrentTimestamp());
             if (http_in_flight() == 0 || left <= 0) break;
@@ -445,15 +438,12 @@ static void drain_http_on_exit(MemoryContext cxt) {
             MemoryContextReset(cxt);
         }
         http_complete();
-    }
-    PG_CATCH();
-    {
-        MemoryContextSwitchTo(cxt);
-        EmitErrorReport();
-        FlushErrorState();
-        AbortCurrentTransaction();
-    }
-    PG_END_TRY();
+    });
+    if (error == nullptr) return;
+    ereport(LOG, (errcode(error->sqlerrcode),
+                  errmsg("relaybus dispatcher: could not complete the requests in flight at exit: %s",
+                         error->message)));
+    FreeErrorData(error);
 }
 
 }  // namespace relaybus::pg
@@ -495,7 +485,7 @@ extern "C" void relay_dispatcher_main(Datum) {
     // when woken, after a completion, or while busy.
     constexpr int kCompleteBatch = 16;
     constexpr int64 kCompleteDelayMs = 2;
-    volatile bool run_iteration = true;
+    bool run_iteration = true;
     while (!got_sigterm) {
         if (got_sighup) {
             got_sighup = false;
@@ -503,10 +493,9 @@ extern "C" void relay_dispatcher_main(Datum) {
             pin_session_settings();
         }
         if (!guc_enabled) break;
-        volatile bool busy = false;
+        bool busy = false;
         MemoryContextSwitchTo(cxt);
-        PG_TRY();
-        {
+        ErrorData* error = worker_step(cxt, [&] {
             http_pump();  // claimed requests go out as soon as responses made room
             int ready = http_collect();
             if (ready > 0 && (run_iteration || ready >= kCompleteBatch || http_in_flight() == 0 ||
@@ -519,12 +508,8 @@ extern "C" void relay_dispatcher_main(Datum) {
                 run_iteration = false;
                 busy = iterate();
             }
-        }
-        PG_CATCH();
-        {
-            after_error(cxt);
-        }
-        PG_END_TRY();
+        });
+        if (error != nullptr) after_error(cxt, error);
         MemoryContextReset(cxt);
         if (busy) {
             run_iteration = true;
