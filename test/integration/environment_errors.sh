@@ -3,17 +3,18 @@
 #  - settings inherited from ALTER DATABASE ... SET (default_transaction_read_only,
 #    lock_timeout, statement_timeout, default_transaction_isolation, search_path,
 #    ...) do not reach the dispatcher: it pins its own, and deliveries flow;
+#    with a lock held on relay.deliveries it waits instead of failing;
 #  - an environmental error in the completing transaction (a serialization
 #    failure, 40001, raised by a superuser's trigger on relay.deliveries) makes
 #    the dispatcher retry the iteration after a backoff: the delivery's attempt
 #    count does not grow, it is not dead-lettered (max_attempts 2), and
 #    it arrives (attempt 1) once the cause is gone.
 # On 0.1.0 the first stalled the database's deliveries for ever, and the second
-# dead-lettered the innocent delivery.
+# charged the innocent delivery an attempt (and would dead-letter it).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # This script's own sessions must not be read-only.
-export PGOPTIONS="-c default_transaction_read_only=off -c lock_timeout=0 -c statement_timeout=0 -c search_path=public -c session_replication_role=origin -c default_transaction_isolation=read\\ committed"
+export PGOPTIONS="-c default_transaction_read_only=off -c lock_timeout=0 -c statement_timeout=0 -c idle_in_transaction_session_timeout=0 -c search_path=public -c session_replication_role=origin -c default_transaction_isolation=read\\ committed"
 
 name="it_env_$$_${RANDOM}"
 psql_q -d postgres -c "CREATE DATABASE \"$name\"" >/dev/null || die "could not create a database"
@@ -37,6 +38,22 @@ sql "$db" "SELECT relay_publish('env.a', jsonb_build_object('n', g), 'k' || (g %
 check "the 50 deliveries arrive" wait_lines "$TMP/c.out" 50 20
 check_eq "no delivery is left" 0 "$(sql "$db" "SELECT count(*) FROM relay.deliveries")"
 check_eq "nothing was dead-lettered" 0 "$(sql "$db" "SELECT count(*) FROM relay.dead_letters")"
+check_eq "no iteration failed" 0 "$(sql "$db" "SELECT sum(failed) FROM relay.workers")"
+
+log "a lock held on relay.deliveries: the dispatcher waits (lock_timeout '1ms' does not reach it)"
+sql "$db" "SELECT relay_publish('env.locked', '{\"n\": 51}', 'locked', not_before => now() + interval '2 s')" \
+    >/dev/null
+psql_q -d "$db" -c "BEGIN" -c "LOCK TABLE relay.deliveries IN SHARE MODE" -c "SELECT pg_sleep(4)" -c "COMMIT" \
+    >/dev/null &
+bg_track $!
+dispatcher_waits() {
+    [[ $(sql "$db" "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'relaybus dispatcher'
+                      AND datname = current_database() AND wait_event_type = 'Lock'") == 1 ]]
+}
+check "the dispatcher claimed and notified it, and its DELETE waits for the lock" wait_until 10 dispatcher_waits
+check "the delivery arrives once the lock is gone" wait_lines "$TMP/c.out" 51 15
+check_eq "as its first attempt" 1 \
+    "$(sed -n 51p "$TMP/c.out" | cut -f2 | python3 -c 'import json, sys; print(json.load(sys.stdin)["attempt"])')"
 check_eq "no iteration failed" 0 "$(sql "$db" "SELECT sum(failed) FROM relay.workers")"
 
 log "a serialization failure while completing is retried, not charged"
