@@ -5,13 +5,16 @@
 #    by-reference NOTIFY is longer than PostgreSQL's 8000-byte limit:
 #    "payload string too long", SQLSTATE 22023, a data error);
 #  - the poison delivery is dead-lettered (max_attempts 1) with that error and
-#    every other delivery of both handlers arrives.
+#    every other delivery of both handlers arrives;
+#  - the same with the poison delivery in the other handler, published after
+#    the good ones: isolated, the good ones go alone first, the handlers taking
+#    turns, until the poison one fails alone.
 # On 0.1.0 the dispatcher stalled for ever: its poison mode took one delivery
 # per handler, so two were always in flight and none was ever nacked.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 new_db db poison || die "could not create a database"
-notify_handler "$db" first it_poison_a '{}' 'pa.#' || die "handler first"
+notify_handler "$db" first it_poison_a '{"max_attempts": 1}' 'pa.#' || die "handler first"
 notify_handler "$db" second it_poison_b '{"max_attempts": 1}' 'pb.#' || die "handler second"
 check "a dispatcher serves the database" wait_workers "$db" 1 20
 start_client a "$db" it_poison_a || die "client a"
@@ -44,5 +47,25 @@ log "after the poison delivery, batches again: 200 deliveries flow"
 sql "$db" "SELECT relay_publish('pa.more', jsonb_build_object('n', g), 'm' || (g % 7)) FROM generate_series(1, 200) g" \
     >/dev/null
 check "the 200 further deliveries arrive" wait_lines "$TMP/a.out" 210 20
+
+log "the poison delivery in the other handler"
+# Published last this time: isolated, the good deliveries before it go alone
+# first, the handlers taking turns.
+sql "$db" "BEGIN" \
+    "SELECT relay_publish('pa.good', jsonb_build_object('n', g), 'a' || (g % 3)) FROM generate_series(11, 20) g" \
+    "SELECT relay_publish('pb.good', jsonb_build_object('n', g), 'b' || (g % 3)) FROM generate_series(11, 20) g" \
+    "SELECT relay_publish('pa.bad', '{\"poison\": true}', 'bad-key')" \
+    "UPDATE relay.deliveries SET wire_topic = repeat('t', 9000) WHERE topic = 'pa.bad'" \
+    "COMMIT" >/dev/null || die "could not publish"
+check "the first handler's 10 good deliveries arrive" wait_lines "$TMP/a.out" 220 20
+check "the second handler's 10 deliveries arrive" wait_lines "$TMP/b.out" 20 20
+dead_poison_a() {
+    [[ $(sql "$db" "SELECT count(*) FROM relay.dead_letters WHERE topic = 'pa.bad'") == 1 ]]
+}
+check "the poison delivery is dead-lettered" wait_until 20 dead_poison_a
+check_eq "its dead letter: handler first, 1 attempt" "first|1" \
+    "$(sql "$db" "SELECT handler, attempts FROM relay.dead_letters WHERE topic = 'pa.bad'")"
+check_eq "no delivery is left" 0 "$(sql "$db" "SELECT count(*) FROM relay.deliveries")"
+check_eq "two dead letters in all" 2 "$(sql "$db" "SELECT count(*) FROM relay.dead_letters")"
 
 finish
