@@ -144,10 +144,15 @@ ErrorData* worker_step(MemoryContext cxt, F&& f) {
     }
     PG_CATCH();
     {
+        // As PostgreSQL's own workers recover: no interrupt while cleaning up,
+        // and no LWLock left held even when no transaction was open.
+        HOLD_INTERRUPTS();
         MemoryContextSwitchTo(cxt);
         error = CopyErrorData();
         FlushErrorState();
+        LWLockReleaseAll();
         AbortCurrentTransaction();
+        RESUME_INTERRUPTS();
     }
     PG_END_TRY();
     return error;
