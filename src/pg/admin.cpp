@@ -8,6 +8,7 @@
 #include "core/handler_config.hpp"
 #include "core/lane_hash.hpp"
 #include "core/topic.hpp"
+#include "pg/boundary.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/guard.hpp"
 #include "pg/leases.hpp"
@@ -35,8 +36,36 @@ static void require_arg(FunctionCallInfo fcinfo, int n, const char* what) {
         ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("%s must not be NULL", what)));
 }
 
+// The core's checks of a handler (C++: a failure is thrown as SqlError).
+// Returns the handler's secrets as a JSON array text, palloc'd.
+static char* check_handler(std::string_view name, std::string_view kind_text, bool target_null,
+                           std::string_view target, const char* options_text) {
+    std::string why;
+    auto detail = [&why] { return why.empty() ? std::string("invalid value") : why; };
+    if (!core::is_valid_handler_name(name, &why))
+        throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid handler name \"" + std::string(name) + "\"",
+                       detail(), "Use 1 to 63 lower-case letters, digits, '_', '.' or '-'.");
+    core::HandlerKind kind = core::HandlerKind::Pull;
+    if (!core::parse_handler_kind(kind_text, &kind, &why))
+        throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid handler kind \"" + std::string(kind_text) + "\"",
+                       "", "The kinds are notify, http and pull.");
+    if (!core::validate_target(kind, target_null ? std::string_view() : target, target_null, &why))
+        throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE,
+                       "invalid target for a " + std::string(kind_text) + " handler", detail());
+    core::HandlerOptions parsed;
+    if (!core::parse_handler_options(kind, options_text, &parsed, &why))
+        throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid option: " + detail());
+    std::string secrets = "[";
+    for (size_t i = 0; i < parsed.secrets.size(); i++) {
+        if (i > 0) secrets += ",";
+        secrets += "\"" + parsed.secrets[i] + "\"";  // whsec_ + base64: nothing to escape
+    }
+    secrets += "]";
+    return pg_guard([&] { return pstrdup(secrets.c_str()); });
+}
+
 // relay._validate_handler(name, kind, target, options) -> {"target", "options", "secrets"}
-extern "C" Datum relay_validate_handler(PG_FUNCTION_ARGS) {
+RELAYBUS_SQL_FUNCTION(relay_validate_handler) {
     require_arg(fcinfo, 0, "name");
     require_arg(fcinfo, 1, "kind");
     int name_len = 0, kind_len = 0, target_len = 0;
@@ -47,45 +76,9 @@ extern "C" Datum relay_validate_handler(PG_FUNCTION_ARGS) {
     Jsonb* options = PG_ARGISNULL(3) ? nullptr : PG_GETARG_JSONB_P(3);
     char* options_text =
         options == nullptr ? pstrdup("{}") : JsonbToCString(nullptr, &options->root, VARSIZE(options));
-
-    char err[kErrLen];
-    if (!run_core([&](std::string* why) {
-            return core::is_valid_handler_name(std::string_view(name, name_len), why);
-        }, err))
-        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                        errmsg("invalid handler name \"%s\"", name), errdetail("%s", err),
-                        errhint("Use 1 to 63 lower-case letters, digits, '_', '.' or '-'.")));
-    core::HandlerKind kind = core::HandlerKind::Pull;
-    if (!run_core([&](std::string* why) {
-            return core::parse_handler_kind(std::string_view(kind_text, kind_len), &kind, why);
-        }, err))
-        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                        errmsg("invalid handler kind \"%s\"", kind_text),
-                        errhint("The kinds are notify, http and pull.")));
-    if (!run_core([&](std::string* why) {
-            return core::validate_target(kind, target_null ? std::string_view() : std::string_view(target, target_len),
-                                         target_null, why);
-        }, err))
-        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                        errmsg("invalid target for a %s handler", kind_text), errdetail("%s", err)));
-
-    // Secrets come back as a JSON array text, built in plain memory by the core side.
-    char* secrets_json = nullptr;
-    if (!run_core([&](std::string* why) {
-            core::HandlerOptions parsed;
-            if (!core::parse_handler_options(kind, options_text, &parsed, why)) return false;
-            std::string s = "[";
-            for (size_t i = 0; i < parsed.secrets.size(); i++) {
-                if (i > 0) s += ",";
-                s += "\"" + parsed.secrets[i] + "\"";  // whsec_ + base64: nothing to escape
-            }
-            s += "]";
-            secrets_json = static_cast<char*>(malloc(s.size() + 1));
-            if (secrets_json == nullptr) throw std::bad_alloc();
-            memcpy(secrets_json, s.c_str(), s.size() + 1);
-            return true;
-        }, err))
-        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("invalid option: %s", err)));
+    char* secrets_json = check_handler(std::string_view(name, name_len), std::string_view(kind_text, kind_len),
+                                       target_null, target_null ? std::string_view() : std::string_view(target, target_len),
+                                       options_text);
 
     StringInfoData buf;
     initStringInfo(&buf);
@@ -96,7 +89,6 @@ extern "C" Datum relay_validate_handler(PG_FUNCTION_ARGS) {
         escape_json(&buf, target);
     appendStringInfoString(&buf, ", \"secrets\": ");
     appendStringInfoString(&buf, secrets_json);
-    free(secrets_json);
     appendStringInfoString(&buf, ", \"options\": ");
     Datum public_options = options == nullptr
                                ? DirectFunctionCall1(jsonb_in, CStringGetDatum("{}"))
@@ -108,35 +100,37 @@ extern "C" Datum relay_validate_handler(PG_FUNCTION_ARGS) {
     PG_RETURN_DATUM(DirectFunctionCall1(jsonb_in, CStringGetDatum(buf.data)));
 }
 
+// The core's checks of a route (C++: a failure is thrown as SqlError).
+static void check_route(std::string_view pattern, bool wire_null, std::string_view wire) {
+    std::string why;
+    raise_test_fault();
+    if (!core::is_valid_pattern(pattern, &why))
+        throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid topic pattern \"" + std::string(pattern) + "\"",
+                       why.empty() ? "invalid value" : why,
+                       "Use dot-separated segments; '*' matches one segment, '#' any number.");
+    if (!wire_null && !core::is_valid_topic(wire, &why))
+        throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid wire name \"" + std::string(wire) + "\"",
+                       why.empty() ? "invalid value" : why);
+}
+
 // relay._validate_route(pattern, wire_name)
-extern "C" Datum relay_validate_route(PG_FUNCTION_ARGS) {
+RELAYBUS_SQL_FUNCTION(relay_validate_route) {
     require_arg(fcinfo, 0, "topic");
-    int len = 0;
+    int len = 0, wlen = 0;
     char* pattern = text_arg(fcinfo, 0, &len);
-    char err[kErrLen];
-    if (!run_core([&](std::string* why) { return core::is_valid_pattern(std::string_view(pattern, len), why); },
-                  err))
-        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                        errmsg("invalid topic pattern \"%s\"", pattern), errdetail("%s", err),
-                        errhint("Use dot-separated segments; '*' matches one segment, '#' any number.")));
-    if (!PG_ARGISNULL(1)) {
-        int wlen = 0;
-        char* wire = text_arg(fcinfo, 1, &wlen);
-        if (!run_core([&](std::string* why) { return core::is_valid_topic(std::string_view(wire, wlen), why); },
-                      err))
-            ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                            errmsg("invalid wire name \"%s\"", wire), errdetail("%s", err)));
-    }
+    bool wire_null = PG_ARGISNULL(1);
+    char* wire = wire_null ? nullptr : text_arg(fcinfo, 1, &wlen);
+    check_route(std::string_view(pattern, len), wire_null, wire_null ? std::string_view() : std::string_view(wire, wlen));
     PG_RETURN_VOID();
 }
 
-extern "C" Datum relay_catalog_changed(PG_FUNCTION_ARGS) {
+RELAYBUS_SQL_FUNCTION(relay_catalog_changed) {
     if (!CALLED_AS_TRIGGER(fcinfo)) elog(ERROR, "relay._catalog_changed must be called as a trigger");
     catalog_changed_in_this_transaction();
     return PointerGetDatum(nullptr);
 }
 
-extern "C" Datum relay_leases(PG_FUNCTION_ARGS) {
+RELAYBUS_SQL_FUNCTION(relay_leases) {
     InitMaterializedSRF(fcinfo, 0);
     auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
     int max = guc_max_leases;
@@ -151,13 +145,13 @@ extern "C" Datum relay_leases(PG_FUNCTION_ARGS) {
     return (Datum)0;
 }
 
-extern "C" Datum relay_lane_of(PG_FUNCTION_ARGS) {
+RELAYBUS_SQL_FUNCTION(relay_lane_of) {
     text* key = PG_GETARG_TEXT_PP(0);
     PG_RETURN_INT32(core::lane_for_key(std::string_view(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key))));
 }
 
 // relay._workers(): the dispatchers of this database.
-extern "C" Datum relay_workers(PG_FUNCTION_ARGS) {
+RELAYBUS_SQL_FUNCTION(relay_workers) {
     InitMaterializedSRF(fcinfo, 0);
     auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
     if (workers == nullptr) return (Datum)0;
@@ -191,7 +185,7 @@ static double percentile_ms(const uint64* buckets, uint64 total, double q) {
 
 // relay._handler_counters(): delivered, retried and dead-lettered counts and
 // latency percentiles since server start, per handler of this database.
-extern "C" Datum relay_handler_counters(PG_FUNCTION_ARGS) {
+RELAYBUS_SQL_FUNCTION(relay_handler_counters) {
     InitMaterializedSRF(fcinfo, 0);
     auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
     if (workers == nullptr) return (Datum)0;

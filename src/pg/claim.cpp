@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/claim_planner.hpp"
+#include "pg/boundary.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/claim.hpp"
 #include "pg/guard.hpp"
@@ -434,7 +435,7 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
 using namespace relaybus;
 using namespace relaybus::pg;
 
-extern "C" Datum relay_claim(PG_FUNCTION_ARGS) {
+RELAYBUS_SQL_FUNCTION(relay_claim) {
     if (PG_ARGISNULL(0))
         ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("handler must not be NULL")));
     char* name = text_arg(fcinfo, 0, nullptr);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/webhook_delivery.hpp"
+#include "pg/boundary.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/guard.hpp"
 #include "pg/leases.hpp"
@@ -98,7 +99,7 @@ const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms, int status, 
 using namespace relaybus;
 using namespace relaybus::pg;
 
-extern "C" Datum relay_ack(PG_FUNCTION_ARGS) {
+RELAYBUS_SQL_FUNCTION(relay_ack) {
     if (PG_ARGISNULL(0))
         ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("ids must not be NULL")));
     ArrayType* arr = PG_GETARG_ARRAYTYPE_P(0);
@@ -160,7 +161,7 @@ extern "C" Datum relay_ack(PG_FUNCTION_ARGS) {
     PG_RETURN_INT32(deleted);
 }
 
-extern "C" Datum relay_nack(PG_FUNCTION_ARGS) {
+RELAYBUS_SQL_FUNCTION(relay_nack) {
     if (PG_ARGISNULL(0))
         ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("id must not be NULL")));
     int64 id = PG_GETARG_INT64(0);

@@ -8,17 +8,29 @@
 //   notifications and the completion become visible together.
 //
 // It sleeps on its latch, which publishers set when they commit; the poll
-// interval is only a fallback. An error aborts the iteration; the next one
-// hands over one delivery at a time, and a delivery that fails alone is nacked
-// (retried with backoff, then dead-lettered), so a poison delivery never
-// crash-loops the worker.
+// interval is only a fallback.
+//
+// An error aborts the iteration and is charged to its cause (core/error_class):
+//   - environmental (a lock or statement timeout, a serialization failure, a
+//     full NOTIFY queue, lost lanes, ...): the iteration is retried after a
+//     backoff and no delivery's attempts change;
+//   - a delivery's data (or unknown): the deliveries in flight become
+//     suspects, and the next iterations hand over one delivery in total, the
+//     handlers taking turns, until one fails alone (it is nacked: retried with
+//     backoff, then dead-lettered) or as many as were in flight went through
+//     alone; then batches again. So a poison delivery never stalls or
+//     crash-loops the worker, whichever handler it belongs to.
 
+#include "core/backoff.hpp"
+#include "core/error_class.hpp"
+#include "pg/boundary.hpp"
 #include "pg/claim.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/complete.hpp"
 #include "pg/http_delivery.hpp"
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
+#include "pg/session_settings.hpp"
 #include "pg/settings.hpp"
 #include "pg/worker_signals.hpp"
 #include "pg/spi_support.hpp"
@@ -51,7 +63,14 @@ static int my_nlanes = 0;
 static int64* inflight = nullptr;
 static int ninflight = 0;
 static int inflight_cap = 0;
-static bool poison_mode = false;
+// Isolation after a delivery's error: while > 0, an iteration hands over one
+// delivery in total; each that goes through alone counts one down.
+static int isolation_left = 0;
+static int isolation_turn = 0;  // the handler (in iteration order) whose turn is next
+// Environmental errors in a row, and when the iteration may run again.
+static int env_failures = 0;
+static int64 retry_at_ms = 0;
+static const core::BackoffPolicy kEnvironmentBackoff = {100, 5000};
 // Epoch ms of the earliest not-yet-ready delivery the last iteration saw (0 =
 // none): the wait ends then, so a retry goes out when its backoff ends rather
 // than at the next poll.
@@ -174,7 +193,7 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
     bool ack = h->options.ack;
     ClaimRequest req = {};
     req.handler_id = h->id;
-    req.max = poison_mode ? 1 : guc_batch_size;
+    req.max = isolation_left > 0 ? 1 : guc_batch_size;
     if (ack) {
         // Deliveries waiting for relay_ack count against relaybus.max_in_flight.
         int waiting = leases_count_handler(h->id, GetCurrentTimestamp());
@@ -190,6 +209,8 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
     claim_deliveries(&req, &res);
     note_next_ready(&res);
     if (res.n == 0) return 0;
+    // All of them at once: an error while sending must give every lease back.
+    for (int i = 0; i < res.n; i++) remember_inflight(spi_int64(res.rows[i], 1));
 
     TimestampTz now = GetCurrentTimestamp();
     Datum* done = static_cast<Datum*>(palloc(sizeof(Datum) * res.n));
@@ -210,7 +231,6 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
             unsent[nunsent++] = id;
             continue;
         }
-        remember_inflight(id);
         char* json = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, kNotifyJsonColumn);
         bool by_reference = static_cast<int>(strlen(json)) > guc_notify_payload_limit;
         if (by_reference) {
@@ -238,21 +258,6 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
 
 // Records that this database has no relaybus, unless a CREATE EXTENSION
 // committed since `seen` was read (before the snapshot that found none).
-// A completion lost in a crash only means the delivery is handed over again,
-// which a crash causes anyway; so by default the dispatcher does not wait for
-// its commits' WAL flush (relaybus.worker_synchronous_commit).
-//
-// The dispatcher runs the same few statements all the time, with arrays of ids
-// and lanes as parameters, and the plan cache kept choosing custom plans for
-// them: a claim was re-planned on every call (planning took as long as
-// executing). The generic plans have the same shapes (the priority classes are
-// constants, so their statistics still count), so the dispatcher uses them.
-static void apply_commit_mode() {
-    SetConfigOption("synchronous_commit", guc_worker_synchronous_commit ? "on" : "off", PGC_SUSET,
-                    PGC_S_OVERRIDE);
-    SetConfigOption("plan_cache_mode", "force_generic_plan", PGC_SUSET, PGC_S_OVERRIDE);
-}
-
 static void mark_no_extension(uint64 seen) {
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     if (workers->databases[my_db].created == seen) workers->databases[my_db].no_extension = true;
@@ -276,39 +281,46 @@ static bool iterate() {
     pgstat_report_activity(STATE_RUNNING, "relaybus: dispatching");
     balance_lanes();
 
+    // The handlers served here: notify ones first, then http.
     int nh = catalog_handler_count();
-    int32* notify_ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
-    int32* http_ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
-    int nnotify = 0, nhttp = 0;
-    for (int i = 0; i < nh; i++) {
-        const HandlerEntry* h = catalog_handler_at(i);
-        if (h->kind == core::HandlerKind::Notify) notify_ids[nnotify++] = h->id;
-        if (h->kind == core::HandlerKind::Http) http_ids[nhttp++] = h->id;
+    int32* ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
+    int nserved = 0, nnotify = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        core::HandlerKind kind = pass == 0 ? core::HandlerKind::Notify : core::HandlerKind::Http;
+        for (int i = 0; i < nh; i++) {
+            const HandlerEntry* h = catalog_handler_at(i);
+            if (h->kind == kind) ids[nserved++] = h->id;
+        }
+        if (pass == 0) nnotify = nserved;
     }
-    int cap = (poison_mode ? 1 : guc_batch_size) * (nnotify + 1);
+    bool isolating = isolation_left > 0;
+    int cap = (isolating ? 1 : guc_batch_size) * (nnotify + 1);
     // Read after commit, so not in the transaction's memory.
     int64* latency = static_cast<int64*>(MemoryContextAlloc(loop_cxt, sizeof(int64) * cap));
     int32* handler_of = static_cast<int32*>(MemoryContextAlloc(loop_cxt, sizeof(int32) * cap));
     int ndelivered = 0;
     int handed = 0;
-    if ((nnotify > 0 || nhttp > 0) && my_nlanes > 0) {
+    if (nserved > 0 && my_nlanes > 0) {
         SpiScope scope;
         spi_begin(&scope);
-        for (int i = 0; i < nnotify; i++) {
-            const HandlerEntry* h = catalog_handler_by_id(notify_ids[i]);
+        // Isolating, the handlers take turns at handing over the one delivery.
+        int first = isolating ? isolation_turn % nserved : 0;
+        for (int k = 0; k < nserved && !(isolating && handed > 0); k++) {
+            int i = (first + k) % nserved;
+            if (isolating) isolation_turn = i + 1;
+            const HandlerEntry* h = catalog_handler_by_id(ids[i]);
             if (h == nullptr) continue;
-            int n = dispatch_notify(h, latency, handler_of, &ndelivered);
-            handed += n;
-            if (n >= guc_batch_size) busy = true;
-        }
-        for (int i = 0; i < nhttp; i++) {
-            const HandlerEntry* h = catalog_handler_by_id(http_ids[i]);
-            if (h == nullptr) continue;
+            if (h->kind == core::HandlerKind::Notify) {
+                int n = dispatch_notify(h, latency, handler_of, &ndelivered);
+                handed += n;
+                if (n >= guc_batch_size) busy = true;
+                continue;
+            }
             int room = http_capacity(h);
             if (room <= 0) continue;
             ClaimRequest req = {};
             req.handler_id = h->id;
-            req.max = Min(poison_mode ? 1 : guc_batch_size, room);
+            req.max = Min(isolating ? 1 : guc_batch_size, room);
             req.per_key = 1;  // a key's next delivery waits for this one's success
             req.lease_ms = http_lease_ms(h);
             req.lanes = my_lanes;
@@ -339,14 +351,18 @@ static bool iterate() {
     workers->slots[my_slot].delivered += handed;
     LWLockRelease(workers->lock);
     ninflight = 0;
-    if (handed > 0) poison_mode = false;
+    env_failures = 0;
+    // One more delivery went through alone; the next one goes at once.
+    if (isolating && handed > 0) {
+        isolation_left--;
+        busy = true;
+    }
     return busy;
 }
 
 // A delivery that failed alone is nacked in its own transaction.
-static void nack_poison(int64 id, const char* message) {
-    PG_TRY();
-    {
+static void nack_poison(MemoryContext cxt, int64 id, const char* message) {
+    ErrorData* error = worker_step(cxt, [&] {
         worker_xact_begin();
         SpiScope scope;
         spi_begin(&scope);
@@ -356,34 +372,46 @@ static void nack_poison(int64 id, const char* message) {
         ereport(LOG, (errmsg("relaybus dispatcher: delivery %lld failed alone (%s); %s",
                              static_cast<long long>(id), message,
                              outcome[0] == 'd' ? "dead-lettered" : "will retry")));
-    }
-    PG_CATCH();
-    {
-        EmitErrorReport();
-        FlushErrorState();
-        worker_xact_abort();
-    }
-    PG_END_TRY();
+    });
+    if (error == nullptr) return;
+    ereport(LOG, (errcode(error->sqlerrcode),
+                  errmsg("relaybus dispatcher: could not nack delivery %lld: %s", static_cast<long long>(id),
+                         error->message)));
+    FreeErrorData(error);
 }
 
-static void after_error(MemoryContext cxt) {
-    MemoryContextSwitchTo(cxt);
-    ErrorData* ed = CopyErrorData();
-    FlushErrorState();
-    worker_xact_abort();
+// Charges the error that aborted an iteration to its cause (see the top).
+static void after_error(MemoryContext cxt, ErrorData* ed) {
     http_drop_staged();
-    ereport(LOG, (errmsg("relaybus dispatcher: iteration failed: %s", ed->message)));
+    const char* message = ed->message != nullptr ? ed->message : "(no message)";
+    core::ErrorCause cause = core::classify_error(unpack_sql_state(ed->sqlerrcode), message);
+    // An error with nothing in flight cannot be any delivery's.
+    bool environmental = cause == core::ErrorCause::Environment || ninflight == 0;
+    ereport(LOG, (errmsg("relaybus dispatcher: iteration failed (cause: %s, SQLSTATE %s, %d in flight): %s",
+                         core::error_cause_name(cause), unpack_sql_state(ed->sqlerrcode), ninflight, message)));
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     workers->slots[my_slot].failed++;
-    strlcpy(workers->slots[my_slot].last_error, ed->message, sizeof(workers->slots[my_slot].last_error));
+    strlcpy(workers->slots[my_slot].last_error, message, sizeof(workers->slots[my_slot].last_error));
     LWLockRelease(workers->lock);
-    if (poison_mode && ninflight == 1) {
+    int64 now_ms = timestamptz_to_epoch_ms(GetCurrentTimestamp());
+    if (environmental) {
+        // Nobody's fault: the same iteration again after a backoff.
+        leases_release(inflight, ninflight);
+        env_failures++;
+        retry_at_ms = now_ms + core::backoff_ceiling_ms(kEnvironmentBackoff, env_failures);
+        FreeErrorData(ed);
+        ninflight = 0;
+        return;
+    }
+    retry_at_ms = now_ms + kEnvironmentBackoff.base_ms;  // a short pause, then isolate
+    if (isolation_left > 0 && ninflight == 1) {
         int64 id = inflight[0];
         leases_release(&id, 1);
-        nack_poison(id, ed->message);
+        nack_poison(cxt, id, message);
+        isolation_left = 0;  // found: batches again
     } else {
         leases_release(inflight, ninflight);
-        poison_mode = true;
+        isolation_left = Max(ninflight, 1);
     }
     ninflight = 0;
     FreeErrorData(ed);
@@ -396,8 +424,7 @@ static void after_error(MemoryContext cxt) {
 static void drain_http_on_exit(MemoryContext cxt) {
     constexpr int64 kDrainMs = 3000;
     int64 deadline = timestamptz_to_epoch_ms(GetCurrentTimestamp()) + kDrainMs;
-    PG_TRY();
-    {
+    ErrorData* error = worker_step(cxt, [&] {
         for (;;) {
             int64 left = deadline - timestamptz_to_epoch_ms(GetCurrentTimestamp());
             if (http_in_flight() == 0 || left <= 0) break;
@@ -405,15 +432,12 @@ static void drain_http_on_exit(MemoryContext cxt) {
             MemoryContextReset(cxt);
         }
         http_complete();
-    }
-    PG_CATCH();
-    {
-        MemoryContextSwitchTo(cxt);
-        EmitErrorReport();
-        FlushErrorState();
-        worker_xact_abort();
-    }
-    PG_END_TRY();
+    });
+    if (error == nullptr) return;
+    ereport(LOG, (errcode(error->sqlerrcode),
+                  errmsg("relaybus dispatcher: could not complete the requests in flight at exit: %s",
+                         error->message)));
+    FreeErrorData(error);
 }
 
 }  // namespace relaybus::pg
@@ -449,25 +473,24 @@ extern "C" void relay_dispatcher_main(Datum) {
     MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "relaybus dispatcher", ALLOCSET_DEFAULT_SIZES);
     loop_cxt = cxt;
     worker_xact_set_loop_context(cxt);
-    apply_commit_mode();
+    pin_session_settings();
     // Responses trickle in one socket event at a time; completing and claiming
     // per response would cost two transactions per delivery. Results wait for
     // a batch (or 2 ms, or the last one in flight), and an iteration runs only
     // when woken, after a completion, or while busy.
     constexpr int kCompleteBatch = 16;
     constexpr int64 kCompleteDelayMs = 2;
-    volatile bool run_iteration = true;
+    bool run_iteration = true;
     while (!got_sigterm) {
         if (got_sighup) {
             got_sighup = false;
             ProcessConfigFile(PGC_SIGHUP);
-            apply_commit_mode();
+            pin_session_settings();
         }
         if (!guc_enabled) break;
-        volatile bool busy = false;
+        bool busy = false;
         MemoryContextSwitchTo(cxt);
-        PG_TRY();
-        {
+        ErrorData* error = worker_step(cxt, [&] {
             http_pump();  // claimed requests go out as soon as responses made room
             int ready = http_collect();
             if (ready > 0 && (run_iteration || ready >= kCompleteBatch || http_in_flight() == 0 ||
@@ -475,25 +498,28 @@ extern "C" void relay_dispatcher_main(Datum) {
                 http_complete();
                 run_iteration = true;
             }
-            if (run_iteration) busy = iterate();
-        }
-        PG_CATCH();
-        {
-            after_error(cxt);
-        }
-        PG_END_TRY();
+            // After an environmental error, the iteration waits for its backoff.
+            if (run_iteration && timestamptz_to_epoch_ms(GetCurrentTimestamp()) >= retry_at_ms) {
+                run_iteration = false;
+                busy = iterate();
+            }
+        });
+        if (error != nullptr) after_error(cxt, error);
         MemoryContextReset(cxt);
         if (busy) {
+            run_iteration = true;
             CHECK_FOR_INTERRUPTS();
             continue;
         }
-        long timeout = poison_mode ? 100L : static_cast<long>(guc_poll_interval_ms);
+        long timeout = static_cast<long>(guc_poll_interval_ms);
+        int64 backoff_left = retry_at_ms - timestamptz_to_epoch_ms(GetCurrentTimestamp());
+        if (backoff_left > 0) timeout = static_cast<long>(Max(1, Min(static_cast<int64>(timeout), backoff_left)));
         if (next_ready_ms > 0) {
             int64 until = next_ready_ms - timestamptz_to_epoch_ms(GetCurrentTimestamp()) + 1;
             timeout = static_cast<long>(Max(1, Min(static_cast<int64>(timeout), until)));
         }
         if (http_collect() > 0) timeout = Min(timeout, static_cast<long>(kCompleteDelayMs));
-        run_iteration = http_wait(timeout);
+        run_iteration = http_wait(timeout) || run_iteration;
         MemoryContextReset(cxt);
         CHECK_FOR_INTERRUPTS();
     }

@@ -15,6 +15,7 @@
 
 #include "core/lane_hash.hpp"
 #include "core/topic.hpp"
+#include "pg/boundary.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/delivery_writer.hpp"
 #include "pg/guard.hpp"
@@ -231,7 +232,7 @@ static void insert_deliveries(const PublishCommon& common, const EventRows& ev,
 using namespace relaybus;
 using namespace relaybus::pg;
 
-extern "C" Datum relay_publish(PG_FUNCTION_ARGS) {
+RELAYBUS_SQL_FUNCTION(relay_publish) {
     // The rows are written without the executor, which would have checked this.
     PreventCommandIfReadOnly("relay_publish()");
     PublishCommon common;
@@ -322,7 +323,7 @@ static bool mark_uncounted(int n, char** keys, const int* key_lens, const bool* 
 
 }  // namespace relaybus::pg
 
-extern "C" Datum relay_publish_batch(PG_FUNCTION_ARGS) {
+RELAYBUS_SQL_FUNCTION(relay_publish_batch) {
     PreventCommandIfReadOnly("relay_publish_batch()");
     PublishCommon common;
     read_publish_common(fcinfo, 3, 4, 5, &common);

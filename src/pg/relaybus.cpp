@@ -1,5 +1,6 @@
 // Entry point: settings, shared memory and transaction hooks.
 
+#include "pg/boundary.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/launcher.hpp"
 #include "pg/worker_state.hpp"
@@ -69,6 +70,7 @@ extern "C" void _PG_init(void) {
                         errmsg("relaybus must be loaded through shared_preload_libraries"),
                         errhint("Add relaybus to shared_preload_libraries in postgresql.conf and restart the server.")));
     define_settings();
+    define_boundary_settings();
     prev_shmem_request_hook = shmem_request_hook;
     shmem_request_hook = relay_shmem_request;
     prev_shmem_startup_hook = shmem_startup_hook;

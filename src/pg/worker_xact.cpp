@@ -25,9 +25,4 @@ void worker_xact_commit() {
     MemoryContextSwitchTo(worker_loop_context());
 }
 
-void worker_xact_abort() {
-    AbortCurrentTransaction();
-    MemoryContextSwitchTo(worker_loop_context());
-}
-
 }  // namespace relaybus::pg

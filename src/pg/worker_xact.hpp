@@ -3,8 +3,9 @@
 // CommitTransactionCommand() and AbortCurrentTransaction() leave
 // TopMemoryContext current. Whatever a worker allocated after them without
 // switching back lived until the process exited: a dispatcher with an http
-// handler grew by ~30 kB/s that way (issue 15). These functions end every
-// worker transaction in the worker's loop context, which the loop resets.
+// handler grew by ~30 kB/s that way (issue 15). worker_xact_commit() ends a
+// worker transaction in the worker's loop context, which the loop resets;
+// worker_step() (boundary.hpp) does the same after an abort.
 #pragma once
 
 #include "pg/pg_includes.hpp"
@@ -20,7 +21,5 @@ void worker_xact_begin();
 // Commits it (reporting the pass's table statistics, or autovacuum never sees
 // a worker's deletes) and returns to the loop context.
 void worker_xact_commit();
-// After an error was caught: aborts whatever is open and returns to the loop context.
-void worker_xact_abort();
 
 }  // namespace relaybus::pg
