@@ -46,8 +46,10 @@ static int16 my_lanes[kNumLanes];
 static uint64 my_tokens[kNumLanes];
 static int my_nlanes = 0;
 
-// Deliveries leased by the running iteration, so an error can give them back.
+// Deliveries leased by the running iteration (with their lease tokens), so an
+// error can give them back.
 static int64* inflight = nullptr;
+static LeaseToken* inflight_tokens = nullptr;
 static int ninflight = 0;
 static int inflight_cap = 0;
 static bool poison_mode = false;
@@ -65,15 +67,30 @@ static MemoryContext loop_cxt = nullptr;  // reset after every loop
 static SavedPlan complete_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1)", 1,
                                   {INT8ARRAYOID}, nullptr};
 
-static void remember_inflight(int64 id) {
+static void remember_inflight(int64 id, const LeaseToken& token) {
     if (ninflight == inflight_cap) {
         int cap = inflight_cap == 0 ? 1024 : inflight_cap * 2;
         inflight = static_cast<int64*>(inflight == nullptr
                                            ? MemoryContextAlloc(TopMemoryContext, sizeof(int64) * cap)
                                            : repalloc(inflight, sizeof(int64) * cap));
+        inflight_tokens = static_cast<LeaseToken*>(
+            inflight_tokens == nullptr ? MemoryContextAlloc(TopMemoryContext, sizeof(LeaseToken) * cap)
+                                       : repalloc(inflight_tokens, sizeof(LeaseToken) * cap));
         inflight_cap = cap;
     }
+    inflight_tokens[ninflight] = token;
     inflight[ninflight++] = id;
+}
+
+// A NOTIFY that waits for relay_ack carries its lease: `"lease": "<uuid>"`
+// added to the JSON object text.
+static char* with_lease(const char* json, const LeaseToken& token) {
+    char text[37];
+    lease_token_text(token, text);
+    size_t len = strlen(json);
+    while (len > 0 && json[len - 1] != '}') len--;
+    if (len == 0) return pstrdup(json);
+    return psprintf("%.*s, \"lease\": \"%s\"}", static_cast<int>(len - 1), json, text);
 }
 
 static void on_exit_release(int code, Datum) {
@@ -185,6 +202,9 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
     req.lanes = my_lanes;
     req.nlanes = my_nlanes;
     req.with_notify_json = true;
+    // Ack mode: the lease waits for the consumer's relay_ack, and relay_claim of
+    // the handler may take it over (a consumer draining at start).
+    req.kind = ack ? LeaseKind::Notified : LeaseKind::Dispatcher;
     ClaimResult res;
     claim_deliveries(&req, &res);
     note_next_ready(&res);
@@ -192,12 +212,15 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
 
     TimestampTz now = GetCurrentTimestamp();
     Datum* done = static_cast<Datum*>(palloc(sizeof(Datum) * res.n));
+    int64* done_ids = static_cast<int64*>(palloc(sizeof(int64) * res.n));
+    LeaseToken* done_tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * res.n));
     int ndone = 0;
     // A delivery sent by reference stays until acked, so its key's run stops
     // there: the rest of the run goes back unsent (their leases are released).
     char** held_keys = static_cast<char**>(palloc(sizeof(char*) * res.n));
     int nheld = 0;
     int64* unsent = static_cast<int64*>(palloc(sizeof(int64) * res.n));
+    LeaseToken* unsent_tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * res.n));
     int nunsent = 0;
     for (int i = 0; i < res.n; i++) {
         int row = res.rows[i];
@@ -206,18 +229,23 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
         bool held = false;
         for (int k = 0; key != nullptr && k < nheld && !held; k++) held = strcmp(held_keys[k], key) == 0;
         if (held) {
+            unsent_tokens[nunsent] = res.tokens[i];
             unsent[nunsent++] = id;
             continue;
         }
-        remember_inflight(id);
+        remember_inflight(id, res.tokens[i]);
         char* json = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, kNotifyJsonColumn);
         bool by_reference = static_cast<int>(strlen(json)) > guc_notify_payload_limit;
         if (by_reference) {
             json = reference_payload(row);
             if (key != nullptr && !ack) held_keys[nheld++] = key;
         }
+        // What the consumer completes carries the receipt it completes with.
+        if (ack || by_reference) json = with_lease(json, res.tokens[i]);
         Async_Notify(h->channel, json);
         if (!ack && !by_reference) {
+            done_ids[ndone] = id;
+            done_tokens[ndone] = res.tokens[i];
             done[ndone++] = Int64GetDatum(id);
             bool isnull = false;
             TimestampTz published = DatumGetTimestampTz(spi_col(row, 10, &isnull));
@@ -226,11 +254,17 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
             (*ndelivered)++;
         }
     }
-    leases_release(unsent, nunsent);
+    leases_release(unsent, unsent_tokens, nunsent);
     if (ndone > 0) {
+        // Fire mode completes in this transaction: compare-and-mark with the
+        // tokens of this claim. A lease lost meanwhile (this worker stalled past
+        // it) fails the iteration, so its NOTIFYs are not sent either.
+        LeaseCheck* checks = static_cast<LeaseCheck*>(palloc(sizeof(LeaseCheck) * ndone));
+        if (leases_begin_completion(done_ids, done_tokens, nullptr, ndone, GetCurrentTimestamp(), checks) != ndone)
+            ereport(ERROR, (errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+                            errmsg("relaybus dispatcher lost the lease of a delivery during a batch; not completing it")));
         Datum arg = PointerGetDatum(construct_array(done, ndone, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
         spi_exec(&complete_plan, &arg, nullptr, false, 0);
-        for (int i = 0; i < ndone; i++) leases_release_at_commit(DatumGetInt64(done[i]));
     }
     return res.n - nunsent;
 }
@@ -316,10 +350,11 @@ static bool iterate() {
             req.lanes = my_lanes;
             req.nlanes = my_nlanes;
             req.with_notify_json = true;
+            req.kind = LeaseKind::Dispatcher;
             ClaimResult res;
             claim_deliveries(&req, &res);
             note_next_ready(&res);
-            for (int k = 0; k < res.n; k++) remember_inflight(spi_int64(res.rows[k], 1));
+            for (int k = 0; k < res.n; k++) remember_inflight(spi_int64(res.rows[k], 1), res.tokens[k]);
             http_stage(h, &res);
             handed += res.n;
         }
@@ -347,21 +382,25 @@ static bool iterate() {
     return busy;
 }
 
-// A delivery that failed alone is nacked in its own transaction.
-static void nack_poison(int64 id, const char* message) {
+// A delivery that failed alone is nacked in its own transaction, if this
+// dispatcher still holds its lease.
+static void nack_poison(int64 id, const LeaseToken& token, const char* message) {
     PG_TRY();
     {
         StartTransactionCommand();
         PushActiveSnapshot(GetTransactionSnapshot());
         SpiScope scope;
         spi_begin(&scope);
-        const char* outcome = nack_delivery(id, CStringGetTextDatum(message), -1, 0, false, true);
+        LeaseCheck check;
+        const char* outcome = "lost its lease, not nacked";
+        if (leases_begin_completion(&id, &token, nullptr, 1, GetCurrentTimestamp(), &check) == 1)
+            outcome = nack_delivery(id, CStringGetTextDatum(message), -1, 0, false, true);
         spi_end(&scope);
         PopActiveSnapshot();
         CommitTransactionCommand();
         ereport(LOG, (errmsg("relaybus dispatcher: delivery %lld failed alone (%s); %s",
                              static_cast<long long>(id), message,
-                             outcome[0] == 'd' ? "dead-lettered" : "will retry")));
+                             outcome[0] == 'd' ? "dead-lettered" : (outcome[0] == 'r' ? "will retry" : outcome))));
     }
     PG_CATCH();
     {
@@ -384,11 +423,9 @@ static void after_error(MemoryContext cxt) {
     strlcpy(workers->slots[my_slot].last_error, ed->message, sizeof(workers->slots[my_slot].last_error));
     LWLockRelease(workers->lock);
     if (poison_mode && ninflight == 1) {
-        int64 id = inflight[0];
-        leases_release(&id, 1);
-        nack_poison(id, ed->message);
+        nack_poison(inflight[0], inflight_tokens[0], ed->message);
     } else {
-        leases_release(inflight, ninflight);
+        leases_release(inflight, inflight_tokens, ninflight);
         poison_mode = true;
     }
     ninflight = 0;

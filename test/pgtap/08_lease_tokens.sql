@@ -6,7 +6,7 @@
 -- test/isolation/specs/lease_*.spec). A lease that runs out counts a failed
 -- attempt and ends in dead letters after max_attempts.
 BEGIN;
-SELECT plan(33);
+SELECT plan(36);
 SET LOCAL relaybus.priority_aging = 0;
 
 CREATE FUNCTION pg_temp.id_of(n int) RETURNS bigint LANGUAGE sql AS $$
@@ -84,6 +84,24 @@ SELECT throws_ok($$SELECT relay_extend(NULL, NULL)$$, '22004', 'id must not be N
 SELECT throws_ok($$SELECT * FROM relay_claim('tap_t_fire')$$, '42809',
                  'handler "tap_t_fire" is not a pull handler or an ack-mode notify handler',
                  'relay_claim refuses a fire-and-forget notify handler: 42809');
+
+-- ---------------------------------------------------------------- the 0.1.0 signatures
+-- A server may run this library before ALTER EXTENSION relaybus UPDATE: the C
+-- functions still serve the 0.1.0 SQL signatures (no lease column, id-only).
+CREATE FUNCTION pg_temp.claim_010(handler text, max integer DEFAULT 100, lease interval DEFAULT NULL,
+                                  per_key integer DEFAULT 1)
+RETURNS TABLE (id bigint, event_id bigint, topic text, key text, seq bigint, payload jsonb,
+               headers jsonb, attempt integer, priority integer, published_at timestamptz,
+               lease_until timestamptz)
+AS '$libdir/relaybus', 'relay_claim' LANGUAGE C VOLATILE;
+CREATE FUNCTION pg_temp.ack_010(ids bigint[]) RETURNS integer AS '$libdir/relaybus', 'relay_ack' LANGUAGE C;
+CREATE FUNCTION pg_temp.nack_010(id bigint, error text DEFAULT NULL, retry_in interval DEFAULT NULL)
+RETURNS text AS '$libdir/relaybus', 'relay_nack' LANGUAGE C;
+SELECT relay_publish('tap.t1', jsonb_build_object('tap_t', g), 'tap-O' || g) FROM generate_series(20, 21) g;
+SELECT results_eq($$SELECT (payload->>'tap_t')::int FROM pg_temp.claim_010('tap_t1') ORDER BY 1$$, ARRAY[20, 21],
+                  '0.1.0''s relay_claim (11 columns) still claims');
+SELECT is(pg_temp.ack_010(ARRAY[pg_temp.id_of(20)]), 1, '0.1.0''s relay_ack(ids): the id-only form');
+SELECT is(pg_temp.nack_010(pg_temp.id_of(21), 'x', '1 hour'), 'retry', '0.1.0''s relay_nack(id, error, retry_in)');
 
 -- ---------------------------------------------------------------- an expired lease is an attempt
 SELECT relay_publish('tap.t2', jsonb_build_object('tap_t', 10), 'tap-X');
