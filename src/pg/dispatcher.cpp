@@ -82,8 +82,9 @@ static void remember_inflight(int64 id, const LeaseToken& token) {
     inflight[ninflight++] = id;
 }
 
-// A NOTIFY that waits for relay_ack carries its lease: `"lease": "<uuid>"`
-// added to the JSON object text.
+// A NOTIFY that waits for relay_ack carries its lease: `, "lease": "<uuid>"`
+// (kLeaseFieldLen bytes) added to the JSON object text.
+constexpr int kLeaseFieldLen = 49;
 static char* with_lease(const char* json, const LeaseToken& token) {
     char text[37];
     lease_token_text(token, text);
@@ -235,7 +236,9 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
         }
         remember_inflight(id, res.tokens[i]);
         char* json = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, kNotifyJsonColumn);
-        bool by_reference = static_cast<int>(strlen(json)) > guc_notify_payload_limit;
+        // Ack mode adds the lease field below: it counts against the limit.
+        bool by_reference =
+            static_cast<int>(strlen(json)) + (ack ? kLeaseFieldLen : 0) > guc_notify_payload_limit;
         if (by_reference) {
             json = reference_payload(row);
             if (key != nullptr && !ack) held_keys[nheld++] = key;
