@@ -335,6 +335,20 @@ int64_t json_int_field(const char* s, const char* name, bool from_end) {
     return strtoll(p, nullptr, 10);
 }
 
+// Whether relay_ack takes the messages' leases (0.2.0); a base build of an A/B
+// run may predate lease receipts and have relay_ack(ids) only.
+bool g_ack_with_leases = true;
+
+// The lease token of an ack-mode message: `"lease": "<uuid>"`, the last field.
+std::string json_lease_field(const char* s) {
+    const char* p = nullptr;
+    for (const char* q = strstr(s, "\"lease\": \""); q != nullptr; q = strstr(q + 1, "\"lease\": \"")) p = q;
+    if (p == nullptr) return "";
+    p += 10;
+    const char* e = strchr(p, '"');
+    return e == nullptr ? "" : std::string(p, e);
+}
+
 int32_t json_key_field(const char* s) {
     const char* p = strstr(s, "\"key\": ");
     if (p == nullptr) return -1;
@@ -351,7 +365,8 @@ void run_listen(const ChildSpec& spec, Conn& c, int go_fd, Go* go_out, Counter& 
     go.t_warm = 0;
     bool ack_mode = !spec.ack_sql.empty();
     std::vector<Receipt> pending;  // ack mode: received, not yet acked
-    std::string ids;
+    std::vector<std::string> pending_leases;  // their lease tokens
+    std::string ids, leases;
     int64_t last_seen = mono_ns();
     int64_t drain_since = 0;
     int sock = PQsocket(c.raw());
@@ -364,9 +379,18 @@ void run_listen(const ChildSpec& spec, Conn& c, int go_fd, Go* go_out, Counter& 
             ids += std::to_string(pending[i].delivery_id);
         }
         ids += "}";
+        leases = "{";
+        for (size_t i = 0; i < pending_leases.size(); i++) {
+            if (i) leases += ',';
+            leases += pending_leases[i].empty() ? "NULL" : pending_leases[i];
+        }
+        leases += "}";
         int64_t start = mono_ns();
         try {
-            c.exec_prepared("ack", {ids.c_str()});
+            if (g_ack_with_leases)
+                c.exec_prepared("ack", {ids.c_str(), leases.c_str()});
+            else
+                c.exec_prepared("ack", {ids.c_str()});
             int64_t end = mono_ns();
             for (Receipt& x : pending) {
                 x.flags |= 1;
@@ -378,6 +402,7 @@ void run_listen(const ChildSpec& spec, Conn& c, int go_fd, Go* go_out, Counter& 
             for (Receipt& x : pending) rc.put(x);  // received, not acked
         }
         pending.clear();
+        pending_leases.clear();
     };
 
     while (!g_stop) {
@@ -411,10 +436,12 @@ void run_listen(const ChildSpec& spec, Conn& c, int go_fd, Go* go_out, Counter& 
             for (size_t i = 0; i < spec.channels.size(); i++)
                 if (spec.channels[i] == n->relname) x.handler = int16_t(spec.handler_index + int(i));
             if (x.delivery_id < 0 || x.event_id < 0) x.flags |= 2;
+            std::string lease = ack_mode ? json_lease_field(n->extra) : std::string();
             PQfreemem(n);
             got_now++;
             if (ack_mode) {
                 pending.push_back(x);
+                pending_leases.push_back(std::move(lease));
                 if ((int)pending.size() >= spec.ack_batch) flush_acks();
             } else {
                 rc.put(x);
@@ -747,7 +774,12 @@ int child_main(const ChildSpec& spec, int ready_fd, int go_fd) {
             case Role::External: break;  // handled above
             case Role::Listen:
                 for (const std::string& ch : spec.channels) c.exec("LISTEN " + ch);
-                if (!spec.ack_sql.empty()) c.prepare("ack", spec.ack_sql, 1);
+                if (!spec.ack_sql.empty()) {
+                    Result r = c.exec("SELECT to_regprocedure('relay_ack(bigint[],uuid[])') IS NOT NULL");
+                    g_ack_with_leases = r.str(0, 0) == "t";
+                    c.prepare("ack", g_ack_with_leases ? spec.ack_sql : "SELECT relay_ack($1::bigint[])",
+                              g_ack_with_leases ? 2 : 1);
+                }
                 break;
             case Role::HttpLog:
                 if (!spec.map_sql.empty()) {

@@ -150,7 +150,8 @@ public:
                 s.conninfo = conninfo;
                 s.channels = {"bench_h" + std::to_string(h)};
                 s.handler_index = h;
-                if (ack) s.ack_sql = "SELECT relay_ack($1::bigint[])";
+                // Only a lease's holder completes: the message's lease goes with its id.
+                if (ack) s.ack_sql = "SELECT relay_ack($1::bigint[], $2::uuid[])";
                 out.push_back(s);
             }
         };

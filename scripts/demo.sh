@@ -75,8 +75,8 @@ echo
 echo "== claim: each key's deliveries in publish order (seq) =="
 sql <<'SQL'
 CREATE TABLE demo_claimed AS
-    SELECT id, key, seq, topic, payload FROM relay_claim('billing', 10, per_key => 10);
-TABLE demo_claimed;
+    SELECT id, key, seq, topic, payload, lease FROM relay_claim('billing', 10, per_key => 10);
+SELECT id, key, seq, topic, payload FROM demo_claimed;
 -- leased deliveries are not handed out again
 SELECT count(*) AS claimable_now FROM relay_claim('billing', 10, per_key => 10);
 SQL
@@ -84,7 +84,8 @@ SQL
 echo
 echo "== ack =="
 sql <<'SQL'
-SELECT relay_ack(array_agg(id)) AS acked FROM demo_claimed;
+-- another session than the claim's: each ack names its lease (the receipt)
+SELECT relay_ack(array_agg(id), array_agg(lease)) AS acked FROM demo_claimed;
 SELECT count(*) AS deliveries_left FROM relay.deliveries;
 SQL
 

@@ -353,7 +353,7 @@ ROLLBACK;
 --
 -- relay_ack, relay_nack
 --
--- :leased_id and :other_id are pending ({"n": 1} leased, {"n": 2} not),
+-- :leased_id and :other_id are pending ({"n": 1} leased by this session, {"n": 2} not),
 -- :acked_id was acked, :dead_id is a dead letter, -1 never existed.
 BEGIN;
 SAVEPOINT sp;
@@ -372,12 +372,24 @@ SELECT label, pg_temp.try(sql) AS result FROM (VALUES
     ('nack retry_in -1s',     format($$SELECT relay_nack(%s, 'x', '-1s')$$, :leased_id)),
     ('nack retry_in -1 day',  format($$SELECT relay_nack(%s, 'x', '-1 day')$$, :leased_id)),
     ('nack retry_in 1 day -25 hours', format($$SELECT relay_nack(%s, 'x', '1 day -25 hours')$$, :leased_id)),
-    ('nack retry_in 400 days', format($$SELECT relay_nack(%s, 'x', '400 days')$$, :leased_id))
+    ('nack retry_in 400 days', format($$SELECT relay_nack(%s, 'x', '400 days')$$, :leased_id)),
+    ('ack, no lease',         format($$SELECT relay_ack(ARRAY[%s])$$, :other_id)),
+    ('ack, wrong lease',      format($$SELECT relay_ack(ARRAY[%s], ARRAY['00000000-0000-0000-0000-000000000001'::uuid])$$, :leased_id)),
+    ('ack, leases too short', format($$SELECT relay_ack(ARRAY[%s, %s], ARRAY[NULL]::uuid[])$$, :leased_id, :other_id)),
+    ('ack unknown, wrong lease', $$SELECT relay_ack(ARRAY[-1::bigint], ARRAY[gen_random_uuid()])$$),
+    ('nack, no lease',        format($$SELECT relay_nack(%s, 'x')$$, :other_id)),
+    ('nack, wrong lease',     format($$SELECT relay_nack(%s, 'x', NULL, '00000000-0000-0000-0000-000000000001')$$, :leased_id)),
+    ('extend NULL',           $$SELECT relay_extend(NULL, NULL)$$),
+    ('extend unknown id',     $$SELECT relay_extend(-1, NULL)$$),
+    ('extend, no lease',      format($$SELECT relay_extend(%s, NULL)$$, :other_id)),
+    ('extend, wrong lease',   format($$SELECT relay_extend(%s, '00000000-0000-0000-0000-000000000001')$$, :leased_id)),
+    ('extend_by 0.5s',        format($$SELECT relay_extend(%s, NULL, '0.5s')$$, :leased_id)),
+    ('extend_by 1 day 1s',    format($$SELECT relay_extend(%s, NULL, '1 day 1 second')$$, :leased_id))
 ) AS t(label, sql);
 ROLLBACK TO SAVEPOINT sp;
 -- Nothing was acked: both still pending; and the transaction still works.
 SELECT (payload->>'n')::int AS n FROM relay.deliveries WHERE id IN (:leased_id, :other_id) ORDER BY n;
-SELECT relay_ack(ARRAY[:leased_id, :other_id]) AS acked;
+SELECT relay_ack(ARRAY[:leased_id]) AS acked;
 ROLLBACK;
 
 --

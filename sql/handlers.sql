@@ -111,8 +111,9 @@ SELECT relay_publish('hnd.order.created', '{"n": 1}', 'hnd-k') IS NOT NULL AS pu
 SELECT relay_publish('hnd.order.created', '{"n": 2}', 'hnd-k') IS NOT NULL AS published;
 SELECT relay_publish('hnd.order.created', '{"n": 3}', 'hnd-k') IS NOT NULL AS published;
 SELECT payload FROM relay_claim('hnd_pull', 1);
-SELECT relay_nack(d.id, 'failed once') FROM relay.deliveries d
+SELECT relay_nack(d.id, 'failed once', '0s') FROM relay.deliveries d
   JOIN relay.handlers h ON h.id = d.handler_id WHERE h.name = 'hnd_pull' AND d.seq = 1;
+SELECT payload FROM relay_claim('hnd_pull', 1);
 SELECT relay_nack(d.id, 'failed twice') FROM relay.deliveries d
   JOIN relay.handlers h ON h.id = d.handler_id WHERE h.name = 'hnd_pull' AND d.seq = 1;
 SELECT handler, kind, pending, dead FROM relay.handler_stats WHERE handler = 'hnd_pull';

@@ -87,8 +87,11 @@ SELECT relay_nack(pg_temp.pid(11), 'boom', '1 hour') AS outcome;
 SELECT (payload->>'n')::int AS n, attempt, last_error, not_before > now() + interval '59 min' AS delayed
   FROM relay.deliveries WHERE id = pg_temp.pid(11);
 SELECT * FROM pg_temp.claim('pul_q', per_key => 10);
--- retry_in '0s': ready again at once, with a grown attempt; 12 and 14 are
--- still leased, so only the head comes.
+-- Only a lease's holder completes: once the hour is over (the test moves it
+-- on), the head is claimed again (attempt 2; 12 and 14 are still leased, so
+-- only the head comes); a nack with retry_in '0s' makes it ready again at once.
+UPDATE relay.deliveries SET not_before = now() WHERE id = pg_temp.pid(11);
+SELECT * FROM pg_temp.claim('pul_q', per_key => 10);
 SELECT relay_nack(pg_temp.pid(11), 'boom again', '0s') AS outcome;
 SELECT * FROM pg_temp.claim('pul_q', per_key => 10);
 -- The third failure (max_attempts 3) moves it to the dead letters and frees its key.
@@ -110,8 +113,9 @@ SELECT * FROM pg_temp.claim('pul_q', per_key => 10);
 SELECT relay_ack(ARRAY[pg_temp.pid(11), pg_temp.pid(17)]) AS acked;
 -- Replay by ids; ids that are not dead letters are ignored; handler NULL = all.
 SELECT relay_publish('pul.x', '{"n": 18}') IS NOT NULL AS published;
-SELECT relay_nack(pg_temp.pid(18), 'x', '0s'), relay_nack(pg_temp.pid(18), 'x', '0s'),
-       relay_nack(pg_temp.pid(18), 'x', '0s') AS third;
+SELECT relay_nack(id, 'x', '0s') AS first FROM relay_claim('pul_q');
+SELECT relay_nack(id, 'x', '0s') AS second FROM relay_claim('pul_q');
+SELECT relay_nack(id, 'x', '0s') AS third FROM relay_claim('pul_q');
 SELECT id AS dead_id FROM relay.dead_letters WHERE handler = 'pul_q' \gset
 SELECT relay_replay(NULL, ARRAY[-1::bigint]) AS replayed;
 SELECT relay_replay(NULL, ARRAY[:dead_id]) AS replayed;
@@ -146,7 +150,8 @@ SELECT relay_drop_handler('pul_prio', force => true);
 
 -- The wire name replaces the topic in what a consumer sees; the lease comes
 -- from the handler's option unless claim passes one.
-SELECT relay_create_handler('pul_wire', 'pull', NULL, '{"lease": "2 min"}') > 0 AS created;
+SELECT relay_create_handler('pul_wire', 'pull', NULL,
+                            '{"lease": "2 min", "backoff_base": "1ms", "backoff_max": "1ms"}') > 0 AS created;
 SELECT relay_route('pul.w.*', 'pul_wire', 'wire.name');
 SELECT relay_route('pul.w.exact', 'pul_wire');
 SELECT relay_publish('pul.w.one', '{"n": 41}', headers => '{"trace": "t1"}') IS NOT NULL,
@@ -187,8 +192,14 @@ SELECT (SELECT (payload->>'n')::int FROM relay.deliveries d WHERE d.id = l.deliv
   FROM relay._leases() l WHERE l.delivery_id IN (pg_temp.pid(41), pg_temp.pid(44), pg_temp.pid(45))
  ORDER BY n;
 SELECT * FROM pg_temp.claim('pul_wire');
--- ... until the 1s leases of 44 and 45 run out: they come back, still attempt 1.
+-- ... until the 1s leases of 44 and 45 run out: the next claim charges each a
+-- failed attempt ('lease expired', the handler's backoff of 1ms) and hands
+-- nothing over; the one after gets them again, attempt 2.
 SELECT pg_sleep(1.2);
+SELECT * FROM pg_temp.claim('pul_wire');
+SELECT (payload->>'n')::int AS n, attempt, last_error FROM relay.deliveries
+ WHERE id IN (pg_temp.pid(44), pg_temp.pid(45)) ORDER BY n;
+SELECT pg_sleep(0.01);
 SELECT * FROM pg_temp.claim('pul_wire');
 -- Committed: done once, and the leases are gone.
 BEGIN;

@@ -4,7 +4,9 @@
 //    statement, four index ranges) with a fresh snapshot.
 // 2. Plan (core): merge the classes by aged priority, take keys' heads (and up
 //    to per_key of a key's run), skip keys whose head is leased or not ready.
-// 3. Lease the chosen ids in shared memory (no row is written).
+// 3. Charge the scanned deliveries whose lease expired a failed attempt (once
+//    per expiry: the charge marks the lease), then lease the chosen ids in
+//    shared memory with fresh tokens (no row is written).
 // 4. Fetch them again with a snapshot taken after leasing and keep only rows
 //    that are still there, ready, and whose earlier deliveries of the key are
 //    gone or in this claim. This is the fence against a concurrent ack/nack that
@@ -18,6 +20,7 @@
 
 #include "core/claim_planner.hpp"
 #include "pg/boundary.hpp"
+#include "pg/complete.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/claim.hpp"
 #include "pg/guard.hpp"
@@ -102,6 +105,11 @@ static int cmp_int64(const void* a, const void* b) {
     return x < y ? -1 : (x > y ? 1 : 0);
 }
 
+struct IdToken {
+    int64 id;  // first: sorted and searched with cmp_int64
+    LeaseToken token;
+};
+
 struct ScannedRows {
     int n;
     int64* ids;
@@ -109,12 +117,13 @@ struct ScannedRows {
     char** keys;  // nullptr = unkeyed
     int64* ready_at_ms;
     bool* leased;
+    bool* expired;  // leased, and the lease ran out without completion
     bool truncated[4];
     bool merged = false;  // key heads appended: streams need sorting by id
 };
 
 // Reads the rows of SPI_tuptable (id, priority, key, not_before) into out.
-static void read_scanned(int window, TimestampTz now, ScannedRows* out) {
+static void read_scanned(int window, TimestampTz now, bool take_notified, ScannedRows* out) {
     int n = static_cast<int>(SPI_processed);
     out->n = n;
     out->ids = static_cast<int64*>(palloc(sizeof(int64) * (n + 1)));
@@ -122,6 +131,7 @@ static void read_scanned(int window, TimestampTz now, ScannedRows* out) {
     out->keys = static_cast<char**>(palloc(sizeof(char*) * (n + 1)));
     out->ready_at_ms = static_cast<int64*>(palloc(sizeof(int64) * (n + 1)));
     out->leased = static_cast<bool*>(palloc(sizeof(bool) * (n + 1)));
+    out->expired = static_cast<bool*>(palloc(sizeof(bool) * (n + 1)));
     int per_class[4] = {0, 0, 0, 0};
     for (int i = 0; i < n; i++) {
         bool isnull = false;
@@ -132,23 +142,32 @@ static void read_scanned(int window, TimestampTz now, ScannedRows* out) {
         if (out->priority[i] >= 0 && out->priority[i] <= 3) per_class[out->priority[i]]++;
     }
     for (int p = 0; p < 4; p++) out->truncated[p] = per_class[p] >= window;
-    leases_lookup(out->ids, n, now, out->leased);
+    LeaseState* state = static_cast<LeaseState*>(palloc(sizeof(LeaseState) * (n + 1)));
+    leases_lookup(out->ids, n, now, take_notified, state);
+    // An expired lease is charged before its delivery goes out again, so it
+    // blocks its key in this claim; where no charge can be written (a
+    // read-only transaction) it is free as before.
+    for (int i = 0; i < n; i++) {
+        out->expired[i] = state[i] == LeaseState::Expired && !XactReadOnly;
+        out->leased[i] = state[i] == LeaseState::Held || out->expired[i];
+    }
 }
 
-static void scan(int32 handler_id, int window, Datum lanes, TimestampTz now, ScannedRows* out) {
+static void scan(int32 handler_id, int window, Datum lanes, TimestampTz now, bool take_notified,
+                 ScannedRows* out) {
     Datum values[3] = {Int32GetDatum(handler_id), Int32GetDatum(window), lanes};
     spi_exec_latest(lanes == (Datum)0 ? &scan_plan : &scan_lanes_plan, values, nullptr, true, 0);
-    read_scanned(window, now, out);
+    read_scanned(window, now, take_notified, out);
 }
 
 // The heads of up to max_keys keys (per_key rows each) into heads. Returns
 // true if the walk may have stopped before the last key (more keys may exist;
 // with lanes the walk also passes keys of other lanes, so it cannot tell).
 static bool key_heads(int32 handler_id, int max_keys, int per_key, Datum lanes, TimestampTz now,
-                      ScannedRows* heads) {
+                      bool take_notified, ScannedRows* heads) {
     Datum values[4] = {Int32GetDatum(handler_id), Int32GetDatum(max_keys), Int32GetDatum(per_key), lanes};
     spi_exec_latest(lanes == (Datum)0 ? &heads_plan : &heads_lanes_plan, values, nullptr, true, 0);
-    read_scanned(INT_MAX, now, heads);
+    read_scanned(INT_MAX, now, take_notified, heads);
     if (lanes != (Datum)0) return true;
     int nkeys = 0;  // rows come key by key
     for (int i = 0; i < heads->n; i++)
@@ -171,6 +190,7 @@ static void add_rows(ScannedRows* rows, const ScannedRows& heads) {
     rows->keys = concat(rows->keys, rows->n, heads.keys, heads.n);
     rows->ready_at_ms = concat(rows->ready_at_ms, rows->n, heads.ready_at_ms, heads.n);
     rows->leased = concat(rows->leased, rows->n, heads.leased, heads.n);
+    rows->expired = concat(rows->expired, rows->n, heads.expired, heads.n);
     rows->n += heads.n;
     rows->merged = true;
 }
@@ -317,12 +337,34 @@ static int finalize(const int64* leased_ids, const bool* got, int nleased, int* 
     return count;
 }
 
+// Every hand-over is an attempt: a scanned delivery whose lease ran out
+// without completion is charged (a nack with the handler's backoff, or a dead
+// letter after max_attempts) in this transaction. The charge marks the lease,
+// so a concurrent claimer neither charges it again nor takes it; the lease
+// goes at commit, and at abort the next claimer charges it.
+static void charge_expired(const ScannedRows& rows, TimestampTz now) {
+    int n = 0;
+    for (int i = 0; i < rows.n; i++)
+        if (rows.expired[i]) n++;
+    if (n == 0) return;
+    int64* ids = static_cast<int64*>(palloc(sizeof(int64) * n));
+    bool* marked = static_cast<bool*>(palloc(sizeof(bool) * n));
+    int k = 0;
+    for (int i = 0; i < rows.n; i++)
+        if (rows.expired[i]) ids[k++] = rows.ids[i];
+    if (leases_begin_charge(ids, n, now, marked) == 0) return;
+    Datum error = CStringGetTextDatum("lease expired");
+    for (int i = 0; i < n; i++)
+        if (marked[i]) (void)nack_delivery(ids[i], error, -1, 0, false, true);
+}
+
 void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
     TimestampTz now = GetCurrentTimestamp();
     int64 now_ms = timestamptz_to_epoch_ms(now);
     TimestampTz until = TimestampTzPlusMilliseconds(now, req->lease_ms);
     out->n = 0;
     out->rows = nullptr;
+    out->tokens = nullptr;
     out->until = until;
     out->next_ready_ms = 0;
     const int max = req->max;
@@ -349,9 +391,9 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
         bool heads_added = false;
         bool more_keys = false;
         ScannedRows heads;
+        ScannedRows rows;
         for (;;) {
-            ScannedRows rows;
-            scan(req->handler_id, window, lanes, now, &rows);
+            scan(req->handler_id, window, lanes, now, req->take_notified, &rows);
             if (heads_added) add_rows(&rows, heads);
             out->next_ready_ms = 0;
             for (int i = 0; i < rows.n; i++)
@@ -368,7 +410,8 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
             // of it. Add the heads of the keys instead (one index descent per
             // key) and plan again over both.
             if (!heads_added && st.distinct_keys > 0 && st.keyed_rows >= 4 * st.distinct_keys) {
-                more_keys = key_heads(req->handler_id, std::max(64, 2 * max), req->per_key, lanes, now, &heads);
+                more_keys = key_heads(req->handler_id, std::max(64, 2 * max), req->per_key, lanes, now,
+                                      req->take_notified, &heads);
                 heads_added = true;
                 add_rows(&rows, heads);
                 nchosen = plan(rows, max, req->per_key, now_ms, &st, chosen);
@@ -395,10 +438,13 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
         hint->claims++;
         int target = static_cast<int>(std::min<int64>(rows_needed + rows_needed / 8 + 8, cap));
         hint->window = std::max(target, hint->window - hint->window / 16);
+        charge_expired(rows, now);
         if (nchosen == 0) return;
 
         bool* got = static_cast<bool*>(palloc(sizeof(bool) * nchosen));
-        int taken = leases_acquire(chosen, nchosen, req->handler_id, now, until, got);
+        LeaseToken* tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * nchosen));
+        int taken = leases_acquire(chosen, nchosen, req->handler_id, req->kind, now, until, req->take_notified,
+                                   XactReadOnly, got, tokens);
         if (taken == 0) {
             if (round < 2) continue;
             return;
@@ -418,14 +464,28 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
         for (int i = 0; i < nout; i++) kept[i] = spi_int64(order[i], 1);
         qsort(kept, nout, sizeof(int64), cmp_int64);
         int64* give_back = static_cast<int64*>(palloc(sizeof(int64) * nchosen));
+        LeaseToken* give_tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * nchosen));
         int ngive = 0;
         for (int i = 0; i < nchosen; i++)
-            if (got[i] && bsearch(&chosen[i], kept, nout, sizeof(int64), cmp_int64) == nullptr)
+            if (got[i] && bsearch(&chosen[i], kept, nout, sizeof(int64), cmp_int64) == nullptr) {
+                give_tokens[ngive] = tokens[i];
                 give_back[ngive++] = chosen[i];
-        leases_release(give_back, ngive);
+            }
+        leases_release(give_back, give_tokens, ngive);
         if (nout == 0 && taken < nchosen && round < 2) continue;
+        // The receipts in hand-over order.
+        IdToken* by_id = static_cast<IdToken*>(palloc(sizeof(IdToken) * nchosen));
+        for (int i = 0; i < nchosen; i++) by_id[i] = IdToken{chosen[i], tokens[i]};
+        qsort(by_id, nchosen, sizeof(IdToken), cmp_int64);  // id is the first member
+        LeaseToken* out_tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * (nout + 1)));
+        for (int i = 0; i < nout; i++) {
+            int64 id = spi_int64(order[i], 1);
+            auto* hit = static_cast<IdToken*>(bsearch(&id, by_id, nchosen, sizeof(IdToken), cmp_int64));
+            out_tokens[i] = hit->token;  // every handed-over row was leased by this claim
+        }
         out->n = nout;
         out->rows = order;
+        out->tokens = out_tokens;
         return;
     }
 }
@@ -453,12 +513,20 @@ RELAYBUS_SQL_FUNCTION(relay_claim) {
     const HandlerEntry* h = catalog_handler_by_name(name);
     if (h == nullptr)
         ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT), errmsg("handler \"%s\" does not exist", name)));
-    if (h->kind != core::HandlerKind::Pull)
+    // An ack-mode notify handler may be claimed too: a LISTEN consumer drains
+    // what is pending when it starts, taking over NOTIFYs nobody acked.
+    bool notify_ack = h->kind == core::HandlerKind::Notify && h->options.ack;
+    if (h->kind != core::HandlerKind::Pull && !notify_ack)
         ereport(ERROR, (errcode(ERRCODE_WRONG_OBJECT_TYPE),
-                        errmsg("handler \"%s\" is not a pull handler", name),
-                        errdetail("It is a %s handler; its deliveries are handed over by the background workers.",
-                                  core::handler_kind_name(h->kind))));
+                        errmsg("handler \"%s\" is not a pull handler or an ack-mode notify handler", name),
+                        errdetail("%s", h->kind == core::HandlerKind::Notify
+                                            ? "It is a fire-and-forget notify handler: its deliveries complete when sent."
+                                            : psprintf("It is a %s handler; its deliveries are handed over by the "
+                                                       "background workers.",
+                                                       core::handler_kind_name(h->kind)))));
     ClaimRequest req = {};
+    req.kind = LeaseKind::Claim;
+    req.take_notified = notify_ack;
     req.handler_id = h->id;
     req.max = max;
     req.per_key = per_key;
@@ -476,12 +544,21 @@ RELAYBUS_SQL_FUNCTION(relay_claim) {
     spi_begin(&scope);
     ClaimResult res;
     claim_deliveries(&req, &res);
+    // 0.1.0's relay_claim has no lease column: a server may run this library
+    // before ALTER EXTENSION relaybus UPDATE.
+    bool with_lease = rsinfo->setDesc->natts > kFetchColumns + 1;
     for (int i = 0; i < res.n; i++) {
-        Datum out[kFetchColumns + 1];
-        bool nulls[kFetchColumns + 1];
+        Datum out[kFetchColumns + 2];
+        bool nulls[kFetchColumns + 2];
         for (int c = 0; c < kFetchColumns; c++) out[c] = spi_col(res.rows[i], c + 1, &nulls[c]);
         out[kFetchColumns] = TimestampTzGetDatum(res.until);
         nulls[kFetchColumns] = false;
+        if (with_lease) {
+            auto* token = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken)));
+            *token = res.tokens[i];
+            out[kFetchColumns + 1] = UUIDPGetDatum(token);
+            nulls[kFetchColumns + 1] = false;
+        }
         tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, out, nulls);
     }
     spi_end(&scope);

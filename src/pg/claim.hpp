@@ -2,6 +2,7 @@
 // dispatchers (notify handlers), so both follow one rule for order and leases.
 #pragma once
 
+#include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
 
 namespace relaybus::pg {
@@ -19,11 +20,14 @@ struct ClaimRequest {
     const int16* lanes;  // nullptr: every lane
     int nlanes;
     bool with_notify_json;
+    LeaseKind kind;      // who the leases are for
+    bool take_notified;  // relay_claim of an ack-mode notify handler: take over unacked NOTIFYs
 };
 
 struct ClaimResult {
     int n;
     int* rows;  // SPI_tuptable row numbers, in hand-over order
+    LeaseToken* tokens;  // tokens[i]: the lease (receipt) of rows[i]
     TimestampTz until;
     // Epoch ms of the earliest scanned delivery that was not ready yet (its
     // not_before: a retry's backoff, a delayed publish), 0 = none seen. The
@@ -32,7 +36,9 @@ struct ClaimResult {
 };
 
 // Within spi_begin()/spi_end(): leases up to max ready deliveries (see
-// claim.cpp) and leaves them in SPI_tuptable.
+// claim.cpp) and leaves them in SPI_tuptable. Scanned deliveries whose lease
+// ran out without completion are charged a failed attempt first (in the
+// caller's transaction) and are not handed over by this claim.
 void claim_deliveries(const ClaimRequest* req, ClaimResult* out);
 
 }  // namespace relaybus::pg

@@ -2,8 +2,14 @@
 //
 // Success deletes the row (the only write of the happy path besides the
 // publish INSERT). Failure updates it with the attempt count, the error and
-// the backoff, or moves it to relay.dead_letters after max_attempts. Leases
-// are given back when the completing transaction commits.
+// the backoff, or moves it to relay.dead_letters after max_attempts.
+//
+// Only the holder of a delivery's lease completes it: each completion names
+// the lease (the token relay_claim or the NOTIFY gave out) and is a
+// compare-and-mark on (delivery, token) in shared memory (pg/leases.hpp); a
+// stale, forged or foreign one changes nothing and fails with 55P03. The id-only
+// forms are accepted for leases this session took. The lease goes when the
+// completing transaction commits.
 
 #include <string>
 
@@ -27,6 +33,8 @@ namespace relaybus::pg {
 
 static SavedPlan ack_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1) RETURNING id, handler_id, published_at", 1,
                              {INT8ARRAYOID}, nullptr};
+
+static SavedPlan exists_plan = {"SELECT id FROM relay.deliveries WHERE id = ANY ($1)", 1, {INT8ARRAYOID}, nullptr};
 
 static SavedPlan attempt_plan = {
     "SELECT handler_id, attempt FROM relay.deliveries WHERE id = $1", 1, {INT8OID}, nullptr};
@@ -54,6 +62,33 @@ static int cmp_int64(const void* a, const void* b) {
     int64 x = *static_cast<const int64*>(a), y = *static_cast<const int64*>(b);
     return x < y ? -1 : (x > y ? 1 : 0);
 }
+
+static bool delivery_exists(int64 id) {
+    Datum idd = Int64GetDatum(id);
+    spi_exec_latest(&attempt_plan, &idd, nullptr, true, 1);
+    return SPI_processed > 0;
+}
+
+static void report_missing(int64 id) {
+    ereport(ERROR, (errcode(ERRCODE_NO_DATA_FOUND),
+                    errmsg("delivery %lld does not exist", static_cast<long long>(id)),
+                    errdetail("It was acked or dead-lettered already, or never existed; nothing was acked."),
+                    errhint("If your lease ran out, another consumer may have handled it.")));
+}
+
+// A refused nack: P0002 if the delivery is gone (as nack_delivery says it), else 55P03.
+static void report_refused_nack(int64 id, LeaseCheck why, bool with_token) {
+    if (!delivery_exists(id))
+        ereport(ERROR, (errcode(ERRCODE_NO_DATA_FOUND),
+                        errmsg("delivery %lld does not exist", static_cast<long long>(id))));
+    report_lease_not_held(id, why, with_token);
+}
+
+struct AckItem {
+    int64 id;  // first: sorted with cmp_int64
+    LeaseToken token;
+    bool has_token;
+};
 
 const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms, int status, bool force_dead, bool missing_ok) {
     Datum idd = Int64GetDatum(id);
@@ -90,7 +125,6 @@ const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms, int status, 
         outcome = "retry";
     }
     count_retried(MyDatabaseId, handler_id, outcome[0] == 'd');
-    leases_release_at_commit(id);
     return outcome;
 }
 
@@ -107,21 +141,62 @@ RELAYBUS_SQL_FUNCTION(relay_ack) {
     bool* nulls;
     int n;
     deconstruct_array(arr, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &elems, &nulls, &n);
+    // relay_ack(ids, leases): leases[i] is the lease of ids[i]; NULL (or 0.1.0's
+    // relay_ack(ids)) is the id-only form.
+    Datum* lease_elems = nullptr;
+    bool* lease_nulls = nullptr;
+    if (PG_NARGS() > 1 && !PG_ARGISNULL(1)) {
+        int nl;
+        deconstruct_array(PG_GETARG_ARRAYTYPE_P(1), UUIDOID, UUID_LEN, false, TYPALIGN_CHAR, &lease_elems,
+                          &lease_nulls, &nl);
+        if (nl != n)
+            ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                            errmsg("leases must have as many elements as ids (%d), not %d", n, nl)));
+    }
     if (n == 0) PG_RETURN_INT32(0);
-    int64* ids = static_cast<int64*>(palloc(sizeof(int64) * n));
+    AckItem* items = static_cast<AckItem*>(palloc0(sizeof(AckItem) * n));
     for (int i = 0; i < n; i++) {
         if (nulls[i])
             ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
                             errmsg("ids[%d] must not be NULL", i + 1)));
-        ids[i] = DatumGetInt64(elems[i]);
+        items[i].id = DatumGetInt64(elems[i]);
+        items[i].has_token = lease_elems != nullptr && !lease_nulls[i];
+        if (items[i].has_token) items[i].token = *DatumGetUUIDP(lease_elems[i]);
     }
-    qsort(ids, n, sizeof(int64), cmp_int64);
+    qsort(items, n, sizeof(AckItem), cmp_int64);
+
+    SpiScope scope;
+    spi_begin(&scope);
+    // All or nothing: every entry must hold its lease, or the call fails (and
+    // the transaction's abort clears the marks made here).
+    int64* ids = static_cast<int64*>(palloc(sizeof(int64) * n));
+    LeaseToken* tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * n));
+    bool* has_token = static_cast<bool*>(palloc(sizeof(bool) * n));
+    for (int i = 0; i < n; i++) {
+        ids[i] = items[i].id;
+        tokens[i] = items[i].token;
+        has_token[i] = items[i].has_token;
+    }
+    LeaseCheck* checks = static_cast<LeaseCheck*>(palloc(sizeof(LeaseCheck) * n));
+    if (leases_begin_completion(ids, tokens, has_token, n, GetCurrentTimestamp(), checks) != n) {
+        // A delivery that is gone is reported as such (P0002), before any lease.
+        Datum* all = static_cast<Datum*>(palloc(sizeof(Datum) * n));
+        for (int i = 0; i < n; i++) all[i] = Int64GetDatum(ids[i]);
+        Datum arg = PointerGetDatum(construct_array(all, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+        spi_exec_latest(&exists_plan, &arg, nullptr, true, 0);
+        int found = static_cast<int>(SPI_processed);
+        int64* present = static_cast<int64*>(palloc(sizeof(int64) * (found + 1)));
+        for (int i = 0; i < found; i++) present[i] = spi_int64(i, 1);
+        qsort(present, found, sizeof(int64), cmp_int64);
+        for (int i = 0; i < n; i++)
+            if (bsearch(&ids[i], present, found, sizeof(int64), cmp_int64) == nullptr) report_missing(ids[i]);
+        for (int i = 0; i < n; i++)
+            if (checks[i] != LeaseCheck::Held) report_lease_not_held(ids[i], checks[i], has_token[i]);
+    }
     int unique = 0;
     for (int i = 0; i < n; i++)
         if (unique == 0 || ids[unique - 1] != ids[i]) ids[unique++] = ids[i];
 
-    SpiScope scope;
-    spi_begin(&scope);
     Datum* id_datums = static_cast<Datum*>(palloc(sizeof(Datum) * unique));
     for (int i = 0; i < unique; i++) id_datums[i] = Int64GetDatum(ids[i]);
     Datum arg = PointerGetDatum(construct_array(id_datums, unique, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
@@ -132,11 +207,7 @@ RELAYBUS_SQL_FUNCTION(relay_ack) {
         for (int i = 0; i < deleted; i++) done[i] = spi_int64(i, 1);
         qsort(done, deleted, sizeof(int64), cmp_int64);
         for (int i = 0; i < unique; i++)
-            if (bsearch(&ids[i], done, deleted, sizeof(int64), cmp_int64) == nullptr)
-                ereport(ERROR, (errcode(ERRCODE_NO_DATA_FOUND),
-                                errmsg("delivery %lld does not exist", static_cast<long long>(ids[i])),
-                                errdetail("It was acked or dead-lettered already, or never existed; nothing was acked."),
-                                errhint("If your lease ran out, another consumer may have handled it.")));
+            if (bsearch(&ids[i], done, deleted, sizeof(int64), cmp_int64) == nullptr) report_missing(ids[i]);
     }
     int32* handlers = static_cast<int32*>(palloc(sizeof(int32) * (deleted + 1)));
     int64* latency = static_cast<int64*>(palloc(sizeof(int64) * (deleted + 1)));
@@ -157,7 +228,6 @@ RELAYBUS_SQL_FUNCTION(relay_ack) {
     if (wake) wake_dispatchers_at_commit();
     spi_end(&scope);
     count_delivered(MyDatabaseId, handlers, latency, deleted);
-    for (int i = 0; i < unique; i++) leases_release_at_commit(ids[i]);
     PG_RETURN_INT32(deleted);
 }
 
@@ -175,8 +245,16 @@ RELAYBUS_SQL_FUNCTION(relay_nack) {
             ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("retry_in must be at most 366 days")));
     }
 
+    // relay_nack(..., lease): NULL (or 0.1.0's three arguments) is the id-only form.
+    bool with_token = PG_NARGS() > 3 && !PG_ARGISNULL(3);
+    LeaseToken token;
+    if (with_token) token = *PG_GETARG_UUID_P(3);
+
     SpiScope scope;
     spi_begin(&scope);
+    LeaseCheck check;
+    if (leases_begin_completion(&id, &token, &with_token, 1, GetCurrentTimestamp(), &check) != 1)
+        report_refused_nack(id, check, with_token);
     const char* outcome = nack_delivery(id, error, retry_in_ms, 0, false, false);
     spi_end(&scope);
     PG_RETURN_TEXT_P(cstring_to_text(outcome));

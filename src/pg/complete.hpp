@@ -9,8 +9,10 @@ namespace relaybus::pg {
 // optional error text (Datum 0 = none); retry_in_ms < 0 uses the handler's
 // backoff; status is the HTTP status of the attempt (0 = none), kept with a dead
 // letter; force_dead dead-letters at once (a permanent failure). Returns "retry"
-// or "dead" (the lease goes back at commit), or "gone" when the delivery no
-// longer exists and missing_ok (else that is an error, P0002).
+// or "dead", or "gone" when the delivery no longer exists and missing_ok (else
+// that is an error, P0002). It does not check the lease: the caller first
+// marks it with leases_begin_completion (or leases_begin_charge), which also
+// releases it when the transaction commits.
 const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms, int status, bool force_dead,
                           bool missing_ok);
 

@@ -59,8 +59,10 @@ static int16 my_lanes[kNumLanes];
 static uint64 my_tokens[kNumLanes];
 static int my_nlanes = 0;
 
-// Deliveries leased by the running iteration, so an error can give them back.
+// Deliveries leased by the running iteration (with their lease tokens), so an
+// error can give them back.
 static int64* inflight = nullptr;
+static LeaseToken* inflight_tokens = nullptr;
 static int ninflight = 0;
 static int inflight_cap = 0;
 // Isolation after a delivery's error: while > 0, an iteration hands over one
@@ -85,15 +87,31 @@ static MemoryContext loop_cxt = nullptr;  // reset after every loop
 static SavedPlan complete_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1)", 1,
                                   {INT8ARRAYOID}, nullptr};
 
-static void remember_inflight(int64 id) {
+static void remember_inflight(int64 id, const LeaseToken& token) {
     if (ninflight == inflight_cap) {
         int cap = inflight_cap == 0 ? 1024 : inflight_cap * 2;
         inflight = static_cast<int64*>(inflight == nullptr
                                            ? MemoryContextAlloc(TopMemoryContext, sizeof(int64) * cap)
                                            : repalloc(inflight, sizeof(int64) * cap));
+        inflight_tokens = static_cast<LeaseToken*>(
+            inflight_tokens == nullptr ? MemoryContextAlloc(TopMemoryContext, sizeof(LeaseToken) * cap)
+                                       : repalloc(inflight_tokens, sizeof(LeaseToken) * cap));
         inflight_cap = cap;
     }
+    inflight_tokens[ninflight] = token;
     inflight[ninflight++] = id;
+}
+
+// A NOTIFY that waits for relay_ack carries its lease: `, "lease": "<uuid>"`
+// (kLeaseFieldLen bytes) added to the JSON object text.
+constexpr int kLeaseFieldLen = 49;
+static char* with_lease(const char* json, const LeaseToken& token) {
+    char text[37];
+    lease_token_text(token, text);
+    size_t len = strlen(json);
+    while (len > 0 && json[len - 1] != '}') len--;
+    if (len == 0) return pstrdup(json);
+    return psprintf("%.*s, \"lease\": \"%s\"}", static_cast<int>(len - 1), json, text);
 }
 
 static void on_exit_release(int code, Datum) {
@@ -205,21 +223,27 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
     req.lanes = my_lanes;
     req.nlanes = my_nlanes;
     req.with_notify_json = true;
+    // Ack mode: the lease waits for the consumer's relay_ack, and relay_claim of
+    // the handler may take it over (a consumer draining at start).
+    req.kind = ack ? LeaseKind::Notified : LeaseKind::Dispatcher;
     ClaimResult res;
     claim_deliveries(&req, &res);
     note_next_ready(&res);
     if (res.n == 0) return 0;
     // All of them at once: an error while sending must give every lease back.
-    for (int i = 0; i < res.n; i++) remember_inflight(spi_int64(res.rows[i], 1));
+    for (int i = 0; i < res.n; i++) remember_inflight(spi_int64(res.rows[i], 1), res.tokens[i]);
 
     TimestampTz now = GetCurrentTimestamp();
     Datum* done = static_cast<Datum*>(palloc(sizeof(Datum) * res.n));
+    int64* done_ids = static_cast<int64*>(palloc(sizeof(int64) * res.n));
+    LeaseToken* done_tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * res.n));
     int ndone = 0;
     // A delivery sent by reference stays until acked, so its key's run stops
     // there: the rest of the run goes back unsent (their leases are released).
     char** held_keys = static_cast<char**>(palloc(sizeof(char*) * res.n));
     int nheld = 0;
     int64* unsent = static_cast<int64*>(palloc(sizeof(int64) * res.n));
+    LeaseToken* unsent_tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * res.n));
     int nunsent = 0;
     for (int i = 0; i < res.n; i++) {
         int row = res.rows[i];
@@ -228,17 +252,24 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
         bool held = false;
         for (int k = 0; key != nullptr && k < nheld && !held; k++) held = strcmp(held_keys[k], key) == 0;
         if (held) {
+            unsent_tokens[nunsent] = res.tokens[i];
             unsent[nunsent++] = id;
             continue;
         }
         char* json = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, kNotifyJsonColumn);
-        bool by_reference = static_cast<int>(strlen(json)) > guc_notify_payload_limit;
+        // Ack mode adds the lease field below: it counts against the limit.
+        bool by_reference =
+            static_cast<int>(strlen(json)) + (ack ? kLeaseFieldLen : 0) > guc_notify_payload_limit;
         if (by_reference) {
             json = reference_payload(row);
             if (key != nullptr && !ack) held_keys[nheld++] = key;
         }
+        // What the consumer completes carries the receipt it completes with.
+        if (ack || by_reference) json = with_lease(json, res.tokens[i]);
         Async_Notify(h->channel, json);
         if (!ack && !by_reference) {
+            done_ids[ndone] = id;
+            done_tokens[ndone] = res.tokens[i];
             done[ndone++] = Int64GetDatum(id);
             bool isnull = false;
             TimestampTz published = DatumGetTimestampTz(spi_col(row, 10, &isnull));
@@ -247,11 +278,17 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
             (*ndelivered)++;
         }
     }
-    leases_release(unsent, nunsent);
+    leases_release(unsent, unsent_tokens, nunsent);
     if (ndone > 0) {
+        // Fire mode completes in this transaction: compare-and-mark with the
+        // tokens of this claim. A lease lost meanwhile (this worker stalled past
+        // it) fails the iteration, so its NOTIFYs are not sent either.
+        LeaseCheck* checks = static_cast<LeaseCheck*>(palloc(sizeof(LeaseCheck) * ndone));
+        if (leases_begin_completion(done_ids, done_tokens, nullptr, ndone, GetCurrentTimestamp(), checks) != ndone)
+            ereport(ERROR, (errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+                            errmsg("relaybus dispatcher lost the lease of a delivery during a batch; not completing it")));
         Datum arg = PointerGetDatum(construct_array(done, ndone, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
         spi_exec(&complete_plan, &arg, nullptr, false, 0);
-        for (int i = 0; i < ndone; i++) leases_release_at_commit(DatumGetInt64(done[i]));
     }
     return res.n - nunsent;
 }
@@ -326,10 +363,11 @@ static bool iterate() {
             req.lanes = my_lanes;
             req.nlanes = my_nlanes;
             req.with_notify_json = true;
+            req.kind = LeaseKind::Dispatcher;
             ClaimResult res;
             claim_deliveries(&req, &res);
             note_next_ready(&res);
-            for (int k = 0; k < res.n; k++) remember_inflight(spi_int64(res.rows[k], 1));
+            for (int k = 0; k < res.n; k++) remember_inflight(spi_int64(res.rows[k], 1), res.tokens[k]);
             http_stage(h, &res);
             handed += res.n;
         }
@@ -360,18 +398,22 @@ static bool iterate() {
     return busy;
 }
 
-// A delivery that failed alone is nacked in its own transaction.
-static void nack_poison(MemoryContext cxt, int64 id, const char* message) {
+// A delivery that failed alone is nacked in its own transaction, if this
+// dispatcher still holds its lease.
+static void nack_poison(MemoryContext cxt, int64 id, const LeaseToken& token, const char* message) {
     ErrorData* error = worker_step(cxt, [&] {
         worker_xact_begin();
         SpiScope scope;
         spi_begin(&scope);
-        const char* outcome = nack_delivery(id, CStringGetTextDatum(message), -1, 0, false, true);
+        LeaseCheck check;
+        const char* outcome = "lost its lease, not nacked";
+        if (leases_begin_completion(&id, &token, nullptr, 1, GetCurrentTimestamp(), &check) == 1)
+            outcome = nack_delivery(id, CStringGetTextDatum(message), -1, 0, false, true);
         spi_end(&scope);
         worker_xact_commit();
         ereport(LOG, (errmsg("relaybus dispatcher: delivery %lld failed alone (%s); %s",
                              static_cast<long long>(id), message,
-                             outcome[0] == 'd' ? "dead-lettered" : "will retry")));
+                             outcome[0] == 'd' ? "dead-lettered" : (outcome[0] == 'r' ? "will retry" : outcome))));
     });
     if (error == nullptr) return;
     ereport(LOG, (errcode(error->sqlerrcode),
@@ -396,7 +438,7 @@ static void after_error(MemoryContext cxt, ErrorData* ed) {
     int64 now_ms = timestamptz_to_epoch_ms(GetCurrentTimestamp());
     if (environmental) {
         // Nobody's fault: the same iteration again after a backoff.
-        leases_release(inflight, ninflight);
+        leases_release(inflight, inflight_tokens, ninflight);
         env_failures++;
         retry_at_ms = now_ms + core::backoff_ceiling_ms(kEnvironmentBackoff, env_failures);
         FreeErrorData(ed);
@@ -405,12 +447,10 @@ static void after_error(MemoryContext cxt, ErrorData* ed) {
     }
     retry_at_ms = now_ms + kEnvironmentBackoff.base_ms;  // a short pause, then isolate
     if (isolation_left > 0 && ninflight == 1) {
-        int64 id = inflight[0];
-        leases_release(&id, 1);
-        nack_poison(cxt, id, message);
+        nack_poison(cxt, inflight[0], inflight_tokens[0], message);
         isolation_left = 0;  // found: batches again
     } else {
-        leases_release(inflight, ninflight);
+        leases_release(inflight, inflight_tokens, ninflight);
         isolation_left = Max(ninflight, 1);
     }
     ninflight = 0;

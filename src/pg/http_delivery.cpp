@@ -46,6 +46,11 @@ std::unordered_map<int32, int> queued_of;  // handler id -> entries in `queued`
 std::vector<int64> expired_ids;            // queued too long: their leases go back
 std::vector<core::HttpResult> finished;
 std::unordered_map<uint64, int64> published_us;  // delivery id -> publish time (latency)
+// delivery id -> the token of the lease taken when it was claimed: the results
+// are completed with it (compare-and-release), so a dispatcher that lost the
+// lease meanwhile (stalled past it while another took over) completes nothing.
+std::unordered_map<uint64, LeaseToken> lease_of;
+std::vector<LeaseToken> expired_tokens;  // beside expired_ids
 std::unordered_map<int32, core::CircuitBreaker> breakers;
 int64 first_result_ms = 0;  // when the oldest result in `finished` came in  // per handler (core/webhook_delivery)
 
@@ -144,6 +149,7 @@ void http_stage(const HandlerEntry* h, const ClaimResult* res) {
                     core::HttpRequest r = core::make_webhook_request(h->options, h->target, h->id, ids[i],
                                                                      bodies[i], timestamp_s);
                     published_us[r.tag] = published[i];
+                    lease_of[r.tag] = res->tokens[i];
                     staged.push_back(std::move(r));
                     staged_expiry.push_back(expires);
                 }
@@ -192,6 +198,8 @@ void http_pump() {
                                    b->second.limit(1 << 20, now);
                 if (now > q.expires_ms || engine == nullptr || tripped) {
                     expired_ids.push_back(static_cast<int64>(tag));
+                    expired_tokens.push_back(lease_of[tag]);
+                    lease_of.erase(tag);
                     published_us.erase(tag);
                     queued_of[key]--;
                     continue;
@@ -218,8 +226,9 @@ void http_pump() {
         err);
     if (!expired_ids.empty()) {
         // Not sent: the deliveries are claimed again (by this or another dispatcher).
-        leases_release(expired_ids.data(), static_cast<int>(expired_ids.size()));
+        leases_release(expired_ids.data(), expired_tokens.data(), static_cast<int>(expired_ids.size()));
         expired_ids.clear();
+        expired_tokens.clear();
     }
 }
 
@@ -231,6 +240,8 @@ void http_release_queued() {
         [&](std::string*) {
             for (const auto& q : queued) {
                 expired_ids.push_back(static_cast<int64>(q.req.tag));
+                expired_tokens.push_back(lease_of[q.req.tag]);
+                lease_of.erase(q.req.tag);
                 published_us.erase(q.req.tag);
             }
             queued.clear();
@@ -239,8 +250,9 @@ void http_release_queued() {
         },
         err);
     if (!expired_ids.empty()) {
-        leases_release(expired_ids.data(), static_cast<int>(expired_ids.size()));
+        leases_release(expired_ids.data(), expired_tokens.data(), static_cast<int>(expired_ids.size()));
         expired_ids.clear();
+        expired_tokens.clear();
     }
 }
 
@@ -248,7 +260,10 @@ void http_drop_staged() {
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {
-            for (const auto& r : staged) published_us.erase(r.tag);
+            for (const auto& r : staged) {
+                published_us.erase(r.tag);
+                lease_of.erase(r.tag);
+            }
             staged.clear();
             staged_expiry.clear();
             return true;
@@ -294,19 +309,37 @@ int http_complete() {
     int32* done_handler = static_cast<int32*>(palloc(sizeof(int32) * n));
     int64* done_latency = static_cast<int64*>(palloc(sizeof(int64) * n));
     int ndone = 0;
+    // The results' leases, checked (and marked) in the completing transaction.
+    int64* ids = static_cast<int64*>(palloc(sizeof(int64) * n));
+    LeaseToken* tokens = static_cast<LeaseToken*>(palloc0(sizeof(LeaseToken) * n));
+    LeaseCheck* checks = static_cast<LeaseCheck*>(palloc(sizeof(LeaseCheck) * n));
+    (void)run_core(
+        [&](std::string*) {
+            for (int i = 0; i < n; i++) {
+                ids[i] = static_cast<int64>(finished[i].tag);
+                auto it = lease_of.find(finished[i].tag);
+                if (it != lease_of.end()) tokens[i] = it->second;  // else all zero: matches no lease
+            }
+            return true;
+        },
+        err);
+    int lost = 0;
 
     PG_TRY();
     {
         worker_xact_begin();
         SpiScope scope;
         spi_begin(&scope);
+        (void)leases_begin_completion(ids, tokens, nullptr, n, now, checks);
         for (int i = 0; i < n; i++) {
             const core::HttpResult& r = finished[i];
             int64 id = static_cast<int64>(r.tag);
             core::CircuitBreaker& b = breakers.find(r.handler_key)->second;
             const HandlerEntry* h = catalog_handler_by_id(r.handler_key);
             if (h != nullptr) b.record(r, h->options, nowms);
-            if (r.outcome == core::HttpOutcome::Success) {
+            if (checks[i] != LeaseCheck::Held) {
+                lost++;  // the lease expired or another holder has it: complete nothing
+            } else if (r.outcome == core::HttpOutcome::Success) {
                 done[ndone] = Int64GetDatum(id);
                 done_handler[ndone] = r.handler_key;
                 auto it = published_us.find(r.tag);
@@ -322,7 +355,6 @@ int http_complete() {
         if (ndone > 0) {
             Datum arg = PointerGetDatum(construct_array(done, ndone, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
             spi_exec(&delete_plan, &arg, nullptr, false, 0);
-            for (int i = 0; i < ndone; i++) leases_release_at_commit(DatumGetInt64(done[i]));
         }
         spi_end(&scope);
         worker_xact_commit();
@@ -330,14 +362,22 @@ int http_complete() {
     PG_CATCH();
     {
         // The results are lost; their leases lapse and the deliveries are sent again.
+        for (const auto& r : finished) lease_of.erase(r.tag);
         finished.clear();
         PG_RE_THROW();
     }
     PG_END_TRY();
     count_delivered(MyDatabaseId, done_handler, done_latency, ndone);
+    if (lost > 0)
+        ereport(LOG, (errmsg("relaybus dispatcher: %d http result(s) not completed: their leases were lost", lost),
+                      errdetail("The request outlived its lease (this worker stalled, or the lease ran out); "
+                                "the delivery's next holder completes it.")));
     (void)run_core(
         [&](std::string*) {
-            for (const auto& r : finished) published_us.erase(r.tag);
+            for (const auto& r : finished) {
+                published_us.erase(r.tag);
+                lease_of.erase(r.tag);
+            }
             finished.clear();
             return true;
         },

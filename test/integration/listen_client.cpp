@@ -13,9 +13,16 @@
 //   --count N             exit 0 after N notifications
 //   --idle-timeout S      exit after S seconds (fractions allowed) without a
 //                         notification: 0 without --count, 3 with --count
-//   --ack                 call relay_ack(ARRAY[id]) for every delivery
+//   --ack                 call relay_ack(ARRAY[id], ARRAY[lease]) for every
+//                         delivery (the message's "lease"; without one, the
+//                         id-only relay_ack(ARRAY[id]))
 //   --ack-ref             call relay_ack only for "ref": true deliveries (what a
 //                         fire-mode consumer does after fetching the payload)
+//   --claim-at-start H    after LISTEN, drain handler H once with relay_claim
+//                         (what a restarted consumer of an ack-mode notify
+//                         handler does); each claimed delivery is printed as a
+//                         line with PID 0 and "claimed": true, and acked with
+//                         its lease under --ack
 //   --ack-skip N          with --ack/--ack-ref: do not ack the first N notifications
 //   --fetch-ref           for "ref": true deliveries, call relay_payload(id)
 //                         (before acking) and append fetched=<json>
@@ -52,6 +59,7 @@ struct Options {
     bool timestamps = false;
     std::string ready_file;
     double reconnect = -1;
+    std::string claim_handler;
 };
 
 double now_seconds() {
@@ -64,7 +72,8 @@ double now_seconds() {
     if (msg != nullptr) fprintf(stderr, "listen_client: %s\n", msg);
     fprintf(stderr,
             "usage: listen_client --channel NAME [--count N] [--idle-timeout S] [--ack] [--ack-ref] [--ack-skip N]\n"
-            "                     [--fetch-ref] [--timestamps] [--ready-file PATH] [--reconnect S] [CONNINFO]\n");
+            "                     [--fetch-ref] [--timestamps] [--ready-file PATH] [--reconnect S]\n"
+            "                     [--claim-at-start HANDLER] [CONNINFO]\n");
     exit(1);
 }
 
@@ -176,10 +185,10 @@ bool reconnect(const Options& o) {
     return false;
 }
 
-// Runs a one-parameter query; returns the result (caller clears) or nullptr on error.
-PGresult* exec1(const char* sql, const std::string& param, const char* what) {
-    const char* values[1] = {param.c_str()};
-    PGresult* r = PQexecParams(conn, sql, 1, nullptr, values, nullptr, nullptr, 0);
+// Runs a query with one or two parameters; returns the result (caller clears) or nullptr on error.
+PGresult* exec1(const char* sql, const std::string& param, const char* what, const std::string* param2 = nullptr) {
+    const char* values[2] = {param.c_str(), param2 != nullptr ? param2->c_str() : nullptr};
+    PGresult* r = PQexecParams(conn, sql, param2 != nullptr ? 2 : 1, nullptr, values, nullptr, nullptr, 0);
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
         fprintf(stderr, "listen_client: %s %s failed: %s", what, param.c_str(), PQerrorMessage(conn));
         PQclear(r);
@@ -218,6 +227,8 @@ int main(int argc, char** argv) {
             o.ready_file = next();
         else if (a == "--reconnect")
             o.reconnect = atof(next());
+        else if (a == "--claim-at-start")
+            o.claim_handler = next();
         else if (a == "--help" || a == "-h")
             usage(nullptr);
         else if (!a.empty() && a[0] == '-')
@@ -240,6 +251,30 @@ int main(int argc, char** argv) {
 
     long received = 0;
     double last = now_seconds();
+    // Deliveries NOTIFYed before this consumer listened (or to a consumer that
+    // died) are claimed once, right after LISTEN: no waiting for their leases.
+    if (!o.claim_handler.empty()) {
+        PGresult* r = exec1(
+            "SELECT jsonb_build_object('id', c.id, 'event_id', c.event_id, 'topic', c.topic, 'key', c.key,"
+            " 'seq', c.seq, 'attempt', c.attempt, 'headers', c.headers, 'payload', c.payload,"
+            " 'lease', c.lease, 'claimed', true)::text, c.id::text, c.lease::text"
+            " FROM relay_claim($1, 10000) c",
+            o.claim_handler, "relay_claim");
+        if (r == nullptr) return 1;
+        for (int i = 0; i < PQntuples(r); i++) {
+            received++;
+            printf("0\t%s", PQgetvalue(r, i, 0));
+            if (o.timestamps) printf("\trecv=%.6f", now_seconds());
+            printf("\n");
+            fflush(stdout);
+            if (o.ack) {
+                std::string id = PQgetvalue(r, i, 1), lease = PQgetvalue(r, i, 2);
+                PGresult* a = exec1("SELECT relay_ack(ARRAY[$1::bigint], ARRAY[$2::uuid])", id, "relay_ack", &lease);
+                if (a != nullptr) PQclear(a);
+            }
+        }
+        PQclear(r);
+    }
     for (;;) {
         // Drain what libpq already has (also what arrived during an ack).
         PGnotify* n;
@@ -250,8 +285,10 @@ int main(int argc, char** argv) {
             PQfreemem(n);
             received++;
             last = at;
-            std::string id, ref, fetched;
+            std::string id, ref, fetched, lease;
             bool has_id = top_level_member(payload, "id", &id);
+            bool has_lease = top_level_member(payload, "lease", &lease) && lease.size() >= 2 && lease[0] == '"';
+            if (has_lease) lease = lease.substr(1, lease.size() - 2);
             bool is_ref = top_level_member(payload, "ref", &ref) && ref == "true";
             if (is_ref && o.fetch_ref && has_id) {
                 PGresult* r = exec1("SELECT relay_payload($1::bigint)::text", id, "relay_payload");
@@ -269,7 +306,9 @@ int main(int argc, char** argv) {
                 if (!has_id) {
                     fprintf(stderr, "listen_client: no \"id\" in %s\n", payload.c_str());
                 } else {
-                    PGresult* r = exec1("SELECT relay_ack(ARRAY[$1::bigint])", id, "relay_ack");
+                    PGresult* r = has_lease ? exec1("SELECT relay_ack(ARRAY[$1::bigint], ARRAY[$2::uuid])", id,
+                                                    "relay_ack", &lease)
+                                            : exec1("SELECT relay_ack(ARRAY[$1::bigint])", id, "relay_ack");
                     if (r != nullptr) PQclear(r);
                 }
             }

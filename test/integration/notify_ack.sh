@@ -2,9 +2,10 @@
 # Notify handlers in ack mode and deliveries by reference:
 #  - the next delivery of a key is not sent before the previous one is acked;
 #    other keys are not held up;
-#  - a delivery not acked within its lease is sent again (same id, seq and
-#    attempt: an expired lease writes nothing, so attempt stays 1), then the key
-#    moves on;
+#  - a delivery not acked within its lease is sent again (same id and seq; the
+#    expired lease counted a failed attempt, so attempt 2, after the backoff),
+#    then the key moves on;
+#  - every message carries its lease token ("lease"), and acks name it;
 #  - a payload too big for NOTIFY is sent by reference ("ref": true, no
 #    payload); relay_payload(id) returns it and relay_ack completes it, in ack
 #    mode and in fire mode (where the reference also holds its key until acked).
@@ -12,7 +13,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 new_db db ack || die "could not create a database"
 notify_handler "$db" acked it_ack '{"ack": true, "lease": "30s"}' 'ack.#' || die "handler acked"
-notify_handler "$db" short it_lease '{"ack": true, "lease": "1s"}' 'lease.#' || die "handler short"
+notify_handler "$db" short it_lease '{"ack": true, "lease": "1s", "backoff_base": "100ms", "backoff_max": "100ms"}' \
+    'lease.#' || die "handler short"
 notify_handler "$db" fire it_ref '{}' 'ref.#' || die "handler fire"
 notify_handler "$db" bigack it_refack '{"ack": true}' 'refack.#' || die "handler bigack"
 check "a dispatcher serves the database" wait_workers "$db" 1 20
@@ -23,17 +25,19 @@ field() {
 m = json.loads(open(sys.argv[1]).read().splitlines()[int(sys.argv[2]) - 1].split("\t")[1])
 print(eval(sys.argv[3]))' "$@"
 }
-# ack_new FILE [ID...]: acks (in a psql session) the deliveries of FILE not acked yet;
-# IDs are taken as acked already.
+# ack_new FILE [ID...]: acks (in a psql session, with each message's lease) the
+# deliveries of FILE not acked yet; IDs are taken as acked already.
 ack_new() {
-    local f=$1 ids
+    local f=$1 ids leases
     shift
     printf '%s\n' "$@" >>"$f.acked"
-    ids=$(cut -f2 "$f" | python3 -c 'import json, sys
+    read -r ids leases < <(cut -f2 "$f" | python3 -c 'import json, sys
 done = set(open(sys.argv[1]).read().split())
-print(",".join(str(m["id"]) for m in map(json.loads, sys.stdin) if str(m["id"]) not in done))' "$f.acked")
+new = [m for m in map(json.loads, sys.stdin) if str(m["id"]) not in done]
+print(",".join(str(m["id"]) for m in new), ",".join("%s" % m["lease"] for m in new))' "$f.acked")
     [[ -z "$ids" ]] && return 0
-    sql "$db" "SELECT relay_ack(ARRAY[$ids]::bigint[])" >/dev/null && tr ',' '\n' <<<"$ids" >>"$f.acked"
+    sql "$db" "SELECT relay_ack(ARRAY[$ids]::bigint[], string_to_array('$leases', ',')::uuid[])" >/dev/null &&
+        tr ',' '\n' <<<"$ids" >>"$f.acked"
 }
 recv_time() { sed -n "${2}p" "$1" | grep -o 'recv=[0-9.]*' | cut -d= -f2; }
 
@@ -51,7 +55,11 @@ check_eq "relay.handler_stats: 5 pending, 2 in flight" "5|2" \
     "$(sql "$db" "SELECT pending, in_flight FROM relay.handler_stats WHERE handler = 'acked'")"
 check_eq "relay._leases(): the two heads are leased" "2" "$(sql "$db" "SELECT count(*) FROM relay._leases()")"
 k1=$(grep '"key": "k1"' "$TMP/watch.out" | head -1 | cut -f2 | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-check_eq "relay_ack(k1's head) acks 1" 1 "$(sql "$db" "SELECT relay_ack(ARRAY[$k1])")"
+k1lease=$(grep '"key": "k1"' "$TMP/watch.out" | head -1 | cut -f2 | python3 -c 'import json,sys; print(json.load(sys.stdin)["lease"])')
+check "an ack without the lease (another session than the dispatcher's) fails with 55P03" bash -c "
+    out=\$(psql -X -At -v ON_ERROR_STOP=1 -v VERBOSITY=verbose -d '$db' -c 'SELECT relay_ack(ARRAY[$k1])' 2>&1)
+    [[ \$? != 0 && \$out == *'55P03: lease of delivery $k1 is not held: another holder'* ]]"
+check_eq "relay_ack(k1's head, its lease) acks 1" 1 "$(sql "$db" "SELECT relay_ack(ARRAY[$k1], ARRAY['$k1lease'::uuid])")"
 check "k1's second delivery arrives after the ack" wait_lines "$TMP/watch.out" 3 10
 check_eq "it is k1/2" "k1/2" "$(field "$TMP/watch.out" 3 '"%s/%s" % (m["key"], m["seq"])')"
 sleep 1.5
@@ -84,8 +92,10 @@ check_eq "the order is r/1, r/1, r/2" "r/1 r/1 r/2" \
     "$(for i in 1 2 3; do field "$TMP/lease.out" $i '"%s/%s" % (m["key"], m["seq"])'; done | tr '\n' ' ' | sed 's/ $//')"
 check_eq "the redelivery has the same delivery id and event id" \
     "$(field "$TMP/lease.out" 1 '(m["id"], m["event_id"])')" "$(field "$TMP/lease.out" 2 '(m["id"], m["event_id"])')"
-check_eq "attempt is 1 on both sends (an expired lease does not count as an attempt)" "1 1" \
+check_eq "attempt is 1, then 2 (the expired lease counted a failed attempt)" "1 2" \
     "$(field "$TMP/lease.out" 1 'm["attempt"]') $(field "$TMP/lease.out" 2 'm["attempt"]')"
+check "each send has its own lease token" \
+    test "$(field "$TMP/lease.out" 1 'm["lease"]')" != "$(field "$TMP/lease.out" 2 'm["lease"]')"
 gap=$(python3 -c "print(round($(recv_time "$TMP/lease.out" 2) - $(recv_time "$TMP/lease.out" 1), 3))")
 check "the redelivery came after the 1 s lease (allowing 0.3 s of client lag), within 5 s (gap ${gap}s)" \
     python3 -c "import sys; sys.exit(not (0.7 <= $gap < 5))"
@@ -123,7 +133,10 @@ check_eq "a 7000-byte payload is sent inline" "False 7000" \
 check_eq "the inline one is completed at once; the reference and the key's next one stay" "b/1 b/2" \
     "$(sql "$db" "SELECT string_agg(d.key || '/' || d.seq, ' ' ORDER BY d.seq) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id WHERE h.name = 'fire'")"
 bigid=$(field "$TMP/ref.out" "$bigline" 'm["id"]')
-check_eq "relay_ack(the reference) acks it" 1 "$(sql "$db" "SELECT relay_ack(ARRAY[$bigid])")"
+biglease=$(field "$TMP/ref.out" "$bigline" 'm["lease"]')
+check_eq "a fire-mode message sent inline carries no lease (nothing to complete)" "False" \
+    "$(field "$TMP/ref.out" "$fitline" '"lease" in m')"
+check_eq "relay_ack(the reference, its lease) acks it" 1 "$(sql "$db" "SELECT relay_ack(ARRAY[$bigid], ARRAY['$biglease'::uuid])")"
 check "then the key's next delivery arrives" wait_lines "$TMP/ref.out" 3 10
 check_eq "it is b/2 inline" "b/2/2" "$(field "$TMP/ref.out" 3 '"%s/%s/%s" % (m["key"], m["seq"], m["payload"]["n"])')"
 check_eq "relay_payload of a completed delivery is NULL" "" "$(sql "$db" "SELECT relay_payload($bigid)")"

@@ -1,9 +1,10 @@
 -- Leases: a claimed delivery is leased in shared memory (clock time) until it
--- is completed by a committed ack/nack or the lease runs out; then it can be
--- claimed again (the only way a duplicate happens). The exactly-once pattern:
+-- is completed by a committed ack/nack or the lease runs out; then the next
+-- claim charges a failed attempt and, after the backoff, it is claimed again
+-- (the only way a duplicate happens). The exactly-once pattern:
 -- the consumer's writes and relay_ack commit or roll back together.
 BEGIN;
-SELECT plan(24);
+SELECT plan(27);
 SET LOCAL relaybus.priority_aging = 0;
 
 CREATE FUNCTION pg_temp.id_of(n int) RETURNS bigint LANGUAGE sql AS $$
@@ -11,7 +12,7 @@ CREATE FUNCTION pg_temp.id_of(n int) RETURNS bigint LANGUAGE sql AS $$
 $$;
 
 SELECT relay_create_handler('tap_l1', 'pull', NULL, '{"lease": "1s"}');
-SELECT relay_create_handler('tap_l2', 'pull');
+SELECT relay_create_handler('tap_l2', 'pull', NULL, '{"backoff_base": "1ms", "backoff_max": "1ms"}');
 SELECT relay_route('tap.l1', 'tap_l1');
 SELECT relay_route('tap.l2', 'tap_l2');
 
@@ -32,9 +33,14 @@ SELECT is_empty($$SELECT * FROM relay_claim('tap_l2', per_key => 10)$$,
 SELECT pg_sleep(1.1);
 SELECT is((SELECT in_flight FROM relay.handler_stats WHERE handler = 'tap_l2'), 0::bigint,
           'after the lease ran out, nothing is in flight');
+SELECT is_empty($$SELECT id, attempt FROM relay_claim('tap_l2', lease => '1s')$$,
+                'the next claim charges the expired lease as a failed attempt and hands nothing over');
+SELECT results_eq($$SELECT attempt, last_error FROM relay.deliveries WHERE id = pg_temp.id_of(1)$$,
+                  $$VALUES (1, 'lease expired')$$, 'L1: attempt 1, last_error "lease expired"');
+SELECT pg_sleep(0.01);
 SELECT results_eq($$SELECT id, attempt FROM relay_claim('tap_l2', lease => '1s')$$,
-                  format('VALUES (%s::bigint, 1)', pg_temp.id_of(1)),
-                  'L1 is claimed again, with no ack in between: same id, same attempt');
+                  format('VALUES (%s::bigint, 2)', pg_temp.id_of(1)),
+                  'after its backoff (1ms) L1 is claimed again: same id, attempt 2');
 -- The handler's lease option is the default lease.
 SELECT relay_publish('tap.l1', jsonb_build_object('tap_l', 3));
 SELECT ok((SELECT lease_until <= clock_timestamp() + interval '1s' FROM relay_claim('tap_l1')),
@@ -50,9 +56,10 @@ SELECT relay_publish('tap.l2', jsonb_build_object('tap_l', 5), 'tap-M');
 SELECT results_eq($$SELECT key FROM relay_claim('tap_l2', lease => '1s') WHERE key = 'tap-M'$$,
                   ARRAY['tap-M'], 'claim M1');
 SELECT is(relay_nack(pg_temp.id_of(5), 'x', '0s'), 'retry', 'nack M1 with retry_in 0s');
-SELECT is_empty($$SELECT * FROM relay_claim('tap_l2') WHERE key = 'tap-M'$$,
-                'not claimable yet: the nack releases the lease only when it commits');
-SELECT ok((SELECT count(*) = 1 FROM relay._leases() WHERE delivery_id = pg_temp.id_of(5)), 'the lease is still there');
+SELECT ok((SELECT count(*) = 1 FROM relay._leases() WHERE delivery_id = pg_temp.id_of(5)),
+          'the lease is still there (other sessions cannot take M1 before the nack commits: isolation/ack_race)');
+SELECT results_eq($$SELECT key, attempt FROM relay_claim('tap_l2') WHERE key = 'tap-M'$$, $$VALUES ('tap-M', 2)$$,
+                  'the nacking transaction itself sees the nack done: it may claim M1 again (attempt 2)');
 
 -- ---------------------------------------------------------------- exactly-once pattern
 CREATE TEMP TABLE tap_done (n int PRIMARY KEY);
@@ -73,8 +80,11 @@ SELECT is((SELECT count(*) FROM relay.deliveries WHERE payload = '{"tap_l": 6}')
 SELECT is_empty($$SELECT * FROM relay_claim('tap_l2') WHERE key = 'tap-N'$$,
                 'N1 keeps its lease: not claimable again yet, N2 still waits');
 SELECT pg_sleep(1.1);
+SELECT is_empty($$SELECT * FROM relay_claim('tap_l2') WHERE key = 'tap-N'$$,
+                'after the lease, the next claim charges N1 a failed attempt ...');
+SELECT pg_sleep(0.01);
 SELECT results_eq($$SELECT (payload->>'tap_l')::int, attempt FROM relay_claim('tap_l2') WHERE key = 'tap-N'$$,
-                  $$VALUES (6, 1)$$, 'after the lease, N1 is claimed again (attempt 1: no nack)');
+                  $$VALUES (6, 2)$$, '... and the one after its backoff gets it (attempt 2)');
 SAVEPOINT work2;
 INSERT INTO tap_done VALUES (6);
 SELECT is(relay_ack(ARRAY[pg_temp.id_of(6)]), 1, 'the second attempt does the work and acks');
