@@ -433,6 +433,14 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
     if (starts_with_icase(r.url, "https://")) set(curl_easy_setopt(e, CURLOPT_PIPEWAIT, 1L));
     set(curl_easy_setopt(e, CURLOPT_DNS_CACHE_TIMEOUT,
                          static_cast<long>(std::max(0, options_.dns_cache_timeout_s))));
+#if LIBCURL_VERSION_NUM >= 0x075700  // 7.87.0
+    // A name lookup runs in a thread of libcurl's resolver. Without this, a
+    // request that ends (timeout, cancel, the engine's destruction) while its
+    // lookup still hangs joins that thread: the whole event loop, every other
+    // handler's requests and the dispatcher's exit wait for the lookup (seconds
+    // per resolver try). With it the thread is detached and cleans up after itself.
+    set(curl_easy_setopt(e, CURLOPT_QUICK_EXIT, 1L));
+#endif
     set(curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L));
     set(curl_easy_setopt(e, CURLOPT_TCP_KEEPIDLE, 60L));
     set(curl_easy_setopt(e, CURLOPT_TCP_KEEPINTVL, 30L));
@@ -599,11 +607,16 @@ void HttpEngine::finish_done_transfers() {
             curl_easy_getinfo(e, CURLINFO_PRETRANSFER_TIME_T, &pretransfer_us);
             const bool connecting = connect_us == 0 && pretransfer_us == 0;
             const int64_t connect_limit = std::min(options_.connect_timeout_ms, t->req.timeout_ms);
+            // libcurl's text for a lookup that did not finish in time.
+            const bool resolving = connecting && starts_with_icase(detail, "resolving timed out");
             if (connecting && connect_limit < t->req.timeout_ms)
               r.error = "connect timeout after " + std::to_string(connect_limit) + " ms";
             else
               r.error = "timeout after " + std::to_string(t->req.timeout_ms) + " ms";
-            if (connecting && connect_limit >= t->req.timeout_ms) r.error += " (while connecting)";
+            if (resolving)
+              r.error += " (while resolving the host name)";
+            else if (connecting && connect_limit >= t->req.timeout_ms)
+              r.error += " (while connecting)";
             break;
           }
           case CURLE_COULDNT_CONNECT:
