@@ -593,7 +593,8 @@ void HttpEngine::finish_done_transfers() {
       if (rc == CURLE_OK || (rc == CURLE_WRITE_ERROR && t->cut_off && r.status > 0)) {
         classify_status(&r, t->req.follow_redirects);
         if ((r.status == 429 || r.status == 503) && !t->retry_after.empty())
-          r.retry_after_ms = retry_after_ms(t->retry_after, now_epoch_ms());
+          r.retry_after_ms = clamp_retry_after_ms(retry_after_ms(t->retry_after, now_epoch_ms()),
+                                                  t->req.max_retry_after_ms);
       } else {
         r.outcome = HttpOutcome::Retry;
         r.status = 0;  // no complete HTTP response

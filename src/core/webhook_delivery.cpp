@@ -19,6 +19,7 @@ HttpRequest make_webhook_request(const HandlerOptions& options, std::string_view
   r.body = std::move(body);
   r.timeout_ms = options.timeout_ms;
   r.follow_redirects = options.follow_redirects;
+  r.max_retry_after_ms = options.backoff_max_ms;  // Retry-After waits no longer than the backoff would
   std::string msg_id = std::to_string(delivery_id);
   r.headers.emplace_back("webhook-id", msg_id);
   r.headers.emplace_back("webhook-timestamp", std::to_string(timestamp_s));

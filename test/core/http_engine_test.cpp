@@ -2,6 +2,7 @@
 // driven by the reference poll() loop (http_loop.hpp). Nothing is mocked.
 
 #include "core/http_engine.hpp"
+#include "core/backoff.hpp"
 
 #include <gtest/gtest.h>
 #include <netdb.h>
@@ -227,6 +228,27 @@ TEST(HttpEngine, RetryAfterOn429And503) {
     const HttpResult r = run_one(engine, post(server.url("/"), "{}"));
     EXPECT_EQ(r.outcome, HttpOutcome::Retry) << i;
     EXPECT_EQ(r.retry_after_ms, expected[i]) << i;
+  }
+}
+
+// A year, more than int64 ms can hold, a date in 9999: cut to the request's
+// max_retry_after_ms, or to kRetryAfterCapMs without one; never negative.
+TEST(HttpEngine, RetryAfterIsClampedAndSaturates) {
+  std::atomic<int> step{0};
+  const char* values[] = {"31536000", "99999999999999999999999999", "Fri, 31 Dec 9999 23:59:59 GMT",
+                          "1", "-5", "0"};
+  TestHttpServer server([&](const RecordedRequest&) {
+    return status_reply(429, {{"Retry-After", values[step.load() % 6]}});
+  });
+  HttpEngine engine(loopback_options());
+  const int64_t capped[] = {2000, 2000, 2000, 1000, -1, 0};
+  const int64_t uncapped[] = {kRetryAfterCapMs, kRetryAfterCapMs, kRetryAfterCapMs, 1000, -1, 0};
+  for (int i = 0; i < 12; ++i) {
+    step = i;
+    HttpRequest req = post(server.url("/"), "{}");
+    if (i < 6) req.max_retry_after_ms = 2000;
+    const HttpResult r = run_one(engine, std::move(req));
+    EXPECT_EQ(r.retry_after_ms, i < 6 ? capped[i] : uncapped[i - 6]) << values[i % 6];
   }
 }
 

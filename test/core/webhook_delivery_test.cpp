@@ -37,6 +37,7 @@ TEST(WebhookDelivery, RequestCarriesStandardWebhookHeadersAndHandlerHeaders) {
   EXPECT_EQ(header(r, "webhook-signature"),
             webhook_signature(o.secrets, "42", 1700000000, "{\"a\":1}"));
   EXPECT_EQ(header(r, "authorization"), "Bearer x");
+  EXPECT_EQ(r.max_retry_after_ms, o.backoff_max_ms);  // Retry-After is cut to backoff_max
   HandlerOptions plain;
   EXPECT_EQ(header(make_webhook_request(plain, "http://x/", 1, 1, "{}", 1), "webhook-signature"), "<none>");
 }
