@@ -86,6 +86,12 @@ class HttpEngine {
   // False if libcurl could not be initialized (every submit then fails).
   bool ok() const { return multi_ != nullptr; }
 
+  // Replaces the outbound policy (a reloaded allow-list), with requests in
+  // flight: it applies to every connection opened and every request started
+  // from now on, on a new or a kept-alive connection (one opened under the
+  // old list to an address the new one refuses is not used again).
+  void set_allowlist(const Allowlist& allow);
+
   // Requests of one handler_key in flight at once; default 16, < 1 means 1.
   // Lowering it below what is in flight only stops new submits.
   void set_handler_limit(int handler_key, int concurrency);

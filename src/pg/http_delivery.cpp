@@ -54,17 +54,23 @@ int64 now_ms() { return timestamptz_to_epoch_ms(GetCurrentTimestamp()); }
 
 const char* allowlist_setting() { return guc_http_allowlist != nullptr ? guc_http_allowlist : ""; }
 
-// Creates the engine, or recreates it when relaybus.http_allowlist changed and
-// nothing is in flight. Returns false (with a log line) if the setting is bad.
+// Creates the engine, or gives it a reloaded relaybus.http_allowlist: at once,
+// with requests in flight too (the engine checks every connection and every
+// request against the list in force). Returns false (with a log line) if the
+// setting is bad.
 bool ensure_engine() {
     const char* setting = allowlist_setting();
     char err[kErrLen];
     bool ok = run_core(
         [&](std::string* why) {
             if (engine && engine_allowlist == setting) return true;
-            if (engine && engine->in_flight() > 0) return true;  // switch once drained
             core::HttpEngineOptions opts;
             if (!core::parse_allowlist(setting, &opts.allow, why)) return false;
+            if (engine) {
+                engine->set_allowlist(opts.allow);
+                engine_allowlist = setting;
+                return true;
+            }
             opts.max_total = std::clamp(guc_max_in_flight, 1, 4096);
             engine = std::make_unique<core::HttpEngine>(opts);
             engine_allowlist = setting;
@@ -171,6 +177,8 @@ void http_send_staged() {
 
 void http_pump() {
     if (queued.empty()) return;
+    // A reloaded allow-list applies to these requests already.
+    if (engine && engine_allowlist != allowlist_setting()) (void)ensure_engine();
     int64 now = now_ms();
     char err[kErrLen];
     (void)run_core(

@@ -351,6 +351,33 @@ TEST(HttpEngine, LoopbackIsRefusedWithoutTheAllowList) {
   EXPECT_EQ(server.accepts(), 0);
 }
 
+// A narrowed allow-list applies to the next request at once, also on a
+// kept-alive connection opened under the old list (which is then closed, not
+// kept), and a widened one to the next connection.
+TEST(HttpEngine, ReloadedAllowListAppliesToKeptAliveConnections) {
+  TestHttpServer server;
+  HttpEngine engine(loopback_options("127.0.0.1"));
+  EXPECT_EQ(run_one(engine, post(server.url("/"), "{}")).outcome, HttpOutcome::Success);
+  EXPECT_EQ(run_one(engine, post(server.url("/"), "{}")).new_connections, 0);  // kept alive
+  EXPECT_EQ(server.accepts(), 1);
+
+  engine.set_allowlist(allow("10.0.0.0/8"));
+  const HttpResult refused = run_one(engine, post(server.url("/"), "{}"));
+  EXPECT_EQ(refused.outcome, HttpOutcome::Fail);
+  EXPECT_EQ(refused.status, 0);
+  EXPECT_EQ(refused.error.rfind("address 127.0.0.1 is not allowed (loopback)", 0), 0u) << refused.error;
+  EXPECT_EQ(server.requests().size(), 2u);  // nothing reached the server
+  const HttpResult again = run_one(engine, post(server.url("/"), "{}"));
+  EXPECT_EQ(again.outcome, HttpOutcome::Fail);
+  EXPECT_EQ(server.requests().size(), 2u);
+
+  engine.set_allowlist(allow("127.0.0.0/8"));
+  const HttpResult back = run_one(engine, post(server.url("/"), "{}"));
+  EXPECT_EQ(back.outcome, HttpOutcome::Success) << back.error;
+  EXPECT_EQ(back.new_connections, 1);  // the refused connection was closed, not kept
+  EXPECT_EQ(server.requests().size(), 3u);
+}
+
 TEST(HttpEngine, LoopbackIsAllowedByCidrOrHostName) {
   TestHttpServer server;
   {
