@@ -56,6 +56,17 @@ std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view
   return out;
 }
 
+HttpRequest build_webhook_request(const HandlerOptions& options, std::string_view target,
+                                  int handler_key, const WebhookMessage& m, int64_t timestamp_s) {
+  std::string body =
+      options.envelope
+          ? webhook_envelope_json(m.id, m.event_id, m.topic, m.has_key ? &m.key : nullptr,
+                                  m.has_key ? std::optional<int64_t>(m.seq) : std::nullopt,
+                                  m.attempt, m.headers_json, m.payload_json)
+          : m.payload_json;
+  return make_webhook_request(options, target, handler_key, m.id, std::move(body), timestamp_s);
+}
+
 bool webhook_failure_is_permanent(const HandlerOptions& options, const HttpResult& result) {
   if (result.outcome != HttpOutcome::Fail) return false;
   return !(options.retry_4xx && result.status >= 400 && result.status < 500);

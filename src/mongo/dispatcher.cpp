@@ -338,17 +338,24 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     chosen = plan.ids;
   }
 
-  const int64_t ts = wall_ms() / 1000;
   for (int64_t pid : chosen) {
     const Delivery& d = rows[row_of[pid]];
-    std::string body = o.envelope ? core::webhook_envelope_json(d.id, d.event_id, d.topic, d.has_key ? &d.key : nullptr,
-                                                                d.has_key ? std::optional<int64_t>(d.seq) : std::nullopt,
-                                                                d.attempt + 1, d.headers_json, d.payload_json)
-                                  : d.payload_json;
-    core::HttpRequest req = core::make_webhook_request(o, h.doc.target, h.key, d.id, std::move(body), ts);
+    if (!engine_->can_submit(h.key)) break;
+    // The same builder as the PostgreSQL dispatchers', called as the request
+    // is started: webhook-timestamp and signature are those of sending.
+    core::WebhookMessage msg;
+    msg.id = d.id;
+    msg.event_id = d.event_id;
+    msg.topic = d.topic;
+    msg.has_key = d.has_key;
+    msg.key = d.key;
+    msg.seq = d.seq;
+    msg.attempt = d.attempt + 1;
+    msg.headers_json = d.headers_json;
+    msg.payload_json = d.payload_json;
+    core::HttpRequest req = core::build_webhook_request(o, h.doc.target, h.key, msg, wall_ms() / 1000);
     InFlight info{h.doc.name, d.lane, d.attempt, d.published_ms};
     std::string why;
-    if (!engine_->can_submit(h.key)) break;
     if (!engine_->submit(std::move(req), &why)) {
       core::HttpResult failed;
       failed.tag = static_cast<uint64_t>(d.id);

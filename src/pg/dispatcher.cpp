@@ -315,7 +315,7 @@ static bool iterate() {
             req.lease_ms = http_lease_ms(h);
             req.lanes = my_lanes;
             req.nlanes = my_nlanes;
-            req.with_notify_json = true;
+            req.with_notify_json = false;  // the core builds the webhook body (http_stage)
             ClaimResult res;
             claim_deliveries(&req, &res);
             note_next_ready(&res);
