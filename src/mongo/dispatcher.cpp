@@ -36,12 +36,18 @@ bool Dispatcher::lane_valid(int lane, int64_t now) const {
 
 bool Dispatcher::ensure_engine() {
   if (engine_ && engine_allowlist_ == cfg_.http_allowlist) return true;
-  if (engine_ && engine_->in_flight() > 0) return true;  // switch once drained
   core::HttpEngineOptions opts;
   std::string why;
   if (!core::parse_allowlist(cfg_.http_allowlist, &opts.allow, &why)) {
     log_error("http_allowlist is invalid; http callouts are off", {{"error", why}});
     return false;
+  }
+  if (engine_) {
+    // A reloaded list applies at once, with requests in flight too: the
+    // engine checks every connection and every request against it.
+    engine_->set_allowlist(opts.allow);
+    engine_allowlist_ = cfg_.http_allowlist;
+    return true;
   }
   opts.max_total = cfg_.max_in_flight;
   engine_ = std::make_unique<core::HttpEngine>(opts);
@@ -71,6 +77,7 @@ void Dispatcher::reload() {
   LogLevel l;
   if (parse_log_level(cfg_.log_level, &l)) set_log_level(l);
   next_tick_ms_ = 0;  // re-read handlers and lanes now
+  if (engine_) (void)ensure_engine();  // a new http_allowlist applies to the next request
   log_info("configuration reloaded", {{"config_file", cfg_.config_file}, {"lease_ms", cfg_.lease_ms},
                                       {"batch_size", cfg_.batch_size}, {"http_allowlist", cfg_.http_allowlist}});
 }
