@@ -5,7 +5,8 @@
 # not run: a suite that cannot run counts as one failure, never as skipped.
 #
 # Steps: install deps, make + make install (top-level PGXS Makefile), core unit
-# tests (make -C test/core check, GoogleTest), a throwaway cluster
+# tests (make -C test/core check, GoogleTest; again as suite core-asan under
+# AddressSanitizer + UBSan: make -C test/core check-asan), a throwaway cluster
 # (test/cluster.sh), pg_regress + isolation (make installcheck), pgTAP
 # (pg_prove in database relay_tap), and every executable test/integration/*.sh.
 #
@@ -266,8 +267,13 @@ fi
 # ---------------------------------------------------------------- (c) core
 if [[ -f test/core/Makefile ]]; then
     run_suite core gtest "$SUITE_TIMEOUT" make -C test/core -j"$JOBS" check
+    # The same tests built with AddressSanitizer + UndefinedBehaviorSanitizer
+    # (leak detection on): a memory error or UB aborts the binary, which fails
+    # the suite.
+    run_suite core-asan gtest "$SUITE_TIMEOUT" make -C test/core -j"$JOBS" check-asan
 else
     record core 0 1 "test/core/Makefile missing"
+    record core-asan 0 1 "test/core/Makefile missing"
 fi
 
 # ---------------------------------------------------------------- (d) cluster

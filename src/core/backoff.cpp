@@ -162,6 +162,12 @@ int64_t backoff_delay_ms(const BackoffPolicy& p, int attempt, uint64_t random64)
   return static_cast<int64_t>(random64 % (ceiling + 1));
 }
 
+int64_t clamp_retry_after_ms(int64_t delay_ms, int64_t max_ms) {
+  if (delay_ms < 0) return -1;
+  const int64_t cap = max_ms >= 0 && max_ms < kRetryAfterCapMs ? max_ms : kRetryAfterCapMs;
+  return delay_ms < cap ? delay_ms : cap;
+}
+
 int64_t retry_after_ms(std::string_view header_value, int64_t now_epoch_ms) {
   // Header values may carry optional whitespace around them (RFC 7230 OWS).
   std::string_view s = header_value;

@@ -25,4 +25,14 @@ int64_t backoff_delay_ms(const BackoffPolicy& p, int attempt, uint64_t random64)
 // 07:28:00 2015"). Returns -1 if unparseable, 0 if the date is not in the future.
 int64_t retry_after_ms(std::string_view header_value, int64_t now_epoch_ms);
 
+// The longest wait a Retry-After can impose, whatever the handler: 7 days,
+// the largest backoff_max a handler may have.
+constexpr int64_t kRetryAfterCapMs = int64_t{7} * 24 * 3600 * 1000;
+
+// A Retry-After delay (retry_after_ms's result) cut to max_ms and to
+// kRetryAfterCapMs (max_ms < 0: kRetryAfterCapMs only), so that a server
+// asking for a year, or for more than int64 can hold, parks a delivery no
+// longer than its handler's backoff_max. -1 (no usable Retry-After) stays -1.
+int64_t clamp_retry_after_ms(int64_t delay_ms, int64_t max_ms);
+
 }  // namespace relaybus::core

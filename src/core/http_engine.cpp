@@ -2,6 +2,8 @@
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -181,6 +183,7 @@ struct HttpEngine::Transfer {
   int hop_opened = 0;
   int hop_refused = 0;
   std::string refusal;
+  bool reuse_refused = false;  // the prereq check refused the connection's address
 
   Transfer() = default;
   Transfer(const Transfer&) = delete;
@@ -257,7 +260,57 @@ struct HttpEngineCallbacks {
       return CURL_SOCKET_BAD;
     }
   }
+
+#if LIBCURL_VERSION_NUM >= 0x075000  // 7.80.0
+  // Before every request (each hop), on a new or a reused connection: the
+  // address it goes to must be allowed by the allow-list in force now. A
+  // connection opened under a wider list is not used once the list narrowed.
+  static int prereq_cb(void* clientp, char* primary_ip, char*, int primary_port, int) {
+    auto* t = static_cast<HttpEngine::Transfer*>(clientp);
+    try {
+      sockaddr_storage ss{};
+      socklen_t len = 0;
+      auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
+      auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
+      if (primary_ip != nullptr && inet_pton(AF_INET, primary_ip, &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons(static_cast<uint16_t>(primary_port));
+        len = sizeof(sockaddr_in);
+      } else if (primary_ip != nullptr && inet_pton(AF_INET6, primary_ip, &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons(static_cast<uint16_t>(primary_port));
+        len = sizeof(sockaddr_in6);
+      } else {
+        return CURL_PREREQFUNC_OK;  // not an IP connection (none is made otherwise)
+      }
+      char* url = nullptr;
+      curl_easy_getinfo(t->easy, CURLINFO_EFFECTIVE_URL, &url);
+      std::string why;
+      if (address_allowed(reinterpret_cast<sockaddr*>(&ss), len, url_host(url),
+                          t->engine->options_.allow, &why))
+        return CURL_PREREQFUNC_OK;
+      t->reuse_refused = true;
+      t->refusal = std::move(why);
+      // Close it rather than keep it for the next request (the handle's
+      // options are reset before it is used again).
+      curl_easy_setopt(t->easy, CURLOPT_FORBID_REUSE, 1L);
+      return CURL_PREREQFUNC_ABORT;
+    } catch (...) {
+      t->reuse_refused = true;
+      t->refusal = "the outbound policy could not be checked";
+      return CURL_PREREQFUNC_ABORT;
+    }
+  }
+#endif
 };
+
+void HttpEngine::set_allowlist(const Allowlist& allow) {
+  try {
+    options_.allow = allow;
+  } catch (...) {
+    options_.allow = Allowlist{};  // out of memory: the narrowest list
+  }
+}
 
 HttpEngine::HttpEngine(const HttpEngineOptions& options) : options_(options) {
   try {
@@ -433,6 +486,14 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
     if (starts_with_icase(r.url, "https://")) set(curl_easy_setopt(e, CURLOPT_PIPEWAIT, 1L));
     set(curl_easy_setopt(e, CURLOPT_DNS_CACHE_TIMEOUT,
                          static_cast<long>(std::max(0, options_.dns_cache_timeout_s))));
+#if LIBCURL_VERSION_NUM >= 0x075700  // 7.87.0
+    // A name lookup runs in a thread of libcurl's resolver. Without this, a
+    // request that ends (timeout, cancel, the engine's destruction) while its
+    // lookup still hangs joins that thread: the whole event loop, every other
+    // handler's requests and the dispatcher's exit wait for the lookup (seconds
+    // per resolver try). With it the thread is detached and cleans up after itself.
+    set(curl_easy_setopt(e, CURLOPT_QUICK_EXIT, 1L));
+#endif
     set(curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L));
     set(curl_easy_setopt(e, CURLOPT_TCP_KEEPIDLE, 60L));
     set(curl_easy_setopt(e, CURLOPT_TCP_KEEPINTVL, 30L));
@@ -453,6 +514,10 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
     set(curl_easy_setopt(e, CURLOPT_HEADERDATA, t.get()));
     set(curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, &HttpEngineCallbacks::opensocket_cb));
     set(curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, t.get()));
+#if LIBCURL_VERSION_NUM >= 0x075000  // 7.80.0
+    set(curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, &HttpEngineCallbacks::prereq_cb));
+    set(curl_easy_setopt(e, CURLOPT_PREREQDATA, t.get()));
+#endif
     if (!ok) {
       text::set_why(why, "libcurl rejected an option of the request (is libcurl older than 7.85?)");
       return false;
@@ -585,7 +650,8 @@ void HttpEngine::finish_done_transfers() {
       if (rc == CURLE_OK || (rc == CURLE_WRITE_ERROR && t->cut_off && r.status > 0)) {
         classify_status(&r, t->req.follow_redirects);
         if ((r.status == 429 || r.status == 503) && !t->retry_after.empty())
-          r.retry_after_ms = retry_after_ms(t->retry_after, now_epoch_ms());
+          r.retry_after_ms = clamp_retry_after_ms(retry_after_ms(t->retry_after, now_epoch_ms()),
+                                                  t->req.max_retry_after_ms);
       } else {
         r.outcome = HttpOutcome::Retry;
         r.status = 0;  // no complete HTTP response
@@ -599,11 +665,16 @@ void HttpEngine::finish_done_transfers() {
             curl_easy_getinfo(e, CURLINFO_PRETRANSFER_TIME_T, &pretransfer_us);
             const bool connecting = connect_us == 0 && pretransfer_us == 0;
             const int64_t connect_limit = std::min(options_.connect_timeout_ms, t->req.timeout_ms);
+            // libcurl's text for a lookup that did not finish in time.
+            const bool resolving = connecting && starts_with_icase(detail, "resolving timed out");
             if (connecting && connect_limit < t->req.timeout_ms)
               r.error = "connect timeout after " + std::to_string(connect_limit) + " ms";
             else
               r.error = "timeout after " + std::to_string(t->req.timeout_ms) + " ms";
-            if (connecting && connect_limit >= t->req.timeout_ms) r.error += " (while connecting)";
+            if (resolving)
+              r.error += " (while resolving the host name)";
+            else if (connecting && connect_limit >= t->req.timeout_ms)
+              r.error += " (while connecting)";
             break;
           }
           case CURLE_COULDNT_CONNECT:
@@ -630,6 +701,14 @@ void HttpEngine::finish_done_transfers() {
             break;
           case CURLE_PARTIAL_FILE:
             r.error = "response cut short: " + detail;
+            break;
+          case CURLE_ABORTED_BY_CALLBACK:
+            if (t->reuse_refused) {
+              r.outcome = HttpOutcome::Fail;  // the policy, as for a refused new connection
+              r.error = t->refusal;
+            } else {
+              r.error = detail;
+            }
             break;
           case CURLE_TOO_MANY_REDIRECTS:
             r.outcome = HttpOutcome::Fail;

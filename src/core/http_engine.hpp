@@ -37,6 +37,9 @@ struct HttpRequest {
   std::string body;
   int64_t timeout_ms = 30000;     // total, > 0
   bool follow_redirects = false;  // then at most 5 hops, each hop's address checked
+  // A longer Retry-After is cut to this (the handler's backoff_max); < 0: only
+  // to kRetryAfterCapMs (backoff.hpp).
+  int64_t max_retry_after_ms = -1;
 };
 
 enum class HttpOutcome { Success, Retry, Fail };
@@ -50,7 +53,8 @@ struct HttpResult {
   // Human text, empty on success: "HTTP 500", "timeout after 30000 ms",
   // "connection refused", "address 127.0.0.1 is not allowed (loopback) ...".
   std::string error;
-  int64_t retry_after_ms = -1;  // from Retry-After on 429/503, else -1
+  // From Retry-After on 429/503 (clamped to the request's max_retry_after_ms), else -1.
+  int64_t retry_after_ms = -1;
   int64_t elapsed_ms = 0;       // submit to completion
   int http_version = 0;         // 10, 11, 20, 30; 0 = no response
   int new_connections = 0;      // connections this request had to open (0 = reused one)
@@ -81,6 +85,12 @@ class HttpEngine {
 
   // False if libcurl could not be initialized (every submit then fails).
   bool ok() const { return multi_ != nullptr; }
+
+  // Replaces the outbound policy (a reloaded allow-list), with requests in
+  // flight: it applies to every connection opened and every request started
+  // from now on, on a new or a kept-alive connection (one opened under the
+  // old list to an address the new one refuses is not used again).
+  void set_allowlist(const Allowlist& allow);
 
   // Requests of one handler_key in flight at once; default 16, < 1 means 1.
   // Lowering it below what is in flight only stops new submits.

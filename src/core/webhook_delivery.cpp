@@ -19,6 +19,7 @@ HttpRequest make_webhook_request(const HandlerOptions& options, std::string_view
   r.body = std::move(body);
   r.timeout_ms = options.timeout_ms;
   r.follow_redirects = options.follow_redirects;
+  r.max_retry_after_ms = options.backoff_max_ms;  // Retry-After waits no longer than the backoff would
   std::string msg_id = std::to_string(delivery_id);
   r.headers.emplace_back("webhook-id", msg_id);
   r.headers.emplace_back("webhook-timestamp", std::to_string(timestamp_s));
@@ -53,6 +54,17 @@ std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view
   out += payload_json.empty() ? std::string_view("null") : payload_json;
   out += "}";
   return out;
+}
+
+HttpRequest build_webhook_request(const HandlerOptions& options, std::string_view target,
+                                  int handler_key, const WebhookMessage& m, int64_t timestamp_s) {
+  std::string body =
+      options.envelope
+          ? webhook_envelope_json(m.id, m.event_id, m.topic, m.has_key ? &m.key : nullptr,
+                                  m.has_key ? std::optional<int64_t>(m.seq) : std::nullopt,
+                                  m.attempt, m.headers_json, m.payload_json)
+          : m.payload_json;
+  return make_webhook_request(options, target, handler_key, m.id, std::move(body), timestamp_s);
 }
 
 bool webhook_failure_is_permanent(const HandlerOptions& options, const HttpResult& result) {

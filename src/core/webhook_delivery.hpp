@@ -24,6 +24,30 @@ HttpRequest make_webhook_request(const HandlerOptions& options, std::string_view
                                  int handler_key, int64_t delivery_id, std::string body,
                                  int64_t timestamp_s);
 
+// One claimed webhook delivery, as the request of this attempt is made from it.
+struct WebhookMessage {
+  int64_t id = 0;        // the delivery id: webhook-id and the envelope's id
+  int64_t event_id = 0;
+  std::string topic;     // the route's wire name where it has one
+  bool has_key = false;  // unkeyed: key and seq are null in the envelope
+  std::string key;
+  int64_t seq = 0;
+  int attempt = 1;           // this attempt, 1 = the first
+  std::string headers_json;  // JSON text; empty = null
+  std::string payload_json;  // JSON text, inserted as it is
+};
+
+// THE request of a webhook attempt, for the PostgreSQL dispatchers and
+// relaybus-mongo alike: the body (the envelope, or with "envelope": false the
+// payload text alone) and make_webhook_request's headers, with timestamp_s as
+// webhook-timestamp and the signature over it. Call it when the request is
+// sent (the engine starts it at once), not when it was claimed: a request that
+// waited in a queue still carries the time it went out. The same message,
+// options and timestamp give the same bytes on both sides.
+HttpRequest build_webhook_request(const HandlerOptions& options, std::string_view target,
+                                  int handler_key, const WebhookMessage& message,
+                                  int64_t timestamp_s);
+
 // The envelope {"id","event_id","topic","key","seq","attempt","headers","payload"}
 // as compact JSON. topic is the wire name where the route has one; key and seq
 // are null for an unkeyed delivery (key == nullptr); attempt counts this one

@@ -36,12 +36,18 @@ bool Dispatcher::lane_valid(int lane, int64_t now) const {
 
 bool Dispatcher::ensure_engine() {
   if (engine_ && engine_allowlist_ == cfg_.http_allowlist) return true;
-  if (engine_ && engine_->in_flight() > 0) return true;  // switch once drained
   core::HttpEngineOptions opts;
   std::string why;
   if (!core::parse_allowlist(cfg_.http_allowlist, &opts.allow, &why)) {
     log_error("http_allowlist is invalid; http callouts are off", {{"error", why}});
     return false;
+  }
+  if (engine_) {
+    // A reloaded list applies at once, with requests in flight too: the
+    // engine checks every connection and every request against it.
+    engine_->set_allowlist(opts.allow);
+    engine_allowlist_ = cfg_.http_allowlist;
+    return true;
   }
   opts.max_total = cfg_.max_in_flight;
   engine_ = std::make_unique<core::HttpEngine>(opts);
@@ -71,6 +77,7 @@ void Dispatcher::reload() {
   LogLevel l;
   if (parse_log_level(cfg_.log_level, &l)) set_log_level(l);
   next_tick_ms_ = 0;  // re-read handlers and lanes now
+  if (engine_) (void)ensure_engine();  // a new http_allowlist applies to the next request
   log_info("configuration reloaded", {{"config_file", cfg_.config_file}, {"lease_ms", cfg_.lease_ms},
                                       {"batch_size", cfg_.batch_size}, {"http_allowlist", cfg_.http_allowlist}});
 }
@@ -338,17 +345,24 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     chosen = plan.ids;
   }
 
-  const int64_t ts = wall_ms() / 1000;
   for (int64_t pid : chosen) {
     const Delivery& d = rows[row_of[pid]];
-    std::string body = o.envelope ? core::webhook_envelope_json(d.id, d.event_id, d.topic, d.has_key ? &d.key : nullptr,
-                                                                d.has_key ? std::optional<int64_t>(d.seq) : std::nullopt,
-                                                                d.attempt + 1, d.headers_json, d.payload_json)
-                                  : d.payload_json;
-    core::HttpRequest req = core::make_webhook_request(o, h.doc.target, h.key, d.id, std::move(body), ts);
+    if (!engine_->can_submit(h.key)) break;
+    // The same builder as the PostgreSQL dispatchers', called as the request
+    // is started: webhook-timestamp and signature are those of sending.
+    core::WebhookMessage msg;
+    msg.id = d.id;
+    msg.event_id = d.event_id;
+    msg.topic = d.topic;
+    msg.has_key = d.has_key;
+    msg.key = d.key;
+    msg.seq = d.seq;
+    msg.attempt = d.attempt + 1;
+    msg.headers_json = d.headers_json;
+    msg.payload_json = d.payload_json;
+    core::HttpRequest req = core::build_webhook_request(o, h.doc.target, h.key, msg, wall_ms() / 1000);
     InFlight info{h.doc.name, d.lane, d.attempt, d.published_ms};
     std::string why;
-    if (!engine_->can_submit(h.key)) break;
     if (!engine_->submit(std::move(req), &why)) {
       core::HttpResult failed;
       failed.tag = static_cast<uint64_t>(d.id);

@@ -362,7 +362,7 @@ static bool iterate() {
             req.lease_ms = http_lease_ms(h);
             req.lanes = my_lanes;
             req.nlanes = my_nlanes;
-            req.with_notify_json = true;
+            req.with_notify_json = false;  // the core builds the webhook body (http_stage)
             req.kind = LeaseKind::Dispatcher;
             ClaimResult res;
             claim_deliveries(&req, &res);
@@ -461,8 +461,21 @@ static void after_error(MemoryContext cxt, ErrorData* ed) {
 // short while to finish, and what finished is completed: otherwise every
 // reload or restart would send up to `concurrency` deliveries again that the
 // receiver already has. Bounded, so a slow endpoint never holds a shutdown up.
+// DROP DATABASE is waiting for this dispatcher to leave.
+static bool my_database_dropping() {
+    bool dropping = false;
+    LWLockAcquire(workers->lock, LW_SHARED);
+    for (int d = 0; d < kMaxDatabases; d++)
+        if (workers->databases[d].dboid == MyDatabaseId) dropping = workers->databases[d].dropping;
+    LWLockRelease(workers->lock);
+    return dropping;
+}
+
 static void drain_http_on_exit(MemoryContext cxt) {
     constexpr int64 kDrainMs = 3000;
+    // Completing is moot when the database goes away, and DROP DATABASE waits
+    // (a request may hang in its name lookup or on a slow receiver).
+    if (my_database_dropping()) return;
     int64 deadline = timestamptz_to_epoch_ms(GetCurrentTimestamp()) + kDrainMs;
     ErrorData* error = worker_step(cxt, [&] {
         for (;;) {

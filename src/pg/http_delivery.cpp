@@ -31,16 +31,25 @@ namespace {
 // frame that a PostgreSQL error could unwind.
 std::unique_ptr<core::HttpEngine> engine;
 std::string engine_allowlist;
-std::vector<core::HttpRequest> staged;
-std::vector<int64> staged_expiry;  // epoch ms after which a staged request may no longer be sent
+// What a claimed request is sent with: the handler as it was when claimed
+// (the catalog cache may change before the request goes out).
+struct StagedHandler {
+    int32 id;
+    std::string target;
+    core::HandlerOptions options;
+};
+// A claimed delivery whose request is built when it is sent
+// (core::build_webhook_request: webhook-timestamp and signature of that moment).
+struct Queued {
+    std::shared_ptr<const StagedHandler> handler;
+    core::WebhookMessage msg;
+    int64 expires_ms;  // epoch ms after which it may no longer be sent
+};
+std::vector<Queued> staged;  // claimed in the open transaction
 // Claimed (committed) requests waiting for room under their handler's
 // concurrency. Claiming ahead of what may be in flight lets a claim serve many
 // requests, and lets the next request go out the moment a response comes in,
 // without waiting for a transaction.
-struct Queued {
-    core::HttpRequest req;
-    int64 expires_ms;
-};
 std::deque<Queued> queued;
 std::unordered_map<int32, int> queued_of;  // handler id -> entries in `queued`
 std::vector<int64> expired_ids;            // queued too long: their leases go back
@@ -60,17 +69,23 @@ int64 now_ms() { return timestamptz_to_epoch_ms(GetCurrentTimestamp()); }
 
 const char* allowlist_setting() { return guc_http_allowlist != nullptr ? guc_http_allowlist : ""; }
 
-// Creates the engine, or recreates it when relaybus.http_allowlist changed and
-// nothing is in flight. Returns false (with a log line) if the setting is bad.
+// Creates the engine, or gives it a reloaded relaybus.http_allowlist: at once,
+// with requests in flight too (the engine checks every connection and every
+// request against the list in force). Returns false (with a log line) if the
+// setting is bad.
 bool ensure_engine() {
     const char* setting = allowlist_setting();
     char err[kErrLen];
     bool ok = run_core(
         [&](std::string* why) {
             if (engine && engine_allowlist == setting) return true;
-            if (engine && engine->in_flight() > 0) return true;  // switch once drained
             core::HttpEngineOptions opts;
             if (!core::parse_allowlist(setting, &opts.allow, why)) return false;
+            if (engine) {
+                engine->set_allowlist(opts.allow);
+                engine_allowlist = setting;
+                return true;
+            }
             opts.max_total = std::clamp(guc_max_in_flight, 1, 4096);
             engine = std::make_unique<core::HttpEngine>(opts);
             engine_allowlist = setting;
@@ -123,21 +138,33 @@ int http_capacity(const HandlerEntry* h) {
 
 void http_stage(const HandlerEntry* h, const ClaimResult* res) {
     if (res->n == 0) return;
-    // Copy what the requests need out of SPI into plain memory first.
+    // Copy what the requests need out of SPI into plain memory first: id,
+    // event_id, topic, key, seq, payload, headers, attempt (claim.hpp).
+    struct Row {
+        int64 id, event_id, seq, published;
+        char *topic, *key, *payload, *headers;
+        int attempt;
+    };
     int n = res->n;
-    auto* ids = static_cast<int64*>(palloc(sizeof(int64) * n));
-    auto* bodies = static_cast<char**>(palloc(sizeof(char*) * n));
-    auto* published = static_cast<int64*>(palloc(sizeof(int64) * n));
+    auto* rows = static_cast<Row*>(palloc(sizeof(Row) * n));
     for (int i = 0; i < n; i++) {
         int row = res->rows[i];
+        HeapTuple tup = SPI_tuptable->vals[row];
+        TupleDesc desc = SPI_tuptable->tupdesc;
         bool isnull = false;
-        ids[i] = spi_int64(row, 1);
-        bodies[i] = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc,
-                                 h->options.envelope ? kNotifyJsonColumn : 6);
-        published[i] = DatumGetTimestampTz(spi_col(row, 10, &isnull));
+        Row& r = rows[i];
+        r.id = spi_int64(row, 1);
+        r.event_id = spi_int64(row, 2);
+        r.topic = SPI_getvalue(tup, desc, 3);
+        r.key = SPI_getvalue(tup, desc, 4);  // NULL for an unkeyed delivery
+        Datum seq = spi_col(row, 5, &isnull);
+        r.seq = isnull ? 0 : DatumGetInt64(seq);
+        r.payload = SPI_getvalue(tup, desc, 6);
+        r.headers = SPI_getvalue(tup, desc, 7);
+        r.attempt = DatumGetInt32(spi_col(row, 8, &isnull));
+        r.published = DatumGetTimestampTz(spi_col(row, 10, &isnull));
     }
     int64 now = now_ms();
-    int64 timestamp_s = now / 1000;
     // A queued request must still be sent, and answered within its timeout,
     // while its lease holds (http_lease_ms), with a margin: else it is not sent
     // and its lease goes back.
@@ -145,13 +172,22 @@ void http_stage(const HandlerEntry* h, const ClaimResult* res) {
     char err[kErrLen];
     if (!run_core(
             [&](std::string*) {
+                auto handler = std::make_shared<const StagedHandler>(StagedHandler{h->id, h->target, h->options});
                 for (int i = 0; i < n; i++) {
-                    core::HttpRequest r = core::make_webhook_request(h->options, h->target, h->id, ids[i],
-                                                                     bodies[i], timestamp_s);
-                    published_us[r.tag] = published[i];
-                    lease_of[r.tag] = res->tokens[i];
-                    staged.push_back(std::move(r));
-                    staged_expiry.push_back(expires);
+                    const Row& r = rows[i];
+                    Queued q{handler, {}, expires};
+                    q.msg.id = r.id;
+                    q.msg.event_id = r.event_id;
+                    q.msg.topic = r.topic != nullptr ? r.topic : "";
+                    q.msg.has_key = r.key != nullptr;
+                    if (r.key != nullptr) q.msg.key = r.key;
+                    q.msg.seq = r.seq;
+                    q.msg.attempt = r.attempt;
+                    if (r.headers != nullptr) q.msg.headers_json = r.headers;
+                    q.msg.payload_json = r.payload != nullptr ? r.payload : "null";
+                    published_us[static_cast<uint64>(r.id)] = r.published;
+                    lease_of[static_cast<uint64>(r.id)] = res->tokens[i];
+                    staged.push_back(std::move(q));
                 }
                 return true;
             },
@@ -164,12 +200,11 @@ void http_send_staged() {
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {
-            for (size_t i = 0; i < staged.size(); i++) {
-                queued_of[staged[i].handler_key]++;
-                queued.push_back(Queued{std::move(staged[i]), staged_expiry[i]});
+            for (auto& q : staged) {
+                queued_of[q.handler->id]++;
+                queued.push_back(std::move(q));
             }
             staged.clear();
-            staged_expiry.clear();
             return true;
         },
         err);
@@ -178,6 +213,8 @@ void http_send_staged() {
 
 void http_pump() {
     if (queued.empty()) return;
+    // A reloaded allow-list applies to these requests already.
+    if (engine && engine_allowlist != allowlist_setting()) (void)ensure_engine();
     int64 now = now_ms();
     char err[kErrLen];
     (void)run_core(
@@ -186,9 +223,8 @@ void http_pump() {
             core::HttpEngine::Batch batch;
             std::deque<Queued> keep;
             for (auto& q : queued) {
-                core::HttpRequest& r = q.req;
-                uint64 tag = r.tag;
-                int key = r.handler_key;
+                uint64 tag = static_cast<uint64>(q.msg.id);
+                int key = q.handler->id;
                 // A handler whose breaker tripped sends no more than the breaker
                 // allows (nothing while open, then one probe at a time): the rest
                 // of its queue gives the leases back, to be claimed again later.
@@ -210,6 +246,10 @@ void http_pump() {
                 }
                 queued_of[key]--;
                 std::string why;
+                // Made now, as it goes out: its webhook-timestamp and signature
+                // are those of this moment, however long it was queued.
+                core::HttpRequest r = core::build_webhook_request(q.handler->options, q.handler->target, key,
+                                                                  q.msg, now / 1000);
                 // A request the engine refuses (bad URL or header) is a failure.
                 if (!engine->submit(std::move(r), &why)) {
                     core::HttpResult failed;
@@ -239,10 +279,11 @@ void http_release_queued() {
     (void)run_core(
         [&](std::string*) {
             for (const auto& q : queued) {
-                expired_ids.push_back(static_cast<int64>(q.req.tag));
-                expired_tokens.push_back(lease_of[q.req.tag]);
-                lease_of.erase(q.req.tag);
-                published_us.erase(q.req.tag);
+                uint64 tag = static_cast<uint64>(q.msg.id);
+                expired_ids.push_back(q.msg.id);
+                expired_tokens.push_back(lease_of[tag]);
+                lease_of.erase(tag);
+                published_us.erase(tag);
             }
             queued.clear();
             queued_of.clear();
@@ -260,12 +301,11 @@ void http_drop_staged() {
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {
-            for (const auto& r : staged) {
-                published_us.erase(r.tag);
-                lease_of.erase(r.tag);
+            for (const auto& q : staged) {
+                published_us.erase(static_cast<uint64>(q.msg.id));
+                lease_of.erase(static_cast<uint64>(q.msg.id));
             }
             staged.clear();
-            staged_expiry.clear();
             return true;
         },
         err);

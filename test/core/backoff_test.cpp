@@ -137,5 +137,23 @@ TEST(RetryAfter, ExtremeNowDoesNotOverflow) {
   EXPECT_EQ(retry_after_ms("Sunday, 06-Nov-94 08:49:37 GMT", INT64_MAX), -1);
 }
 
+TEST(RetryAfter, ClampToMaxAndHardCap) {
+  EXPECT_EQ(clamp_retry_after_ms(-1, 1000), -1);
+  EXPECT_EQ(clamp_retry_after_ms(0, 1000), 0);
+  EXPECT_EQ(clamp_retry_after_ms(999, 1000), 999);
+  EXPECT_EQ(clamp_retry_after_ms(1000, 1000), 1000);
+  EXPECT_EQ(clamp_retry_after_ms(31536000000, 1000), 1000);  // a year
+  EXPECT_EQ(clamp_retry_after_ms(INT64_MAX, 1000), 1000);     // saturated parse
+  EXPECT_EQ(clamp_retry_after_ms(INT64_MAX, -1), kRetryAfterCapMs);
+  EXPECT_EQ(clamp_retry_after_ms(INT64_MAX, INT64_MAX), kRetryAfterCapMs);
+  EXPECT_EQ(clamp_retry_after_ms(kRetryAfterCapMs - 1, -1), kRetryAfterCapMs - 1);
+  EXPECT_EQ(kRetryAfterCapMs, int64_t{604800000});
+  // From the parser: the result never exceeds the cap, never wraps negative.
+  for (const char* v : {"31536000", "99999999999999999999999999", "Fri, 31 Dec 9999 23:59:59 GMT"})
+    EXPECT_EQ(clamp_retry_after_ms(retry_after_ms(v, kOct21_2015_0728), 60000), 60000) << v;
+  EXPECT_EQ(clamp_retry_after_ms(retry_after_ms("-5", 0), 60000), -1);
+  EXPECT_EQ(clamp_retry_after_ms(retry_after_ms("garbage", 0), 60000), -1);
+}
+
 }  // namespace
 }  // namespace relaybus::core

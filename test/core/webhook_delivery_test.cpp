@@ -37,8 +37,70 @@ TEST(WebhookDelivery, RequestCarriesStandardWebhookHeadersAndHandlerHeaders) {
   EXPECT_EQ(header(r, "webhook-signature"),
             webhook_signature(o.secrets, "42", 1700000000, "{\"a\":1}"));
   EXPECT_EQ(header(r, "authorization"), "Bearer x");
+  EXPECT_EQ(r.max_retry_after_ms, o.backoff_max_ms);  // Retry-After is cut to backoff_max
   HandlerOptions plain;
   EXPECT_EQ(header(make_webhook_request(plain, "http://x/", 1, 1, "{}", 1), "webhook-signature"), "<none>");
+}
+
+// The PostgreSQL dispatchers and relaybus-mongo both build their requests
+// with build_webhook_request: the same delivery at the same timestamp gives the
+// same bytes (body and every header); only the timestamp and the signature
+// over it change with the time of sending.
+TEST(WebhookDelivery, OneBuilderGivesTheSameBytesForTheSameDeliveryAndTimestamp) {
+  HandlerOptions o;
+  std::string why;
+  ASSERT_TRUE(parse_handler_options(HandlerKind::Http,
+                                    R"({"secret":"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",)"
+                                    R"("headers":{"x-team":"billing"},"backoff_max":"2min"})",
+                                    &o, &why))
+      << why;
+  WebhookMessage m;
+  m.id = 42;
+  m.event_id = 7;
+  m.topic = "order.created";
+  m.has_key = true;
+  m.key = "order-42";
+  m.seq = 3;
+  m.attempt = 2;
+  m.headers_json = R"({"trace": "t-1"})";
+  m.payload_json = R"({"a": 1, "b": "\u20ac"})";
+  const HttpRequest a = build_webhook_request(o, "https://hooks.example/x", 5, m, 1700000000);
+  const HttpRequest b = build_webhook_request(o, "https://hooks.example/x", 5, WebhookMessage(m), 1700000000);
+  EXPECT_EQ(a.body,
+            R"({"id":42,"event_id":7,"topic":"order.created","key":"order-42","seq":3,"attempt":2,)"
+            R"("headers":{"trace": "t-1"},"payload":{"a": 1, "b": "\u20ac"}})");
+  EXPECT_EQ(a.body, b.body);
+  EXPECT_EQ(a.headers, b.headers);
+  EXPECT_EQ(a.url, b.url);
+  EXPECT_EQ(a.tag, 42u);
+  EXPECT_EQ(a.handler_key, 5);
+  EXPECT_EQ(a.max_retry_after_ms, 120000);
+  const std::vector<std::pair<std::string, std::string>> want = {
+      {"webhook-id", "42"},
+      {"webhook-timestamp", "1700000000"},
+      {"webhook-signature", webhook_signature(o.secrets, "42", 1700000000, a.body)},
+      {"x-team", "billing"}};
+  EXPECT_EQ(a.headers, want);
+
+  // Sent a minute later (after waiting in a queue, or as a retry): same body,
+  // a new timestamp and a signature over it.
+  const HttpRequest later = build_webhook_request(o, "https://hooks.example/x", 5, m, 1700000060);
+  EXPECT_EQ(later.body, a.body);
+  EXPECT_EQ(header(later, "webhook-timestamp"), "1700000060");
+  EXPECT_EQ(header(later, "webhook-signature"), webhook_signature(o.secrets, "42", 1700000060, a.body));
+  EXPECT_NE(header(later, "webhook-signature"), header(a, "webhook-signature"));
+
+  // Unkeyed: key and seq are null; "envelope": false sends the payload text alone.
+  WebhookMessage unkeyed = m;
+  unkeyed.has_key = false;
+  unkeyed.headers_json.clear();
+  EXPECT_EQ(build_webhook_request(o, "https://hooks.example/x", 5, unkeyed, 1).body,
+            R"({"id":42,"event_id":7,"topic":"order.created","key":null,"seq":null,"attempt":2,)"
+            R"("headers":null,"payload":{"a": 1, "b": "\u20ac"}})");
+  o.envelope = false;
+  const HttpRequest bare = build_webhook_request(o, "https://hooks.example/x", 5, m, 1700000000);
+  EXPECT_EQ(bare.body, m.payload_json);
+  EXPECT_EQ(header(bare, "webhook-signature"), webhook_signature(o.secrets, "42", 1700000000, m.payload_json));
 }
 
 TEST(WebhookDelivery, EnvelopeIsJsonWithNullsForUnkeyed) {

@@ -384,5 +384,34 @@ check_eq "the good delivery behind them was delivered" 1 "$(count_path /g)"
 kill -0 $P1 2>/dev/null && pass "the dispatcher survived bad documents" || fail "dispatcher died"
 stop_instance $P1
 
+# ------------------------------------------------------------------ allow-list narrowed under load
+# A reloaded http_allowlist applies at once, with requests in flight and on
+# kept-alive connections: nothing reaches 127.0.0.1 a second after SIGHUP.
+log "allow-list narrowed under load"
+DB=t_allow
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/al" --options '{"concurrency":4,"max_attempts":2}' --database $DB >/dev/null
+"$BIN" route 'al.#' hook --database $DB
+# The first delivery is answered after 6 s: a request is in flight all along.
+control /al '[{"delay": 6, "match": "{\"id\":1,"}, {"delay": 0.2, "repeat": true}]'
+$PYM "$INTEG/mongo_preload.py" "$URI" $DB al.x 300 8 >/dev/null || fail "preload"
+echo '{"http_allowlist": "127.0.0.1"}' >"$TMP/allow.json"
+"$BIN" run --database $DB --instance allow --lease 3s --poll-interval 50ms --metrics-listen '' \
+    --config "$TMP/allow.json" >"$TMP/allow.out" 2>"$TMP/allow.err" &
+P1=$!
+PIDS+=($P1)
+wait_until 20 has_requests /al 12 || fail "requests to /al did not flow"
+echo '{"http_allowlist": "127.0.0.2"}' >"$TMP/allow.json"
+kill -HUP $P1
+wait_until 5 grep -q '"configuration reloaded"' "$TMP/allow.err" || fail "no reload log line"
+t_reload=$(date +%s.%N)
+sleep 2.5  # a window in which no request may arrive (the slow one is still in flight)
+read -r total late < <(curl -s "$HOOK/_requests" | $PY -c "import json,sys
+rs = [r for r in json.load(sys.stdin) if r['path'] == '/al']
+print(len(rs), sum(1 for r in rs if r['t'] > $t_reload + 1.0))")
+log "requests to /al: $total, $late of them more than 1 s after the reload"
+check_eq "no request reaches 127.0.0.1 later than 1 s after the reload narrowed the allow-list" 0 "$late"
+stop_instance $P1
+
 log "done"
 finish

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# webhook-timestamp and webhook-signature are made when a request is sent, not
+# when its delivery was claimed: with concurrency 1 and a receiver that answers
+# each request after 1.5 s, three deliveries claimed together wait in the
+# dispatcher's queue (the third for ~3 s); each still carries the time it was
+# sent (within a second of its arrival) and a signature over that timestamp.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
+
+start_receiver r || die "the receiver did not start"
+URL=http://127.0.0.1:$RECV_PORT
+LOG=$TMP/r.log
+allow_loopback || die "could not set relaybus.http_allowlist"
+new_db db http_send_time || die "could not create a database"
+check "a dispatcher serves the new database" wait_workers "$db" 1 20
+
+SECRET=$(new_secret)
+http_handler "$db" slow "$URL/slow" "{\"concurrency\": 1, \"timeout\": \"10s\", \"secret\": \"$SECRET\"}" 'st.t' ||
+    die "handler slow"
+recv_plan "$RECV_PORT" /slow '[{"delay": 1.5, "repeat": true}]' || die "receiver control"
+sql "$db" "SELECT relay_publish('st.t', jsonb_build_object('i', i), 'k' || i) FROM generate_series(1, 3) i" >/dev/null
+check "the 3 deliveries arrive" wait_requests "$LOG" /slow 3 20
+py_facts st "$LOG" "$SECRET" <<'EOF'
+import sys, http_log
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+recs = http_log.records(sys.argv[1], "/slow")
+wh = Webhook(sys.argv[2])
+ok = 0
+for r in recs:
+    try:
+        wh.verify(r["body"].encode("utf-8"), r["headers"])
+        ok += 1
+    except WebhookVerificationError:
+        pass
+# The timestamp has whole seconds: arrival - timestamp is in [0, 1) plus the
+# time on the wire.
+age = [r["t"] - int(r["headers"]["webhook-timestamp"]) for r in recs]
+http_log.facts(dict(n=len(recs), verified=ok, ages=",".join(f"{a:.2f}" for a in age),
+                    stale=sum(not (-0.5 <= a < 1.3) for a in age),
+                    spread_ms=int((recs[-1]["t"] - recs[0]["t"]) * 1000) if recs else -1))
+EOF
+log "arrival minus webhook-timestamp: $(r ages) s; first to last arrival $(r spread_ms) ms"
+check "the requests went out one after the other (the last waited in the queue >= 2.5 s: $(r spread_ms) ms)" \
+    test "$(r spread_ms)" -ge 2500
+check_eq "every webhook-timestamp is the time of sending (within 1.3 s of arrival: $(r ages))" 0 "$(r stale)"
+check_eq "every signature verifies (over that timestamp)" 3 "$(r verified)"
+finish
