@@ -29,6 +29,7 @@ extern "C" {
 #include "commands/extension.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
 #include "storage/latch.h"
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
@@ -84,10 +85,10 @@ static void on_exit_release(int code, Datum) {
         for (int l = 0; l < kNumLanes; l++)
             if (workers->lanes[my_db][l].owner_slot == my_slot) workers->lanes[my_db][l].owner_slot = -1;
     DispatcherSlot& s = workers->slots[my_slot];
-    s.pid = 0;
+    s.pid = 0;  // the launcher frees the slot and starts another if one should run
     s.lanes_held = 0;
-    if (code == 0) s.dboid = InvalidOid;  // an error exit keeps the slot for the postmaster's restart
     LWLockRelease(workers->lock);
+    wake_launcher();
 }
 
 // Renews this dispatcher's lanes and takes or gives lanes to hold a fair share.
@@ -97,7 +98,7 @@ static void balance_lanes() {
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     Oid dboid = workers->slots[my_slot].dboid;
     int active = 0;
-    for (int s = 0; s < kMaxDispatchers; s++) {
+    for (int s = 0; s < workers->nslots; s++) {
         const DispatcherSlot& o = workers->slots[s];
         if (o.dboid == dboid && o.pid != 0 &&
             (s == my_slot || o.heartbeat > TimestampTzPlusMilliseconds(now, -guc_lease_timeout_ms)))
@@ -254,7 +255,8 @@ static void apply_commit_mode() {
 
 static void mark_no_extension(uint64 seen) {
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
-    if (workers->databases[my_db].created == seen) workers->databases[my_db].no_extension = true;
+    workers->slots[my_slot].found_no_extension = true;
+    workers->slots[my_slot].generation_seen = seen;
     LWLockRelease(workers->lock);
 }
 
@@ -262,7 +264,7 @@ static void mark_no_extension(uint64 seen) {
 static bool iterate() {
     bool busy = false;
     next_ready_ms = 0;
-    uint64 created_seen = workers->databases[my_db].created;
+    uint64 created_seen = workers->extension_generation;
     uint32 wakes_seen = pg_atomic_read_u32(&workers->slots[my_slot].wakes);
     pg_memory_barrier();
     SetCurrentStatementStartTimestamp();
@@ -429,14 +431,17 @@ using namespace relaybus::pg;
 extern "C" void relay_dispatcher_main(Datum) {
     DispatcherArgs args;
     memcpy(&args, MyBgworkerEntry->bgw_extra, sizeof(args));
-    install_worker_signals();
+    install_dispatcher_signals();
 
-    if (workers == nullptr || args.slot < 0 || args.slot >= kMaxDispatchers || args.epoch != workers->epoch)
+    if (workers == nullptr || args.slot < 0 || args.slot >= workers->nslots || args.epoch != workers->epoch)
         proc_exit(0);  // started before a crash-restart: the new launcher starts its own
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     DispatcherSlot& slot = workers->slots[args.slot];
     Oid dboid = slot.dboid;
-    bool taken = slot.pid != 0 && slot.pid != MyProcPid;
+    // A slot given to another since (launcher restart), or a database that DDL
+    // keeps out (DROP DATABASE ...): leave at once.
+    bool taken = (slot.pid != 0 && slot.pid != MyProcPid) || slot.ticket != args.ticket ||
+                 database_kept_out(dboid);
     if (!taken && dboid != InvalidOid) {
         slot.pid = MyProcPid;
         slot.pgprocno = MyProc->pgprocno;
@@ -463,8 +468,8 @@ extern "C" void relay_dispatcher_main(Datum) {
     constexpr int64 kCompleteDelayMs = 2;
     volatile bool run_iteration = true;
     while (!got_sigterm) {
-        if (got_sighup) {
-            got_sighup = false;
+        if (ConfigReloadPending) {
+            ConfigReloadPending = false;
             ProcessConfigFile(PGC_SIGHUP);
             apply_commit_mode();
         }
@@ -480,7 +485,7 @@ extern "C" void relay_dispatcher_main(Datum) {
                 http_complete();
                 run_iteration = true;
             }
-            if (run_iteration) busy = iterate();
+            if (run_iteration && !got_sigterm) busy = iterate();
         }
         PG_CATCH();
         {
@@ -503,7 +508,11 @@ extern "C" void relay_dispatcher_main(Datum) {
         CHECK_FOR_INTERRUPTS();
     }
     MemoryContextSwitchTo(cxt);
-    drain_http_on_exit(cxt);
+    // A database that DDL keeps out (DROP DATABASE ...) needs us gone, not our completions.
+    LWLockAcquire(workers->lock, LW_SHARED);
+    bool kept_out = database_kept_out(dboid);
+    LWLockRelease(workers->lock);
+    if (!kept_out) drain_http_on_exit(cxt);
     http_shutdown();
     proc_exit(0);
 }
