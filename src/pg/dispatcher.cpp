@@ -80,6 +80,10 @@ static void remember_inflight(int64 id) {
 static void on_exit_release(int code, Datum) {
     LWLockReleaseAll();
     if (workers == nullptr || my_slot < 0) return;
+    // Ended by SIGTERM (die) inside an iteration: its transaction is rolled
+    // back, so what it leased goes back at once instead of when the leases lapse.
+    leases_release(inflight, ninflight);
+    ninflight = 0;
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     if (my_db >= 0)
         for (int l = 0; l < kNumLanes; l++)
