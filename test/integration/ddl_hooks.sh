@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # relaybus's DDL hooks act only on what takes effect:
 #  - CREATE EXTENSION IF NOT EXISTS relaybus where it is installed (a no-op)
-#    keeps every lease: a claimed delivery is not handed out again;
+#    keeps every lease: a claimed delivery is not handed out again; so does a
+#    DROP EXTENSION rolled back to a savepoint, while a real reinstall purges;
 #  - a DROP DATABASE that fails (not the owner: 42501; in a transaction block:
 #    25001) leaves the database's dispatcher running (same pid);
 #  - ALTER DATABASE ... RENAME TO, ALTER DATABASE ... SET TABLESPACE and
@@ -31,6 +32,16 @@ check "CREATE EXTENSION IF NOT EXISTS relaybus by a superuser succeeds" \
 check_eq "relay._leases() still shows the lease" 1 "$(sql "$db" "SELECT count(*) FROM relay._leases()")"
 check_eq "the lease is kept: a second claim gets nothing" 0 \
     "$(sql "$db" "SELECT count(*) FROM relay_claim('pulled', lease => '10 min')")"
+
+# A DROP EXTENSION rolled back to a savepoint takes no effect: leases stay.
+check "DROP EXTENSION rolled back to a savepoint" psql_q -d "$db" -c "BEGIN" -c "SAVEPOINT s" \
+    -c "DROP EXTENSION relaybus" -c "ROLLBACK TO s" -c "COMMIT"
+check_eq "the lease is kept after the rolled-back DROP EXTENSION" 1 \
+    "$(sql "$db" "SELECT count(*) FROM relay._leases()")"
+# A real reinstall (in a savepoint that is released) purges them.
+check "DROP and CREATE EXTENSION in a released savepoint" psql_q -d "$db" -c "BEGIN" -c "SAVEPOINT s" \
+    -c "DROP EXTENSION relaybus" -c "CREATE EXTENSION relaybus" -c "RELEASE s" -c "COMMIT"
+check_eq "a real reinstall purges the database's leases" 0 "$(sql "$db" "SELECT count(*) FROM relay._leases()")"
 
 # ---------------------------------------------------------------- failed DROP DATABASE
 log "failed DROP DATABASE"
