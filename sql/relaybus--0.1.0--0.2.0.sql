@@ -35,3 +35,36 @@ GRANT EXECUTE ON FUNCTION relay_claim(text, integer, interval, integer),
                           relay_nack(bigint, text, interval, uuid),
                           relay_extend(bigint, uuid, interval)
     TO relay_consumer;
+
+-- relay_drop_handler serializes with publishers: it first locks relay.deliveries
+-- against writers (SHARE ROW EXCLUSIVE: it conflicts with a publisher's ROW
+-- EXCLUSIVE and with another drop), so it waits for every publish in progress
+-- to commit and then deletes their deliveries too; a publish that starts
+-- meanwhile waits for the drop and reads its routes after it (relay_publish
+-- takes its lock before reading the routes). No delivery of a dropped handler
+-- is left behind.
+CREATE OR REPLACE FUNCTION relay_drop_handler(name text, force boolean DEFAULT false)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    hid integer;
+BEGIN
+    IF relay_drop_handler.name IS NULL THEN
+        RAISE EXCEPTION 'name must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    LOCK TABLE relay.deliveries IN SHARE ROW EXCLUSIVE MODE;
+    SELECT x.id INTO hid FROM relay.handlers x WHERE x.name = relay_drop_handler.name FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'handler "%" does not exist', relay_drop_handler.name
+            USING ERRCODE = 'undefined_object';
+    END IF;
+    IF EXISTS (SELECT 1 FROM relay.deliveries d WHERE d.handler_id = hid) THEN
+        IF NOT coalesce(relay_drop_handler.force, false) THEN
+            RAISE EXCEPTION 'handler "%" has pending deliveries', relay_drop_handler.name
+                USING ERRCODE = 'object_in_use',
+                      HINT = 'Use relay_drop_handler(name, force => true) to delete them.';
+        END IF;
+        DELETE FROM relay.deliveries d WHERE d.handler_id = hid;
+    END IF;
+    DELETE FROM relay.handlers x WHERE x.id = hid;
+END
+$$;

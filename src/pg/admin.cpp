@@ -150,23 +150,36 @@ RELAYBUS_SQL_FUNCTION(relay_lane_of) {
     PG_RETURN_INT32(core::lane_for_key(std::string_view(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key))));
 }
 
-// relay._workers(): the dispatchers of this database.
+// relay._workers(): the dispatchers of this database, and a row without a pid
+// when the launcher could not start one (no background worker slot free).
 RELAYBUS_SQL_FUNCTION(relay_workers) {
     InitMaterializedSRF(fcinfo, 0);
     auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
     if (workers == nullptr) return (Datum)0;
-    DispatcherSlot copy[kMaxDispatchers];
+    int nslots = workers->nslots;
+    auto* copy = static_cast<DispatcherSlot*>(palloc(sizeof(DispatcherSlot) * nslots));
+    TimestampTz not_started_since = 0;
     LWLockAcquire(workers->lock, LW_SHARED);
-    memcpy(copy, workers->slots, sizeof(copy));
+    memcpy(copy, workers->slots, sizeof(DispatcherSlot) * nslots);
+    int d = database_slot(MyDatabaseId, false);
+    if (d >= 0) not_started_since = workers->databases[d].not_started_since;
     LWLockRelease(workers->lock);
-    for (int s = 0; s < kMaxDispatchers; s++) {
-        const DispatcherSlot& d = copy[s];
-        if (d.dboid != MyDatabaseId || d.pid == 0) continue;
-        Datum v[8] = {Int32GetDatum(d.pid),        Int32GetDatum(d.worker_index),
-                      Int32GetDatum(d.lanes_held), Int64GetDatum(static_cast<int64>(d.delivered)),
-                      Int64GetDatum(static_cast<int64>(d.failed)), CStringGetTextDatum(d.last_error),
-                      TimestampTzGetDatum(d.started_at), TimestampTzGetDatum(d.heartbeat)};
-        bool n[8] = {false, false, false, false, false, d.last_error[0] == '\0', false, false};
+    for (int s = 0; s < nslots; s++) {
+        const DispatcherSlot& w = copy[s];
+        if (w.dboid != MyDatabaseId || w.pid == 0) continue;
+        Datum v[8] = {Int32GetDatum(w.pid),        Int32GetDatum(w.worker_index),
+                      Int32GetDatum(w.lanes_held), Int64GetDatum(static_cast<int64>(w.delivered)),
+                      Int64GetDatum(static_cast<int64>(w.failed)), CStringGetTextDatum(w.last_error),
+                      TimestampTzGetDatum(w.started_at), TimestampTzGetDatum(w.heartbeat)};
+        bool n[8] = {false, false, false, false, false, w.last_error[0] == '\0', false, false};
+        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
+    }
+    if (not_started_since != 0) {
+        char msg[200];
+        snprintf(msg, sizeof(msg), "not started since %s: no background worker slot free (max_worker_processes)",
+                 timestamptz_to_str(not_started_since));
+        Datum v[8] = {0, 0, Int32GetDatum(0), Int64GetDatum(0), Int64GetDatum(0), CStringGetTextDatum(msg), 0, 0};
+        bool n[8] = {true, true, false, false, false, false, true, true};
         tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
     }
     return (Datum)0;

@@ -7,6 +7,7 @@ extern "C" {
 #include "commands/sequence.h"
 #include "executor/executor.h"
 #include "nodes/makefuncs.h"
+#include "storage/lmgr.h"
 #include "utils/rel.h"
 }
 
@@ -73,7 +74,34 @@ bool writable_directly(Relation rel) {
     return true;
 }
 
+void forget_resolved() {
+    cached_schema = InvalidOid;
+    deliveries_oid = InvalidOid;
+}
+
+[[noreturn]] void dropped_concurrently() {
+    ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                    errmsg("relaybus was dropped concurrently"),
+                    errdetail("DROP EXTENSION relaybus committed while this call waited for it."),
+                    errhint("Run CREATE EXTENSION relaybus in this database.")));
+}
+
 }  // namespace
+
+void lock_deliveries_for_publish() {
+    for (int attempt = 0;; attempt++) {
+        if (attempt > 0 && !OidIsValid(get_namespace_oid("relay", true))) dropped_concurrently();
+        resolve();
+        Oid rel = deliveries_oid;
+        // Accepts invalidations once the lock is granted: a table dropped while
+        // we waited is gone from the syscache now.
+        LockRelationOid(rel, RowExclusiveLock);
+        if (SearchSysCacheExists1(RELOID, ObjectIdGetDatum(rel))) return;
+        UnlockRelationOid(rel, RowExclusiveLock);
+        forget_resolved();
+        if (attempt > 0) dropped_concurrently();
+    }
+}
 
 Oid relay_event_seq() {
     resolve();

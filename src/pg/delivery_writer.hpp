@@ -42,6 +42,15 @@ struct DeliveryWriter {
 // Relation ids of relay's sequences (resolved once per relay schema).
 Oid relay_event_seq();
 
+// Takes the publisher's lock on relay.deliveries (ROW EXCLUSIVE, which a
+// publish holds until it ends anyway) before the publish reads its routes:
+// relay_drop_handler locks the table against writers, so a publish either
+// commits before a drop of its handler (which then deletes its rows) or reads
+// the routes after it. A publish that waited for a DROP EXTENSION relaybus
+// fails with 55000 (object_not_in_prerequisite_state) instead of tripping
+// over the dropped table's oid.
+void lock_deliveries_for_publish();
+
 // Opens relay.deliveries for inserting, or returns false (nothing opened) when
 // the table is not the one this code knows how to write.
 bool delivery_writer_open(DeliveryWriter* w);

@@ -42,6 +42,7 @@ extern "C" {
 #include "commands/extension.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
 #include "storage/latch.h"
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
@@ -117,15 +118,19 @@ static char* with_lease(const char* json, const LeaseToken& token) {
 static void on_exit_release(int code, Datum) {
     LWLockReleaseAll();
     if (workers == nullptr || my_slot < 0) return;
+    // Ended by SIGTERM (die) inside an iteration: its transaction is rolled
+    // back, so what it leased goes back at once instead of when the leases lapse.
+    leases_release(inflight, inflight_tokens, ninflight);
+    ninflight = 0;
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     if (my_db >= 0)
         for (int l = 0; l < kNumLanes; l++)
             if (workers->lanes[my_db][l].owner_slot == my_slot) workers->lanes[my_db][l].owner_slot = -1;
     DispatcherSlot& s = workers->slots[my_slot];
-    s.pid = 0;
+    s.pid = 0;  // the launcher frees the slot and starts another if one should run
     s.lanes_held = 0;
-    if (code == 0) s.dboid = InvalidOid;  // an error exit keeps the slot for the postmaster's restart
     LWLockRelease(workers->lock);
+    wake_launcher();
 }
 
 // Renews this dispatcher's lanes and takes or gives lanes to hold a fair share.
@@ -135,7 +140,7 @@ static void balance_lanes() {
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     Oid dboid = workers->slots[my_slot].dboid;
     int active = 0;
-    for (int s = 0; s < kMaxDispatchers; s++) {
+    for (int s = 0; s < workers->nslots; s++) {
         const DispatcherSlot& o = workers->slots[s];
         if (o.dboid == dboid && o.pid != 0 &&
             (s == my_slot || o.heartbeat > TimestampTzPlusMilliseconds(now, -guc_lease_timeout_ms)))
@@ -297,7 +302,8 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
 // committed since `seen` was read (before the snapshot that found none).
 static void mark_no_extension(uint64 seen) {
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
-    if (workers->databases[my_db].created == seen) workers->databases[my_db].no_extension = true;
+    workers->slots[my_slot].found_no_extension = true;
+    workers->slots[my_slot].generation_seen = seen;
     LWLockRelease(workers->lock);
 }
 
@@ -305,7 +311,7 @@ static void mark_no_extension(uint64 seen) {
 static bool iterate() {
     bool busy = false;
     next_ready_ms = 0;
-    uint64 created_seen = workers->databases[my_db].created;
+    uint64 created_seen = workers->extension_generation;
     uint32 wakes_seen = pg_atomic_read_u32(&workers->slots[my_slot].wakes);
     pg_memory_barrier();
     worker_xact_begin();
@@ -461,21 +467,8 @@ static void after_error(MemoryContext cxt, ErrorData* ed) {
 // short while to finish, and what finished is completed: otherwise every
 // reload or restart would send up to `concurrency` deliveries again that the
 // receiver already has. Bounded, so a slow endpoint never holds a shutdown up.
-// DROP DATABASE is waiting for this dispatcher to leave.
-static bool my_database_dropping() {
-    bool dropping = false;
-    LWLockAcquire(workers->lock, LW_SHARED);
-    for (int d = 0; d < kMaxDatabases; d++)
-        if (workers->databases[d].dboid == MyDatabaseId) dropping = workers->databases[d].dropping;
-    LWLockRelease(workers->lock);
-    return dropping;
-}
-
 static void drain_http_on_exit(MemoryContext cxt) {
     constexpr int64 kDrainMs = 3000;
-    // Completing is moot when the database goes away, and DROP DATABASE waits
-    // (a request may hang in its name lookup or on a slow receiver).
-    if (my_database_dropping()) return;
     int64 deadline = timestamptz_to_epoch_ms(GetCurrentTimestamp()) + kDrainMs;
     ErrorData* error = worker_step(cxt, [&] {
         for (;;) {
@@ -500,14 +493,17 @@ using namespace relaybus::pg;
 extern "C" void relay_dispatcher_main(Datum) {
     DispatcherArgs args;
     memcpy(&args, MyBgworkerEntry->bgw_extra, sizeof(args));
-    install_worker_signals();
+    install_dispatcher_signals();
 
-    if (workers == nullptr || args.slot < 0 || args.slot >= kMaxDispatchers || args.epoch != workers->epoch)
+    if (workers == nullptr || args.slot < 0 || args.slot >= workers->nslots || args.epoch != workers->epoch)
         proc_exit(0);  // started before a crash-restart: the new launcher starts its own
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     DispatcherSlot& slot = workers->slots[args.slot];
     Oid dboid = slot.dboid;
-    bool taken = slot.pid != 0 && slot.pid != MyProcPid;
+    // A slot given to another since (launcher restart), or a database that DDL
+    // keeps out (DROP DATABASE ...): leave at once.
+    bool taken = (slot.pid != 0 && slot.pid != MyProcPid) || slot.ticket != args.ticket ||
+                 database_kept_out(dboid);
     if (!taken && dboid != InvalidOid) {
         slot.pid = MyProcPid;
         slot.pgprocno = MyProc->pgprocno;
@@ -535,8 +531,8 @@ extern "C" void relay_dispatcher_main(Datum) {
     constexpr int64 kCompleteDelayMs = 2;
     bool run_iteration = true;
     while (!got_sigterm) {
-        if (got_sighup) {
-            got_sighup = false;
+        if (ConfigReloadPending) {
+            ConfigReloadPending = false;
             ProcessConfigFile(PGC_SIGHUP);
             pin_session_settings();
         }
@@ -552,7 +548,7 @@ extern "C" void relay_dispatcher_main(Datum) {
                 run_iteration = true;
             }
             // After an environmental error, the iteration waits for its backoff.
-            if (run_iteration && timestamptz_to_epoch_ms(GetCurrentTimestamp()) >= retry_at_ms) {
+            if (run_iteration && !got_sigterm && timestamptz_to_epoch_ms(GetCurrentTimestamp()) >= retry_at_ms) {
                 run_iteration = false;
                 busy = iterate();
             }
@@ -577,7 +573,12 @@ extern "C" void relay_dispatcher_main(Datum) {
         CHECK_FOR_INTERRUPTS();
     }
     MemoryContextSwitchTo(cxt);
-    drain_http_on_exit(cxt);
+    // A database that DDL keeps out (DROP DATABASE ...) needs us gone, not our
+    // completions (a request may hang in its name lookup or on a slow receiver).
+    LWLockAcquire(workers->lock, LW_SHARED);
+    bool kept_out = database_kept_out(dboid);
+    LWLockRelease(workers->lock);
+    if (!kept_out) drain_http_on_exit(cxt);
     http_shutdown();
     proc_exit(0);
 }

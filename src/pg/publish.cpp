@@ -247,6 +247,7 @@ RELAYBUS_SQL_FUNCTION(relay_publish) {
     char* key = PG_ARGISNULL(2) ? nullptr : text_arg(fcinfo, 2, &key_len);
     if (key != nullptr) check_key(key, key_len, -1);
 
+    lock_deliveries_for_publish();  // before the routes are read (see there)
     const RouteTarget* targets = nullptr;
     int ntargets = catalog_routes_for(common.topic, &targets);
     if (ntargets == 0) PG_RETURN_INT64(next_event_id());
@@ -382,6 +383,7 @@ RELAYBUS_SQL_FUNCTION(relay_publish_batch) {
 
     if (n == 0) PG_RETURN_ARRAYTYPE_P(construct_empty_array(INT8OID));
 
+    lock_deliveries_for_publish();  // before the routes are read (see there)
     const RouteTarget* targets = nullptr;
     int ntargets = catalog_routes_for(common.topic, &targets);
     int64* event_ids = static_cast<int64*>(palloc(sizeof(int64) * (n + 1)));

@@ -19,6 +19,7 @@ using namespace relaybus::pg;
 namespace relaybus::pg {
 void install_utility_hook();
 void utility_at_xact_end(bool commit);
+void utility_at_subxact_end(bool commit, int nest_level);
 }
 
 static shmem_request_hook_type prev_shmem_request_hook = nullptr;
@@ -58,10 +59,13 @@ static void relay_xact_callback(XactEvent event, void*) {
 }
 
 static void relay_subxact_callback(SubXactEvent event, SubTransactionId, SubTransactionId, void*) {
-    if (event == SUBXACT_EVENT_ABORT_SUB)
+    if (event == SUBXACT_EVENT_ABORT_SUB) {
         leases_at_subxact_abort(GetCurrentTransactionNestLevel());
-    else if (event == SUBXACT_EVENT_COMMIT_SUB)
+        utility_at_subxact_end(false, GetCurrentTransactionNestLevel());
+    } else if (event == SUBXACT_EVENT_COMMIT_SUB) {
         leases_at_subxact_commit(GetCurrentTransactionNestLevel());
+        utility_at_subxact_end(true, GetCurrentTransactionNestLevel());
+    }
 }
 
 extern "C" void _PG_init(void) {

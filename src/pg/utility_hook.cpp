@@ -1,22 +1,247 @@
-// Keeps the workers in step with DDL that concerns them, from any backend:
-// CREATE EXTENSION relaybus wakes the launcher when it commits, and
-// DROP DATABASE asks that database's dispatchers to leave first, so that
-// relaybus never makes DROP DATABASE fail with "being accessed by other users".
+// Keeps the workers in step with DDL that concerns them, from any backend, and
+// acts only on what takes effect:
+//
+// - Installing or dropping relaybus (CREATE EXTENSION, DROP EXTENSION, and the
+//   DROP SCHEMA / DROP OWNED / DROP ... CASCADE paths that drop it): seen by an
+//   object-access hook on the extension object itself, so a CREATE EXTENSION IF
+//   NOT EXISTS that finds relaybus installed (a no-op) does nothing. When such
+//   a transaction commits, the database's leases are purged (delivery ids
+//   start again in a new extension) and the launcher looks again.
+// - Statements that fail while another session is connected to a database
+//   (DROP DATABASE [WITH (FORCE)], ALTER DATABASE ... RENAME TO / SET
+//   TABLESPACE, CREATE DATABASE ... TEMPLATE): the database's dispatchers are
+//   asked to leave and kept out while the statement runs, so relaybus never
+//   makes them fail with "being accessed by other users". This happens only
+//   after the checks PostgreSQL makes before it looks for other sessions
+//   (transaction block, read-only transaction, ownership and privileges,
+//   the current database) have passed: a statement that fails on those leaves
+//   the dispatchers alone.
 
 #include "pg/pg_includes.hpp"
 #include "pg/leases.hpp"
 #include "pg/worker_state.hpp"
 
 extern "C" {
+#include "access/genam.h"
+#include "access/table.h"
+#include "catalog/objectaccess.h"
+#include "catalog/pg_authid.h"
+#include "catalog/pg_database.h"
+#include "catalog/pg_extension.h"
+#include "catalog/pg_tablespace.h"
 #include "commands/dbcommands.h"
+#include "commands/defrem.h"
+#include "commands/tablespace.h"
 #include "nodes/parsenodes.h"
+#include "pgstat.h"
+#include "storage/latch.h"
 #include "tcop/utility.h"
+#include "utils/acl.h"
+#include "utils/fmgroids.h"
+#include "utils/rel.h"
 }
 
 namespace relaybus::pg {
 
 static ProcessUtility_hook_type prev_process_utility = nullptr;
-static bool launcher_wake_at_commit = false;
+static object_access_hook_type prev_object_access = nullptr;
+
+// Lowest transaction nesting level at which relaybus was installed or dropped
+// in this transaction (0: not at all).
+static int extension_changed_level = 0;
+
+// ---------------------------------------------------------------- install and drop
+
+// Whether an extension row is relaybus's. SnapshotSelf: at OAT_POST_CREATE the
+// row was inserted by the running command, invisible to an MVCC snapshot.
+static bool is_relaybus_extension(Oid ext) {
+    Relation rel = table_open(ExtensionRelationId, AccessShareLock);
+    ScanKeyData key;
+    ScanKeyInit(&key, Anum_pg_extension_oid, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(ext));
+    SysScanDesc scan = systable_beginscan(rel, ExtensionOidIndexId, true, SnapshotSelf, 1, &key);
+    HeapTuple tup = systable_getnext(scan);
+    bool ours = HeapTupleIsValid(tup) &&
+                strcmp(NameStr(reinterpret_cast<Form_pg_extension>(GETSTRUCT(tup))->extname), "relaybus") == 0;
+    systable_endscan(scan);
+    table_close(rel, AccessShareLock);
+    return ours;
+}
+
+static void relay_object_access(ObjectAccessType access, Oid class_id, Oid object_id, int sub_id, void* arg) {
+    if (prev_object_access != nullptr) prev_object_access(access, class_id, object_id, sub_id, arg);
+    if (class_id != ExtensionRelationId || (access != OAT_POST_CREATE && access != OAT_DROP)) return;
+    if (!is_relaybus_extension(object_id)) return;
+    int level = GetCurrentTransactionNestLevel();
+    if (extension_changed_level == 0 || level < extension_changed_level) extension_changed_level = level;
+}
+
+void utility_at_xact_end(bool commit) {
+    if (extension_changed_level > 0 && commit && workers != nullptr) {
+        LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+        workers->extension_generation++;
+        LWLockRelease(workers->lock);
+        // Delivery ids start again in a new extension: leases of the old one must not block them.
+        leases_purge_database(MyDatabaseId);
+        wake_launcher();
+    }
+    extension_changed_level = 0;
+}
+
+void utility_at_subxact_end(bool commit, int nest_level) {
+    if (extension_changed_level < nest_level) return;
+    extension_changed_level = commit ? nest_level - 1 : 0;
+}
+
+// ---------------------------------------------------------------- DDL on a database
+
+static bool owns_database(Oid dboid) {
+#if PG_VERSION_NUM >= 160000
+    return object_ownercheck(DatabaseRelationId, dboid, GetUserId());
+#else
+    return pg_database_ownercheck(dboid, GetUserId());
+#endif
+}
+
+static bool can_create_in_tablespace(Oid tablespace) {
+#if PG_VERSION_NUM >= 160000
+    return object_aclcheck(TableSpaceRelationId, tablespace, GetUserId(), ACL_CREATE) == ACLCHECK_OK;
+#else
+    return pg_tablespace_aclcheck(tablespace, GetUserId(), ACL_CREATE) == ACLCHECK_OK;
+#endif
+}
+
+// As dbcommands.c's have_createdb_privilege (static there).
+static bool can_create_databases() {
+    if (superuser()) return true;
+    HeapTuple tup = SearchSysCache1(AUTHOID, ObjectIdGetDatum(GetUserId()));
+    if (!HeapTupleIsValid(tup)) return false;
+    bool ok = reinterpret_cast<Form_pg_authid>(GETSTRUCT(tup))->rolcreatedb;
+    ReleaseSysCache(tup);
+    return ok;
+}
+
+struct DatabaseFacts {
+    bool is_template;
+    Oid tablespace;
+};
+
+static bool database_facts(Oid dboid, DatabaseFacts* out) {
+    HeapTuple tup = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(dboid));
+    if (!HeapTupleIsValid(tup)) return false;
+    auto* db = reinterpret_cast<Form_pg_database>(GETSTRUCT(tup));
+    out->is_template = db->datistemplate;
+    out->tablespace = db->dattablespace;
+    ReleaseSysCache(tup);
+    return true;
+}
+
+static DefElem* find_option(List* options, const char* name) {
+    ListCell* lc;
+    foreach (lc, options) {
+        auto* d = static_cast<DefElem*>(lfirst(lc));
+        if (strcmp(d->defname, name) == 0) return d;
+    }
+    return nullptr;
+}
+
+// The database whose dispatchers must leave for this statement to succeed, or
+// InvalidOid: not such a statement, or one that PostgreSQL's own checks will
+// refuse (those that run before it looks for other sessions; they raise the
+// same error here as there, or are left to PostgreSQL).
+static Oid database_to_clear(Node* stmt, bool top_level) {
+    switch (nodeTag(stmt)) {
+        case T_DropdbStmt: {
+            auto* s = reinterpret_cast<DropdbStmt*>(stmt);
+            PreventCommandIfReadOnly("DROP DATABASE");
+            PreventInTransactionBlock(top_level, "DROP DATABASE");
+            Oid dboid = get_database_oid(s->dbname, true);
+            DatabaseFacts f;
+            if (!OidIsValid(dboid) || dboid == MyDatabaseId || !owns_database(dboid) || !database_facts(dboid, &f) ||
+                f.is_template)
+                return InvalidOid;
+            return dboid;
+        }
+        case T_RenameStmt: {
+            auto* s = reinterpret_cast<RenameStmt*>(stmt);
+            if (s->renameType != OBJECT_DATABASE) return InvalidOid;
+            PreventCommandIfReadOnly("ALTER DATABASE");
+            Oid dboid = get_database_oid(s->subname, true);
+            if (!OidIsValid(dboid) || dboid == MyDatabaseId || !owns_database(dboid) || !can_create_databases() ||
+                OidIsValid(get_database_oid(s->newname, true)))
+                return InvalidOid;
+            return dboid;
+        }
+        case T_AlterDatabaseStmt: {
+            auto* s = reinterpret_cast<AlterDatabaseStmt*>(stmt);
+            DefElem* ts = find_option(s->options, "tablespace");
+            if (ts == nullptr) return InvalidOid;
+            PreventCommandIfReadOnly("ALTER DATABASE");
+            PreventInTransactionBlock(top_level, "ALTER DATABASE SET TABLESPACE");
+            Oid dboid = get_database_oid(s->dbname, true);
+            Oid tablespace = get_tablespace_oid(defGetString(ts), true);
+            DatabaseFacts f;
+            if (!OidIsValid(dboid) || dboid == MyDatabaseId || !owns_database(dboid) || !OidIsValid(tablespace) ||
+                !can_create_in_tablespace(tablespace) || !database_facts(dboid, &f) || f.tablespace == tablespace)
+                return InvalidOid;
+            return dboid;
+        }
+        case T_CreatedbStmt: {
+            auto* s = reinterpret_cast<CreatedbStmt*>(stmt);
+            DefElem* tmpl = find_option(s->options, "template");
+            if (tmpl == nullptr || tmpl->arg == nullptr) return InvalidOid;  // template1: never served
+            PreventCommandIfReadOnly("CREATE DATABASE");
+            PreventInTransactionBlock(top_level, "CREATE DATABASE");
+            Oid dboid = get_database_oid(defGetString(tmpl), true);
+            DatabaseFacts f;
+            if (!OidIsValid(dboid) || !can_create_databases() || OidIsValid(get_database_oid(s->dbname, true)) ||
+                !database_facts(dboid, &f) || (!f.is_template && !owns_database(dboid)))
+                return InvalidOid;
+            return dboid;
+        }
+        default:
+            return InvalidOid;
+    }
+}
+
+// Marks the database kept out (the launcher starts no dispatcher there, one
+// starting now leaves at once) and signals its running dispatchers.
+static void keep_out_begin(Oid dboid) {
+    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+    int d = database_slot(dboid, true);
+    if (d >= 0) workers->databases[d].keep_out++;
+    for (int s = 0; s < workers->nslots; s++)
+        if (workers->slots[s].dboid == dboid && workers->slots[s].pid != 0) kill(workers->slots[s].pid, SIGTERM);
+    LWLockRelease(workers->lock);
+}
+
+static void keep_out_end(Oid dboid) {
+    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+    int d = database_slot(dboid, false);
+    if (d >= 0 && workers->databases[d].keep_out > 0) workers->databases[d].keep_out--;
+    LWLockRelease(workers->lock);
+    wake_launcher();
+}
+
+// Waits (a few seconds at most, interruptibly) until the database's
+// dispatchers have exited: PostgreSQL would otherwise count them as other
+// sessions (and DROP DATABASE ... WITH (FORCE) by a non-superuser owner would
+// refuse to terminate them). SIGTERM ends a dispatcher at once, even in a lock
+// wait, so this is short; if one is stuck, PostgreSQL's own wait decides.
+static void wait_dispatchers_gone(Oid dboid) {
+    constexpr int kMaxWaitMs = 5000;
+    constexpr int kStepMs = 10;
+    for (int waited = 0; waited < kMaxWaitMs; waited += kStepMs) {
+        bool running = false;
+        LWLockAcquire(workers->lock, LW_SHARED);
+        for (int s = 0; s < workers->nslots && !running; s++)
+            running = workers->slots[s].dboid == dboid && workers->slots[s].pid != 0;
+        LWLockRelease(workers->lock);
+        if (!running) return;
+        (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, kStepMs, PG_WAIT_EXTENSION);
+        ResetLatch(MyLatch);
+        CHECK_FOR_INTERRUPTS();
+    }
+}
 
 static void call_next(PlannedStmt* pstmt, const char* query, bool read_only_tree, ProcessUtilityContext context,
                       ParamListInfo params, QueryEnvironment* env, DestReceiver* dest, QueryCompletion* qc) {
@@ -26,68 +251,33 @@ static void call_next(PlannedStmt* pstmt, const char* query, bool read_only_tree
         standard_ProcessUtility(pstmt, query, read_only_tree, context, params, env, dest, qc);
 }
 
-static int set_dropping(Oid dboid, bool dropping) {
-    int signalled = 0;
-    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
-    int d = database_slot(dboid, dropping);
-    if (d >= 0) workers->databases[d].dropping = dropping;
-    if (dropping)
-        for (int s = 0; s < kMaxDispatchers; s++)
-            if (workers->slots[s].dboid == dboid && workers->slots[s].pid != 0) {
-                kill(workers->slots[s].pid, SIGTERM);
-                signalled++;
-            }
-    LWLockRelease(workers->lock);
-    return signalled;
-}
-
 static void relay_process_utility(PlannedStmt* pstmt, const char* query, bool read_only_tree,
                                   ProcessUtilityContext context, ParamListInfo params, QueryEnvironment* env,
                                   DestReceiver* dest, QueryCompletion* qc) {
     Node* stmt = pstmt->utilityStmt;
-    if (workers != nullptr && IsA(stmt, DropdbStmt)) {
-        Oid dboid = get_database_oid(reinterpret_cast<DropdbStmt*>(stmt)->dbname, true);
-        if (OidIsValid(dboid)) {
-            set_dropping(dboid, true);
-            // DROP DATABASE waits up to 5 s for other sessions to leave; ours leave at once.
-            PG_TRY();
-            {
-                call_next(pstmt, query, read_only_tree, context, params, env, dest, qc);
-            }
-            PG_FINALLY();
-            {
-                set_dropping(dboid, false);
-                wake_launcher();
-            }
-            PG_END_TRY();
-            return;
-        }
+    Oid dboid = workers != nullptr ? database_to_clear(stmt, context == PROCESS_UTILITY_TOPLEVEL) : InvalidOid;
+    if (!OidIsValid(dboid)) {
+        call_next(pstmt, query, read_only_tree, context, params, env, dest, qc);
+        return;
     }
-    if (IsA(stmt, CreateExtensionStmt) &&
-        strcmp(reinterpret_cast<CreateExtensionStmt*>(stmt)->extname, "relaybus") == 0)
-        launcher_wake_at_commit = true;
-    call_next(pstmt, query, read_only_tree, context, params, env, dest, qc);
+    keep_out_begin(dboid);
+    PG_TRY();
+    {
+        wait_dispatchers_gone(dboid);
+        call_next(pstmt, query, read_only_tree, context, params, env, dest, qc);
+    }
+    PG_FINALLY();
+    {
+        keep_out_end(dboid);
+    }
+    PG_END_TRY();
 }
 
 void install_utility_hook() {
     prev_process_utility = ProcessUtility_hook;
     ProcessUtility_hook = relay_process_utility;
-}
-
-void utility_at_xact_end(bool commit) {
-    if (launcher_wake_at_commit && commit && workers != nullptr) {
-        LWLockAcquire(workers->lock, LW_EXCLUSIVE);
-        int d = database_slot(MyDatabaseId, true);
-        if (d >= 0) {
-            workers->databases[d].no_extension = false;
-            workers->databases[d].created++;
-        }
-        LWLockRelease(workers->lock);
-        // Delivery ids start again in a new extension: leases of the old one must not block them.
-        leases_purge_database(MyDatabaseId);
-        wake_launcher();
-    }
-    launcher_wake_at_commit = false;
+    prev_object_access = object_access_hook;
+    object_access_hook = relay_object_access;
 }
 
 }  // namespace relaybus::pg

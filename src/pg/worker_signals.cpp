@@ -4,31 +4,35 @@
 
 extern "C" {
 #include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
 #include "storage/latch.h"
+#include "tcop/tcopprot.h"
 }
 
 namespace relaybus::pg {
 
-volatile sig_atomic_t got_sighup = false;
 volatile sig_atomic_t got_sigterm = false;
 
-static void on_sighup(SIGNAL_ARGS) {
-    int save_errno = errno;
-    got_sighup = true;
-    SetLatch(MyLatch);
-    errno = save_errno;
-}
-
-static void on_sigterm(SIGNAL_ARGS) {
+static void dispatcher_sigterm(SIGNAL_ARGS) {
     int save_errno = errno;
     got_sigterm = true;
-    SetLatch(MyLatch);
+    // IsTransactionState() only reads the current transaction's state.
+    if (IsTransactionState())
+        die(postgres_signal_arg);
+    else
+        SetLatch(MyLatch);
     errno = save_errno;
 }
 
-void install_worker_signals() {
-    pqsignal(SIGHUP, on_sighup);
-    pqsignal(SIGTERM, on_sigterm);
+void install_launcher_signals() {
+    pqsignal(SIGHUP, SignalHandlerForConfigReload);
+    pqsignal(SIGTERM, die);
+    BackgroundWorkerUnblockSignals();
+}
+
+void install_dispatcher_signals() {
+    pqsignal(SIGHUP, SignalHandlerForConfigReload);
+    pqsignal(SIGTERM, dispatcher_sigterm);
     BackgroundWorkerUnblockSignals();
 }
 

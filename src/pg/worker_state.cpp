@@ -1,6 +1,8 @@
 #include "pg/worker_state.hpp"
 
 extern "C" {
+#include "miscadmin.h"
+#include "postmaster/bgworker.h"
 #include "storage/proc.h"
 }
 
@@ -8,30 +10,80 @@ namespace relaybus::pg {
 
 WorkerState* workers = nullptr;
 
-Size worker_state_size() { return MAXALIGN(sizeof(WorkerState)); }
+static int slot_count() { return Max(max_worker_processes, 1); }
+static int database_count() { return MaxBackends + max_worker_processes; }
+
+static Size slots_offset() { return MAXALIGN(sizeof(WorkerState)); }
+static Size databases_offset() {
+    return slots_offset() + MAXALIGN(mul_size(slot_count(), sizeof(DispatcherSlot)));
+}
+static Size lanes_offset() {
+    return databases_offset() + MAXALIGN(mul_size(database_count(), sizeof(DatabaseState)));
+}
+
+// MaxBackends is known in shmem_request_hook (PostgreSQL 15+).
+Size worker_state_size() {
+    return add_size(lanes_offset(), mul_size(database_count(), sizeof(LaneLease) * kNumLanes));
+}
 
 void worker_state_init(bool found) {
     if (found) return;
-    memset(workers, 0, sizeof(WorkerState));
-    for (int s = 0; s < kMaxDispatchers; s++) pg_atomic_init_u32(&workers->slots[s].wakes, 0);
-    for (int d = 0; d < kMaxDatabases; d++)
+    memset(workers, 0, worker_state_size());
+    char* base = reinterpret_cast<char*>(workers);
+    workers->nslots = slot_count();
+    workers->ndatabases = database_count();
+    workers->slots = reinterpret_cast<DispatcherSlot*>(base + slots_offset());
+    workers->databases = reinterpret_cast<DatabaseState*>(base + databases_offset());
+    workers->lanes = reinterpret_cast<LaneLease(*)[kNumLanes]>(base + lanes_offset());
+    for (int s = 0; s < workers->nslots; s++) pg_atomic_init_u32(&workers->slots[s].wakes, 0);
+    for (int d = 0; d < workers->ndatabases; d++)
         for (int l = 0; l < kNumLanes; l++) workers->lanes[d][l].owner_slot = -1;
     workers->next_token = 1;
+    workers->extension_generation = 1;
     workers->epoch = GetCurrentTimestamp();
 }
 
-int database_slot(Oid dboid, bool create) {
-    int free_slot = -1;
-    for (int i = 0; i < kMaxDatabases; i++) {
-        if (workers->databases[i].dboid == dboid) return i;
-        if (free_slot < 0 && workers->databases[i].dboid == InvalidOid) free_slot = i;
+static int find_database(Oid dboid, int* free_slot, int* used) {
+    *free_slot = -1;
+    *used = 0;
+    int found = -1;
+    for (int i = 0; i < workers->ndatabases; i++) {
+        if (workers->databases[i].dboid == InvalidOid) {
+            if (*free_slot < 0) *free_slot = i;
+            continue;
+        }
+        ++*used;
+        if (workers->databases[i].dboid == dboid) found = i;
     }
-    if (!create || free_slot < 0) return -1;
-    workers->databases[free_slot].dboid = dboid;
-    workers->databases[free_slot].no_extension = false;
-    workers->databases[free_slot].dropping = false;
-    for (int l = 0; l < kNumLanes; l++) workers->lanes[free_slot][l].owner_slot = -1;
-    return free_slot;
+    return found;
+}
+
+static int take_database(int d, Oid dboid) {
+    DatabaseState& db = workers->databases[d];
+    memset(&db, 0, sizeof(db));
+    db.dboid = dboid;
+    for (int l = 0; l < kNumLanes; l++) workers->lanes[d][l].owner_slot = -1;
+    return d;
+}
+
+int database_slot(Oid dboid, bool create) {
+    int free_slot, used;
+    int d = find_database(dboid, &free_slot, &used);
+    if (d >= 0 || !create || free_slot < 0) return d;
+    return take_database(free_slot, dboid);
+}
+
+int database_slot_for_report(Oid dboid) {
+    int free_slot, used;
+    int d = find_database(dboid, &free_slot, &used);
+    if (d >= 0 || free_slot < 0 || used >= workers->ndatabases - workers->nslots) return d;
+    return take_database(free_slot, dboid);
+}
+
+bool database_kept_out(Oid dboid) {
+    int free_slot, used;
+    int d = find_database(dboid, &free_slot, &used);
+    return d >= 0 && workers->databases[d].keep_out > 0;
 }
 
 static void set_latch_of(int procno) {
@@ -47,7 +99,7 @@ void wake_launcher() {
 void wake_dispatchers(Oid dboid) {
     if (workers == nullptr) return;
     // Unlocked read: a slot that changes meanwhile costs at most one spurious wake-up.
-    for (int i = 0; i < kMaxDispatchers; i++) {
+    for (int i = 0; i < workers->nslots; i++) {
         DispatcherSlot& s = workers->slots[i];
         if (s.dboid == dboid && s.pid != 0) {
             pg_atomic_fetch_add_u32(&s.wakes, 1);

@@ -10,9 +10,12 @@ extern "C" {
 
 namespace relaybus::pg {
 
-constexpr int kMaxDatabases = 64;
+// The arrays are sized at server start (worker_state_init): one dispatcher
+// slot per background worker process (max_worker_processes bounds the
+// dispatchers anyway) and database states for the databases being served or
+// kept out by a DDL statement, so the number of databases relaybus serves has
+// no limit of its own.
 constexpr int kMaxWorkersPerDatabase = 8;
-constexpr int kMaxDispatchers = kMaxDatabases * kMaxWorkersPerDatabase;
 constexpr int kNumLanes = 64;
 constexpr int kMaxHandlerStats = 1024;
 constexpr int kLatencyBuckets = 40;  // bucket b: latency < 2^b microseconds
@@ -20,14 +23,19 @@ constexpr int kLatencyBuckets = 40;  // bucket b: latency < 2^b microseconds
 struct DispatcherSlot {
     Oid dboid;               // InvalidOid: free
     int worker_index;        // 0..workers_per_database-1
-    int pid;                 // 0 until the worker runs
+    int pid;                 // 0 until the worker runs, and again once it stopped
     int pgprocno;
+    uint32 ticket;           // bumped whenever the launcher reserves the slot
     TimestampTz started_at;
     TimestampTz heartbeat;
     int lanes_held;
     uint64 delivered;
     uint64 failed;
     char last_error[256];
+    // Left by a dispatcher that found no relaybus in its database, for the
+    // launcher: the extension generation it read before looking.
+    bool found_no_extension;
+    uint64 generation_seen;
     // Bumped by every wake-up request before the latch is set. The latch alone
     // can lose a wake: a lock wait inside an iteration (ProcSleep) resets it.
     pg_atomic_uint32 wakes;
@@ -35,9 +43,8 @@ struct DispatcherSlot {
 
 struct DatabaseState {
     Oid dboid;               // InvalidOid: free
-    bool no_extension;       // a dispatcher found no relaybus here; wait for CREATE EXTENSION
-    uint64 created;          // bumped when CREATE EXTENSION relaybus commits here
-    bool dropping;           // DROP DATABASE in progress: keep out
+    int keep_out;            // DDL statements that need this database's dispatchers gone
+    TimestampTz not_started_since;  // the launcher found no worker slot for it (0: none missing)
 };
 
 struct LaneLease {
@@ -62,27 +69,39 @@ struct WorkerState {
     TimestampTz epoch;       // set when shared memory is (re)initialized
     int launcher_pid;
     int launcher_procno;
-    DispatcherSlot slots[kMaxDispatchers];
-    DatabaseState databases[kMaxDatabases];
-    LaneLease lanes[kMaxDatabases][kNumLanes];
+    // Bumped when a CREATE or DROP EXTENSION relaybus commits in any database:
+    // the launcher then looks again at databases where relaybus was missing.
+    uint64 extension_generation;
+    int nslots;              // max_worker_processes
+    int ndatabases;          // MaxBackends + max_worker_processes
+    DispatcherSlot* slots;   // [nslots], in the same shared memory segment
+    DatabaseState* databases;            // [ndatabases]
+    LaneLease (*lanes)[kNumLanes];       // [ndatabases]: the lanes of databases[d]
     HandlerCounters handlers[kMaxHandlerStats];
     uint64 next_token;
 };
 
 extern WorkerState* workers;
 
-// What the launcher passes to a dispatcher (bgw_extra): a dispatcher restarted
-// by the postmaster after a crash-restart carries an old epoch and just exits.
+// What the launcher passes to a dispatcher (bgw_extra): a dispatcher whose
+// slot was given to another since (an old epoch after a crash-restart, or an
+// old ticket after a launcher restart) just exits.
 struct DispatcherArgs {
     int slot;
     TimestampTz epoch;
+    uint32 ticket;
 };
 
 Size worker_state_size();
 void worker_state_init(bool found);
 
-// Database slot of dboid (creating it if create), or -1.
+// Database slot of dboid (creating it if create), or -1; with the lock held.
+// A slot created for a report (not_started_since) only takes one while the
+// table has room for every dispatcher besides.
 int database_slot(Oid dboid, bool create);
+int database_slot_for_report(Oid dboid);
+// Whether DDL keeps the database's dispatchers out (lock held).
+bool database_kept_out(Oid dboid);
 
 // Wakes the launcher (after CREATE EXTENSION, DROP DATABASE, a setting change).
 void wake_launcher();

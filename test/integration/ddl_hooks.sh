@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# relaybus's DDL hooks act only on what takes effect:
+#  - CREATE EXTENSION IF NOT EXISTS relaybus where it is installed (a no-op)
+#    keeps every lease: a claimed delivery is not handed out again; so does a
+#    DROP EXTENSION rolled back to a savepoint, while a real reinstall purges;
+#  - a DROP DATABASE that fails (not the owner: 42501; in a transaction block:
+#    25001) leaves the database's dispatcher running (same pid);
+#  - ALTER DATABASE ... RENAME TO, ALTER DATABASE ... SET TABLESPACE and
+#    CREATE DATABASE ... TEMPLATE of a served database succeed at once (the
+#    dispatcher steps aside instead of "being accessed by other users"), and
+#    the database is served again afterwards;
+#  - DROP DATABASE ... WITH (FORCE) by a non-superuser owner succeeds.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+has_dispatcher() { [[ -n "$(dispatcher_pids "$1")" ]]; }
+role="it_ddl_role_$$"
+cleanup_role() { psql_q -d postgres -c "DROP ROLE IF EXISTS $role" >/dev/null 2>&1; }
+psql_q -d postgres -c "CREATE ROLE $role LOGIN CREATEDB" >/dev/null || die "could not create a role"
+
+# ---------------------------------------------------------------- IF NOT EXISTS keeps leases
+log "CREATE EXTENSION IF NOT EXISTS keeps leases"
+new_db db ddl || die "could not create a database"
+sql "$db" "SELECT relay_create_handler('pulled', 'pull')" "SELECT relay_route('ddl.pull', 'pulled')" \
+    "SELECT relay_publish('ddl.pull', '{\"n\": 1}')" >/dev/null || die "setup"
+check_eq "a claim with a long lease gets the delivery" 1 \
+    "$(sql "$db" "SELECT count(*) FROM relay_claim('pulled', lease => '10 min')")"
+psql_q -d "$db" -c "GRANT CREATE ON DATABASE \"$db\" TO $role" >/dev/null
+check "CREATE EXTENSION IF NOT EXISTS relaybus by an unprivileged role succeeds" \
+    psql_q -d "$db" -U "$role" -c "CREATE EXTENSION IF NOT EXISTS relaybus"
+check "CREATE EXTENSION IF NOT EXISTS relaybus by a superuser succeeds" \
+    psql_q -d "$db" -c "CREATE EXTENSION IF NOT EXISTS relaybus"
+check_eq "relay._leases() still shows the lease" 1 "$(sql "$db" "SELECT count(*) FROM relay._leases()")"
+check_eq "the lease is kept: a second claim gets nothing" 0 \
+    "$(sql "$db" "SELECT count(*) FROM relay_claim('pulled', lease => '10 min')")"
+
+# A DROP EXTENSION rolled back to a savepoint takes no effect: leases stay.
+check "DROP EXTENSION rolled back to a savepoint" psql_q -d "$db" -c "BEGIN" -c "SAVEPOINT s" \
+    -c "DROP EXTENSION relaybus" -c "ROLLBACK TO s" -c "COMMIT"
+check_eq "the lease is kept after the rolled-back DROP EXTENSION" 1 \
+    "$(sql "$db" "SELECT count(*) FROM relay._leases()")"
+# A real reinstall (in a savepoint that is released) purges them.
+check "DROP and CREATE EXTENSION in a released savepoint" psql_q -d "$db" -c "BEGIN" -c "SAVEPOINT s" \
+    -c "DROP EXTENSION relaybus" -c "CREATE EXTENSION relaybus" -c "RELEASE s" -c "COMMIT"
+check_eq "a real reinstall purges the database's leases" 0 "$(sql "$db" "SELECT count(*) FROM relay._leases()")"
+
+# ---------------------------------------------------------------- failed DROP DATABASE
+log "failed DROP DATABASE"
+check "the database is served" wait_workers "$db" 1 20
+pid=$(dispatcher_pids "$db")
+out=$(psql -X -At -d postgres -U "$role" -c "\\set VERBOSITY verbose" -c "DROP DATABASE \"$db\"" 2>&1 </dev/null)
+check "DROP DATABASE by a non-owner fails with 42501" grep -q 42501 <<<"$out"
+out=$(psql -X -At -d postgres -c "\\set VERBOSITY verbose" -c "BEGIN" -c "DROP DATABASE \"$db\"" 2>&1 </dev/null)
+check "DROP DATABASE inside a transaction block fails with 25001" grep -q 25001 <<<"$out"
+out=$(psql -X -At -d "$db" -c "\\set VERBOSITY verbose" -c "DROP DATABASE \"$db\"" 2>&1 </dev/null)
+check "DROP DATABASE of the current database fails with 55006" grep -q 55006 <<<"$out"
+sleep 1  # a dispatcher signalled by mistake would be gone (and replaced) by now
+check_eq "the dispatcher is the same process after the failed drops" "$pid" "$(dispatcher_pids "$db")"
+
+# ---------------------------------------------------------------- RENAME, SET TABLESPACE, TEMPLATE
+log "ALTER DATABASE RENAME / SET TABLESPACE, CREATE DATABASE TEMPLATE"
+ren="${db}_r"
+t0=$(date +%s%N)
+out=$(psql -X -At -v ON_ERROR_STOP=1 -d postgres -c "ALTER DATABASE \"$db\" RENAME TO \"$ren\"" 2>&1 </dev/null)
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+check_eq "ALTER DATABASE RENAME of a served database succeeds ($out)" 0 "$rc"
+check "at once (${ms} ms < 3000 ms)" test "$ms" -lt 3000
+if ((rc == 0)); then
+    DBS=("${DBS[@]/#$db/$ren}")
+    db=$ren
+fi
+check "the renamed database is served again" wait_until 15 has_dispatcher "$db"
+
+copy="${db}_copy"
+DBS+=("$copy")
+check "the database is served before CREATE DATABASE TEMPLATE" wait_workers "$db" 1 20
+t0=$(date +%s%N)
+out=$(psql -X -At -v ON_ERROR_STOP=1 -d postgres -c "CREATE DATABASE \"$copy\" TEMPLATE \"$db\"" 2>&1 </dev/null)
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+check_eq "CREATE DATABASE ... TEMPLATE a served database succeeds ($out)" 0 "$rc"
+check "at once (${ms} ms < 3000 ms)" test "$ms" -lt 3000
+check "the template is served again" wait_until 15 has_dispatcher "$db"
+check "the copy is served too" wait_until 15 has_dispatcher "$copy"
+
+if [[ $(id -u) == 0 ]]; then
+    tsdir="$TMP/ts"
+    mkdir -p "$tsdir" && chmod 755 "$TMP" && chown postgres "$tsdir"
+    ts="it_ddl_ts_$$"
+    psql_q -d postgres -c "CREATE TABLESPACE $ts LOCATION '$tsdir'" >/dev/null || die "tablespace"
+    check "the database is served before SET TABLESPACE" wait_workers "$db" 1 20
+    t0=$(date +%s%N)
+    out=$(psql -X -At -v ON_ERROR_STOP=1 -d postgres -c "ALTER DATABASE \"$db\" SET TABLESPACE $ts" 2>&1 </dev/null)
+    rc=$?
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    check_eq "ALTER DATABASE SET TABLESPACE of a served database succeeds ($out)" 0 "$rc"
+    check "at once (${ms} ms < 3000 ms)" test "$ms" -lt 3000
+    check "the moved database is served again" wait_until 15 has_dispatcher "$db"
+    psql_q -d postgres -c "ALTER DATABASE \"$db\" SET TABLESPACE pg_default" >/dev/null 2>&1
+    psql_q -d postgres -c "DROP TABLESPACE $ts" >/dev/null 2>&1
+fi
+
+# ---------------------------------------------------------------- DROP DATABASE WITH (FORCE)
+log "DROP DATABASE WITH (FORCE) by the owner"
+psql_q -d postgres -c "ALTER DATABASE \"$copy\" OWNER TO $role" >/dev/null
+check "the copy is served before the drop" wait_workers "$copy" 1 20
+out=$(psql -X -At -v ON_ERROR_STOP=1 -d postgres -U "$role" -c "DROP DATABASE \"$copy\" WITH (FORCE)" 2>&1 </dev/null)
+check_eq "DROP DATABASE WITH (FORCE) by its non-superuser owner succeeds ($out)" 0 "$?"
+check "the other database is still served" wait_workers "$db" 1 20
+
+cleanup
+cleanup_role
+finish
