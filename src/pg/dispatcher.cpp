@@ -324,7 +324,7 @@ static bool iterate() {
     pgstat_report_activity(STATE_RUNNING, "relaybus: dispatching");
     balance_lanes();
 
-    // The handlers served here: notify ones first, then http.
+    // The handlers served here (a paused one waits): notify ones first, then http.
     int nh = catalog_handler_count();
     int32* ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
     int nserved = 0, nnotify = 0;
@@ -332,7 +332,7 @@ static bool iterate() {
         core::HandlerKind kind = pass == 0 ? core::HandlerKind::Notify : core::HandlerKind::Http;
         for (int i = 0; i < nh; i++) {
             const HandlerEntry* h = catalog_handler_at(i);
-            if (h->kind == kind) ids[nserved++] = h->id;
+            if (h->kind == kind && !h->paused) ids[nserved++] = h->id;
         }
         if (pass == 0) nnotify = nserved;
     }
