@@ -273,6 +273,41 @@ SELECT h.name AS handler,
   LEFT JOIN LATERAL (
         SELECT count(*) AS dead FROM relay.dead_letters dl WHERE dl.handler_id = h.id) x ON true;
 
+-- Publisher idempotency (docs/sql-api.md, relay_publish's dedupe_key): a
+-- dedupe key names the first event published with it until expires_at
+-- (relaybus.dedupe_window). The library writes and reads it (dedupe.hpp); the
+-- dispatchers remove expired rows. relay_publish and relay_publish_batch gain
+-- the argument, so they are dropped and created again (the library serves
+-- both signatures); the grants follow.
+CREATE TABLE relay.dedupe (
+    key         text PRIMARY KEY,
+    event_id    bigint NOT NULL,
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX dedupe_expires ON relay.dedupe (expires_at);
+SELECT pg_catalog.pg_extension_config_dump('relay.dedupe', '');
+REVOKE ALL ON relay.dedupe FROM PUBLIC;
+GRANT SELECT ON relay.dedupe TO relay_admin;
+
+DROP FUNCTION relay_publish(text, jsonb, text, jsonb, integer, timestamptz);
+CREATE FUNCTION relay_publish(topic text, payload jsonb, key text DEFAULT NULL,
+                              headers jsonb DEFAULT NULL, priority integer DEFAULT 1,
+                              not_before timestamptz DEFAULT NULL, dedupe_key text DEFAULT NULL)
+RETURNS bigint AS 'MODULE_PATHNAME', 'relay_publish' LANGUAGE C VOLATILE;
+
+DROP FUNCTION relay_publish_batch(text, jsonb[], text[], jsonb, integer, timestamptz);
+CREATE FUNCTION relay_publish_batch(topic text, payloads jsonb[], keys text[] DEFAULT NULL,
+                                    headers jsonb DEFAULT NULL, priority integer DEFAULT 1,
+                                    not_before timestamptz DEFAULT NULL, dedupe_keys text[] DEFAULT NULL)
+RETURNS bigint[] AS 'MODULE_PATHNAME', 'relay_publish_batch' LANGUAGE C VOLATILE;
+
+REVOKE EXECUTE ON FUNCTION relay_publish(text, jsonb, text, jsonb, integer, timestamptz, text),
+                           relay_publish_batch(text, jsonb[], text[], jsonb, integer, timestamptz, text[])
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION relay_publish(text, jsonb, text, jsonb, integer, timestamptz, text),
+                          relay_publish_batch(text, jsonb[], text[], jsonb, integer, timestamptz, text[])
+    TO relay_publisher;
+
 REVOKE EXECUTE ON FUNCTION relay_pause_handler(text), relay_resume_handler(text), relay_cancel(bigint[]),
                            relay_purge_dead_letters(text, interval), relay_prune_key_seqs() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION relay_pause_handler(text), relay_resume_handler(text), relay_cancel(bigint[]),

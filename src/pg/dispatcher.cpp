@@ -26,6 +26,7 @@
 #include "pg/boundary.hpp"
 #include "pg/claim.hpp"
 #include "pg/catalog_cache.hpp"
+#include "pg/dedupe.hpp"
 #include "pg/complete.hpp"
 #include "pg/http_delivery.hpp"
 #include "pg/leases.hpp"
@@ -78,6 +79,11 @@ static const core::BackoffPolicy kEnvironmentBackoff = {100, 5000};
 // none): the wait ends then, so a retry goes out when its backoff ends rather
 // than at the next poll.
 static int64 next_ready_ms = 0;
+
+// relay.dedupe cleanup (dedupe.hpp): every 10 s, at most 1000 rows.
+static int64 last_dedupe_cleanup_ms = 0;
+static constexpr int64 kDedupeCleanupEveryMs = 10000;
+static constexpr int kDedupeCleanupBatch = 1000;
 
 static void note_next_ready(const ClaimResult* res) {
     if (res->next_ready_ms > 0 && (next_ready_ms == 0 || res->next_ready_ms < next_ready_ms))
@@ -378,6 +384,12 @@ static bool iterate() {
             handed += res.n;
         }
         spi_end(&scope);
+    }
+    // Dedupe rows past their window go now and then, a bounded batch at a time.
+    int64 now_ms = timestamptz_to_epoch_ms(GetCurrentTimestamp());
+    if (now_ms - last_dedupe_cleanup_ms >= kDedupeCleanupEveryMs) {
+        last_dedupe_cleanup_ms = now_ms;
+        dedupe_cleanup(kDedupeCleanupBatch);
     }
     if (handed > 0 && !lanes_still_mine())
         ereport(ERROR, (errcode(ERRCODE_LOCK_NOT_AVAILABLE),

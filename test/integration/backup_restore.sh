@@ -33,7 +33,7 @@ no_dispatcher() { [[ -z $(dispatcher_pids "$src") ]]; }
 wait_until 20 no_dispatcher || die "the dispatchers did not stop"
 sql "$src" \
     "SELECT relay_publish('br.a', jsonb_build_object('n', g), 'k1') FROM generate_series(1, 3) g" \
-    "SELECT relay_publish('br.b', jsonb_build_object('n', g)) FROM generate_series(4, 5) g" \
+    "SELECT relay_publish('br.b', jsonb_build_object('n', g), dedupe_key => 'dd' || g) FROM generate_series(4, 5) g" \
     "SELECT relay_publish('br.later', '{\"n\": 6}', 'k2', not_before => now() + interval '4 seconds')" \
     "SELECT relay_publish('brn.x', jsonb_build_object('n', g), 'nk') FROM generate_series(7, 8) g" >/dev/null \
     || die "could not publish the backlog"
@@ -78,6 +78,8 @@ sql "$dst" "SELECT relay_publish('br.c', '{\"n\": 9}', 'k1')" >/dev/null
 check_eq "a new event of key k1 gets seq 4; its event and delivery ids are fresh" "4|t|t" \
     "$(sql "$dst" "SELECT seq, event_id > $max_event, id > $max_delivery FROM relay.deliveries
                    WHERE handler_id = (SELECT id FROM relay.handlers WHERE name = 'br_pull') AND payload = '{\"n\": 9}'")"
+check_eq "a dedupe key of the dump still names its event" "$(sql "$src" "SELECT event_id FROM relay.dedupe WHERE key = 'dd4'")" \
+    "$(sql "$dst" "SELECT relay_publish('br.b', '{\"n\": 4}', dedupe_key => 'dd4')")"
 check_eq "the dead letter of br_pull replays into br_pull" 1 "$(sql "$dst" "SELECT relay_replay('br_pull')")"
 
 log "the restored backlog is delivered"
