@@ -68,3 +68,247 @@ BEGIN
     DELETE FROM relay.handlers x WHERE x.id = hid;
 END
 $$;
+
+-- ================================================================================
+-- Operations (issue 11): backups, handler ids, admin functions
+-- ================================================================================
+
+-- The identity sequence of relay.handlers holds user state too: without it a
+-- restored database hands out handler ids from 1 again (docs/operations.md).
+SELECT pg_catalog.pg_extension_config_dump('relay.handlers_id_seq', '');
+
+-- A handler id is never used twice, even after a restore of a dump that lacks
+-- the sequence (0.1.0's): the id drawn is above every id a handler or a dead
+-- letter has used, so no dead letter of a dropped handler reaches a new one.
+CREATE OR REPLACE FUNCTION relay_create_handler(name text, kind text, target text DEFAULT NULL,
+                                                options jsonb DEFAULT '{}')
+RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v    jsonb;
+    hid  bigint;
+    used bigint;
+    seq  text := pg_get_serial_sequence('relay.handlers', 'id');
+BEGIN
+    v := relay._validate_handler(relay_create_handler.name, relay_create_handler.kind,
+                                 relay_create_handler.target, relay_create_handler.options);
+    IF EXISTS (SELECT 1 FROM relay.handlers h WHERE h.name = relay_create_handler.name) THEN
+        RAISE EXCEPTION 'handler "%" already exists', relay_create_handler.name
+            USING ERRCODE = 'duplicate_object';
+    END IF;
+    hid := nextval(seq);
+    used := greatest((SELECT max(h.id) FROM relay.handlers h),
+                     (SELECT max(dl.handler_id) FROM relay.dead_letters dl));
+    IF hid <= used THEN
+        PERFORM setval(seq, used);
+        hid := nextval(seq);
+    END IF;
+    INSERT INTO relay.handlers (id, name, kind, target, options, secrets) OVERRIDING SYSTEM VALUE
+    VALUES (hid, relay_create_handler.name, relay_create_handler.kind, v->>'target', v->'options',
+            (SELECT array_agg(s) FROM jsonb_array_elements_text(v->'secrets') AS s));
+    RETURN hid;
+END
+$$;
+
+-- Paused handlers: publishing continues, the dispatchers and relay_claim skip
+-- them (read by the library's catalog cache, which copes with its absence).
+ALTER TABLE relay.handlers ADD COLUMN paused boolean NOT NULL DEFAULT false;
+
+-- Why a delivery is a dead letter: it failed (max_attempts, a permanent error)
+-- or an admin cancelled it (relay_cancel).
+ALTER TABLE relay.dead_letters ADD COLUMN reason text NOT NULL DEFAULT 'failed'
+    CONSTRAINT dead_letters_reason CHECK (reason IN ('failed', 'cancelled'));
+
+CREATE FUNCTION relay_pause_handler(name text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF relay_pause_handler.name IS NULL THEN
+        RAISE EXCEPTION 'name must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    UPDATE relay.handlers x SET paused = true, updated_at = now()
+     WHERE x.name = relay_pause_handler.name AND NOT x.paused;
+    IF NOT FOUND AND NOT EXISTS (SELECT 1 FROM relay.handlers x WHERE x.name = relay_pause_handler.name) THEN
+        RAISE EXCEPTION 'handler "%" does not exist', relay_pause_handler.name
+            USING ERRCODE = 'undefined_object';
+    END IF;
+END
+$$;
+
+CREATE FUNCTION relay_resume_handler(name text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF relay_resume_handler.name IS NULL THEN
+        RAISE EXCEPTION 'name must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    UPDATE relay.handlers x SET paused = false, updated_at = now()
+     WHERE x.name = relay_resume_handler.name AND x.paused;
+    IF NOT FOUND AND NOT EXISTS (SELECT 1 FROM relay.handlers x WHERE x.name = relay_resume_handler.name) THEN
+        RAISE EXCEPTION 'handler "%" does not exist', relay_resume_handler.name
+            USING ERRCODE = 'undefined_object';
+    END IF;
+END
+$$;
+
+-- Cancels pending deliveries: each moves to relay.dead_letters with reason
+-- 'cancelled' (replayable like any dead letter). A leased one (in flight with a
+-- consumer or a dispatcher) is refused with 55P03 and nothing is cancelled: its
+-- holder could not complete it otherwise. Ids that are not pending are skipped.
+CREATE FUNCTION relay_cancel(ids bigint[]) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    leased bigint[];
+    n      integer;
+BEGIN
+    IF relay_cancel.ids IS NULL THEN
+        RAISE EXCEPTION 'ids must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    WITH d AS (
+        DELETE FROM relay.deliveries d WHERE d.id = ANY (relay_cancel.ids) RETURNING d.*
+    ), moved AS (
+        INSERT INTO relay.dead_letters (id, event_id, seq, published_at, handler_id, attempts, lane,
+                                        priority, handler, topic, wire_topic, key, payload, headers,
+                                        last_error, reason)
+        SELECT d.id, d.event_id, d.seq, d.published_at, d.handler_id, d.attempt, d.lane, d.priority,
+               coalesce(h.name, ''), d.topic, d.wire_topic, d.key, d.payload, d.headers,
+               'cancelled by ' || session_user, 'cancelled'
+          FROM d LEFT JOIN relay.handlers h ON h.id = d.handler_id
+        RETURNING id
+    )
+    SELECT count(*) INTO n FROM moved;
+    -- Checked after the rows are deleted: a claim that leases one of them from
+    -- now on finds it gone when it fetches the rows (docs/consumers.md).
+    SELECT array_agg(l.delivery_id ORDER BY l.delivery_id) INTO leased
+      FROM relay._leases() l
+     WHERE l.delivery_id = ANY (relay_cancel.ids) AND l.lease_until > clock_timestamp();
+    IF leased IS NOT NULL THEN
+        RAISE EXCEPTION 'deliveries % are leased', leased
+            USING ERRCODE = 'lock_not_available',
+                  DETAIL = 'A consumer or a dispatcher holds them; nothing was cancelled.',
+                  HINT = 'Pause the handler (relay_pause_handler) and retry once the leases ended.';
+    END IF;
+    RETURN n;
+END
+$$;
+
+-- Deletes dead letters of one handler (by its name as recorded, so a dropped
+-- handler's too) and/or older than an interval; both NULL: all of them.
+CREATE FUNCTION relay_purge_dead_letters(handler text DEFAULT NULL, older_than interval DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n bigint;
+BEGIN
+    IF relay_purge_dead_letters.older_than < interval '0' THEN
+        RAISE EXCEPTION 'older_than must not be negative' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF relay_purge_dead_letters.handler IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM relay.handlers x WHERE x.name = relay_purge_dead_letters.handler)
+       AND NOT EXISTS (SELECT 1 FROM relay.dead_letters dl WHERE dl.handler = relay_purge_dead_letters.handler) THEN
+        RAISE EXCEPTION 'handler "%" does not exist and has no dead letters', relay_purge_dead_letters.handler
+            USING ERRCODE = 'undefined_object';
+    END IF;
+    DELETE FROM relay.dead_letters dl
+     WHERE (relay_purge_dead_letters.handler IS NULL OR dl.handler = relay_purge_dead_letters.handler)
+       AND (relay_purge_dead_letters.older_than IS NULL
+            OR dl.failed_at < now() - relay_purge_dead_letters.older_than);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+-- Removes the counters of keys with nothing pending and nothing dead. Each key
+-- is locked (FOR UPDATE, as a publisher's counter bump does) and checked again
+-- with a snapshot taken after the lock: a publish of that key in progress
+-- commits first and keeps its counter, and a publish after the removal waits
+-- for it and starts the key at seq 1 with nothing of the key left to follow.
+CREATE FUNCTION relay_prune_key_seqs() RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    k text;
+    n bigint := 0;
+BEGIN
+    FOR k IN SELECT s.key FROM relay.key_seqs s
+              WHERE NOT EXISTS (SELECT 1 FROM relay.deliveries d WHERE d.key = s.key)
+                AND NOT EXISTS (SELECT 1 FROM relay.dead_letters dl WHERE dl.key = s.key)
+    LOOP
+        PERFORM 1 FROM relay.key_seqs s WHERE s.key = k FOR UPDATE;
+        DELETE FROM relay.key_seqs s
+         WHERE s.key = k
+           AND NOT EXISTS (SELECT 1 FROM relay.deliveries d WHERE d.key = k)
+           AND NOT EXISTS (SELECT 1 FROM relay.dead_letters dl WHERE dl.key = k);
+        n := n + CASE WHEN FOUND THEN 1 ELSE 0 END;
+    END LOOP;
+    RETURN n;
+END
+$$;
+
+CREATE OR REPLACE VIEW relay.handler_stats AS
+SELECT h.name AS handler,
+       h.kind,
+       coalesce(d.pending, 0)  AS pending,
+       coalesce(d.ready, 0)    AS ready,
+       coalesce(d.delayed, 0)  AS delayed,
+       coalesce(l.in_flight, 0) AS in_flight,
+       coalesce(d.retrying, 0) AS retrying,
+       coalesce(x.dead, 0)     AS dead,
+       d.oldest_pending_age,
+       coalesce(c.delivered, 0) AS delivered,
+       coalesce(c.retried, 0)   AS retried,
+       c.latency_p50_ms,
+       c.latency_p99_ms,
+       c.http_2xx, c.http_3xx, c.http_4xx, c.http_5xx, c.http_errors,
+       CASE WHEN c.breaker_until > now() THEN c.breaker_until END AS breaker_until,
+       h.paused
+  FROM relay.handlers h
+  LEFT JOIN relay._handler_counters() c ON c.handler_id = h.id
+  LEFT JOIN LATERAL (
+        SELECT count(*) AS pending,
+               count(*) FILTER (WHERE dd.not_before <= now()) AS ready,
+               count(*) FILTER (WHERE dd.not_before > now()) AS delayed,
+               count(*) FILTER (WHERE dd.attempt > 0) AS retrying,
+               now() - min(dd.published_at) AS oldest_pending_age
+          FROM relay.deliveries dd WHERE dd.handler_id = h.id) d ON true
+  LEFT JOIN LATERAL (
+        SELECT count(*) AS in_flight FROM relay._leases() ls
+         WHERE ls.handler_id = h.id AND ls.lease_until > clock_timestamp()) l ON true
+  LEFT JOIN LATERAL (
+        SELECT count(*) AS dead FROM relay.dead_letters dl WHERE dl.handler_id = h.id) x ON true;
+
+-- Publisher idempotency (docs/sql-api.md, relay_publish's dedupe_key): a
+-- dedupe key names the first event published with it until expires_at
+-- (relaybus.dedupe_window). The library writes and reads it (dedupe.hpp); the
+-- dispatchers remove expired rows. relay_publish and relay_publish_batch gain
+-- the argument, so they are dropped and created again (the library serves
+-- both signatures); the grants follow.
+CREATE TABLE relay.dedupe (
+    key         text PRIMARY KEY,
+    event_id    bigint NOT NULL,
+    expires_at  timestamptz NOT NULL
+);
+CREATE INDEX dedupe_expires ON relay.dedupe (expires_at);
+SELECT pg_catalog.pg_extension_config_dump('relay.dedupe', '');
+REVOKE ALL ON relay.dedupe FROM PUBLIC;
+GRANT SELECT ON relay.dedupe TO relay_admin;
+
+DROP FUNCTION relay_publish(text, jsonb, text, jsonb, integer, timestamptz);
+CREATE FUNCTION relay_publish(topic text, payload jsonb, key text DEFAULT NULL,
+                              headers jsonb DEFAULT NULL, priority integer DEFAULT 1,
+                              not_before timestamptz DEFAULT NULL, dedupe_key text DEFAULT NULL)
+RETURNS bigint AS 'MODULE_PATHNAME', 'relay_publish' LANGUAGE C VOLATILE;
+
+DROP FUNCTION relay_publish_batch(text, jsonb[], text[], jsonb, integer, timestamptz);
+CREATE FUNCTION relay_publish_batch(topic text, payloads jsonb[], keys text[] DEFAULT NULL,
+                                    headers jsonb DEFAULT NULL, priority integer DEFAULT 1,
+                                    not_before timestamptz DEFAULT NULL, dedupe_keys text[] DEFAULT NULL)
+RETURNS bigint[] AS 'MODULE_PATHNAME', 'relay_publish_batch' LANGUAGE C VOLATILE;
+
+REVOKE EXECUTE ON FUNCTION relay_publish(text, jsonb, text, jsonb, integer, timestamptz, text),
+                           relay_publish_batch(text, jsonb[], text[], jsonb, integer, timestamptz, text[])
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION relay_publish(text, jsonb, text, jsonb, integer, timestamptz, text),
+                          relay_publish_batch(text, jsonb[], text[], jsonb, integer, timestamptz, text[])
+    TO relay_publisher;
+
+REVOKE EXECUTE ON FUNCTION relay_pause_handler(text), relay_resume_handler(text), relay_cancel(bigint[]),
+                           relay_purge_dead_letters(text, interval), relay_prune_key_seqs() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION relay_pause_handler(text), relay_resume_handler(text), relay_cancel(bigint[]),
+                          relay_purge_dead_letters(text, interval), relay_prune_key_seqs() TO relay_admin;

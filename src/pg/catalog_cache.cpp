@@ -46,6 +46,7 @@ struct RawHandler {
     char* kind;
     char* options;
     char* target;
+    bool paused;
 };
 struct RawRoute {
     char* pattern;
@@ -53,9 +54,12 @@ struct RawRoute {
     char* wire;  // may be nullptr
 };
 
+// paused is read through to_jsonb: a 0.1.0 schema (before ALTER EXTENSION
+// relaybus UPDATE) has no such column, and then no handler is paused.
 SavedPlan handlers_plan = {
     "SELECT id, name, kind, (options || CASE WHEN secrets IS NULL THEN '{}'::jsonb "
-    "ELSE jsonb_build_object('secret', to_jsonb(secrets)) END)::text, target FROM relay.handlers",
+    "ELSE jsonb_build_object('secret', to_jsonb(secrets)) END)::text, target, "
+    "coalesce((to_jsonb(h) ->> 'paused')::boolean, false) FROM relay.handlers h",
     0, {}, nullptr};
 SavedPlan routes_plan = {"SELECT pattern, handler_id, wire_name FROM relay.routes", 0, {}, nullptr};
 
@@ -80,6 +84,7 @@ void reload(Oid schema, uint64 generation) {
         hs[i].kind = copy_text_col(i, 3);
         hs[i].options = copy_text_col(i, 4);
         hs[i].target = copy_text_col(i, 5);
+        hs[i].paused = DatumGetBool(spi_col(i, 6, &isnull));
     }
     spi_exec_latest(&routes_plan, nullptr, nullptr, true, 0);
     int nr = static_cast<int>(SPI_processed);
@@ -101,6 +106,7 @@ void reload(Oid schema, uint64 generation) {
             for (int i = 0; i < nh; i++) {
                 HandlerEntry h{};
                 h.id = hs[i].id;
+                h.paused = hs[i].paused;
                 strlcpy(h.name, hs[i].name, sizeof(h.name));
                 if (hs[i].target != nullptr) {
                     strlcpy(h.channel, hs[i].target, sizeof(h.channel));

@@ -20,6 +20,7 @@ struct HandlerEntry {
     char channel[NAMEDATALEN];  // notify handlers: the LISTEN channel
     std::string target;         // the target as stored (the URL of an http handler)
     core::HandlerOptions options;
+    bool paused;                // relay_pause_handler: delivery waits, publishing goes on
 };
 
 struct RouteTarget {

@@ -539,6 +539,9 @@ RELAYBUS_SQL_FUNCTION(relay_claim) {
     }
 
     InitMaterializedSRF(fcinfo, 0);
+    // A paused handler hands nothing over: its consumers poll on until
+    // relay_resume_handler (docs/operations.md).
+    if (h->paused) return (Datum)0;
     auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
     SpiScope scope;
     spi_begin(&scope);

@@ -26,6 +26,7 @@
 #include "pg/boundary.hpp"
 #include "pg/claim.hpp"
 #include "pg/catalog_cache.hpp"
+#include "pg/dedupe.hpp"
 #include "pg/complete.hpp"
 #include "pg/http_delivery.hpp"
 #include "pg/leases.hpp"
@@ -78,6 +79,11 @@ static const core::BackoffPolicy kEnvironmentBackoff = {100, 5000};
 // none): the wait ends then, so a retry goes out when its backoff ends rather
 // than at the next poll.
 static int64 next_ready_ms = 0;
+
+// relay.dedupe cleanup (dedupe.hpp): every 10 s, at most 1000 rows.
+static int64 last_dedupe_cleanup_ms = 0;
+static constexpr int64 kDedupeCleanupEveryMs = 10000;
+static constexpr int kDedupeCleanupBatch = 1000;
 
 static void note_next_ready(const ClaimResult* res) {
     if (res->next_ready_ms > 0 && (next_ready_ms == 0 || res->next_ready_ms < next_ready_ms))
@@ -324,7 +330,7 @@ static bool iterate() {
     pgstat_report_activity(STATE_RUNNING, "relaybus: dispatching");
     balance_lanes();
 
-    // The handlers served here: notify ones first, then http.
+    // The handlers served here (a paused one waits): notify ones first, then http.
     int nh = catalog_handler_count();
     int32* ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
     int nserved = 0, nnotify = 0;
@@ -332,7 +338,7 @@ static bool iterate() {
         core::HandlerKind kind = pass == 0 ? core::HandlerKind::Notify : core::HandlerKind::Http;
         for (int i = 0; i < nh; i++) {
             const HandlerEntry* h = catalog_handler_at(i);
-            if (h->kind == kind) ids[nserved++] = h->id;
+            if (h->kind == kind && !h->paused) ids[nserved++] = h->id;
         }
         if (pass == 0) nnotify = nserved;
     }
@@ -378,6 +384,12 @@ static bool iterate() {
             handed += res.n;
         }
         spi_end(&scope);
+    }
+    // Dedupe rows past their window go now and then, a bounded batch at a time.
+    int64 now_ms = timestamptz_to_epoch_ms(GetCurrentTimestamp());
+    if (now_ms - last_dedupe_cleanup_ms >= kDedupeCleanupEveryMs) {
+        last_dedupe_cleanup_ms = now_ms;
+        dedupe_cleanup(kDedupeCleanupBatch);
     }
     if (handed > 0 && !lanes_still_mine())
         ereport(ERROR, (errcode(ERRCODE_LOCK_NOT_AVAILABLE),

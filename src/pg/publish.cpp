@@ -17,6 +17,7 @@
 #include "core/topic.hpp"
 #include "pg/boundary.hpp"
 #include "pg/catalog_cache.hpp"
+#include "pg/dedupe.hpp"
 #include "pg/delivery_writer.hpp"
 #include "pg/guard.hpp"
 #include "pg/key_counter.hpp"
@@ -247,10 +248,25 @@ RELAYBUS_SQL_FUNCTION(relay_publish) {
     char* key = PG_ARGISNULL(2) ? nullptr : text_arg(fcinfo, 2, &key_len);
     if (key != nullptr) check_key(key, key_len, -1);
 
+    // dedupe_key (0.2.0's signature; 0.1.0's has six arguments): an event
+    // published with it within the window is returned instead (dedupe.hpp).
+    int dedupe_len = 0;
+    char* dedupe = PG_NARGS() > 6 && !PG_ARGISNULL(6) ? text_arg(fcinfo, 6, &dedupe_len) : nullptr;
+    if (dedupe != nullptr) {
+        check_dedupe_key(dedupe, dedupe_len, -1);
+        dedupe_lock(&dedupe, &dedupe_len, 1);
+        int64 earlier = 0;
+        if (dedupe_find(dedupe, &earlier)) PG_RETURN_INT64(earlier);
+    }
+
     lock_deliveries_for_publish();  // before the routes are read (see there)
     const RouteTarget* targets = nullptr;
     int ntargets = catalog_routes_for(common.topic, &targets);
-    if (ntargets == 0) PG_RETURN_INT64(next_event_id());
+    if (ntargets == 0) {
+        int64 unrouted_id = next_event_id();
+        if (dedupe != nullptr) dedupe_record(dedupe, unrouted_id);
+        PG_RETURN_INT64(unrouted_id);
+    }
     bool wake = needs_workers(targets, ntargets);
 
     int64 seq = 0;
@@ -267,6 +283,7 @@ RELAYBUS_SQL_FUNCTION(relay_publish) {
     if (key == nullptr) lane = static_cast<int16>(event_id % core::kLanes);
     EventRows ev = {1, &event_id, &seq, &lane, &key_datum, &payload};
     insert_deliveries(common, ev, targets, ntargets);
+    if (dedupe != nullptr) dedupe_record(dedupe, event_id);
     if (wake) wake_dispatchers_at_commit();
     PG_RETURN_INT64(event_id);
 }
@@ -320,6 +337,90 @@ static bool mark_uncounted(int n, char** keys, const int* key_lens, const bool* 
         if (uncounted[i]) ++*nuncounted;
     }
     return true;
+}
+
+// A batch's dedupe keys (plain arrays: this runs between PostgreSQL calls).
+struct BatchDedupe {
+    int n;          // events as called
+    char** keys;    // per event; nullptr: none
+    int* lens;
+    int* first;     // per event with a key: the first event of the batch with that key
+    int64* ids;     // per event: its id (an earlier event's, or the one it gets)
+    bool* earlier;  // per first event: its key names an earlier event
+    int* kept;      // per event that is published: its position in the call
+    int nkept;
+};
+
+static char** sort_keys;  // for cmp_key_index only
+static int cmp_key_index(const void* a, const void* b) {
+    int x = *static_cast<const int*>(a), y = *static_cast<const int*>(b);
+    int c = strcmp(sort_keys[x], sort_keys[y]);
+    return c != 0 ? c : (x < y ? -1 : (x > y ? 1 : 0));
+}
+
+// Reads dedupe_keys, takes their locks, and finds which events name an earlier
+// event (left out, given its id) or repeat a key of the batch (left out, given
+// the first one's id). The others are kept, in order.
+static void batch_dedupe_begin(ArrayType* arr, int n, BatchDedupe* dd) {
+    if (ARR_NDIM(arr) > 1)
+        ereport(ERROR, (errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+                        errmsg("dedupe_keys must be a one-dimensional array")));
+    Datum* kd;
+    bool* kn;
+    int nk;
+    deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &kd, &kn, &nk);
+    if (nk != n)
+        ereport(ERROR, (errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+                        errmsg("dedupe_keys must have as many elements as payloads"),
+                        errdetail("%d payloads, %d dedupe_keys.", n, nk)));
+    dd->n = n;
+    dd->keys = static_cast<char**>(palloc0(sizeof(char*) * (n + 1)));
+    dd->lens = static_cast<int*>(palloc0(sizeof(int) * (n + 1)));
+    dd->first = static_cast<int*>(palloc(sizeof(int) * (n + 1)));
+    dd->ids = static_cast<int64*>(palloc0(sizeof(int64) * (n + 1)));
+    dd->earlier = static_cast<bool*>(palloc0(sizeof(bool) * (n + 1)));
+    dd->kept = static_cast<int*>(palloc(sizeof(int) * (n + 1)));
+    int* with_key = static_cast<int*>(palloc(sizeof(int) * (n + 1)));
+    char** lock_keys = static_cast<char**>(palloc(sizeof(char*) * (n + 1)));
+    int* lock_lens = static_cast<int*>(palloc(sizeof(int) * (n + 1)));
+    int nwith = 0;
+    for (int i = 0; i < n; i++) {
+        dd->first[i] = i;
+        if (kn[i]) continue;
+        text* t = DatumGetTextPP(kd[i]);
+        dd->lens[i] = VARSIZE_ANY_EXHDR(t);
+        dd->keys[i] = text_to_cstring(t);
+        check_dedupe_key(dd->keys[i], dd->lens[i], i + 1);
+        lock_keys[nwith] = dd->keys[i];
+        lock_lens[nwith] = dd->lens[i];
+        with_key[nwith++] = i;
+    }
+    dedupe_lock(lock_keys, lock_lens, nwith);
+    sort_keys = dd->keys;
+    qsort(with_key, nwith, sizeof(int), cmp_key_index);
+    for (int j = 0; j < nwith; j++) {
+        int i = with_key[j];
+        if (j > 0 && strcmp(dd->keys[i], dd->keys[with_key[j - 1]]) == 0) {
+            dd->first[i] = dd->first[with_key[j - 1]];
+            continue;
+        }
+        dd->earlier[i] = dedupe_find(dd->keys[i], &dd->ids[i]);
+    }
+    dd->nkept = 0;
+    for (int i = 0; i < n; i++)
+        if (dd->first[i] == i && !dd->earlier[i]) dd->kept[dd->nkept++] = i;
+}
+
+// The ids of the events as called, recording the new events' dedupe keys.
+static Datum batch_dedupe_end(BatchDedupe* dd, const int64* event_ids) {
+    for (int j = 0; j < dd->nkept; j++) {
+        int i = dd->kept[j];
+        dd->ids[i] = event_ids[j];
+        if (dd->keys[i] != nullptr) dedupe_record(dd->keys[i], event_ids[j]);
+    }
+    Datum* ids = static_cast<Datum*>(palloc(sizeof(Datum) * (dd->n + 1)));
+    for (int i = 0; i < dd->n; i++) ids[i] = Int64GetDatum(dd->ids[dd->first[i]]);
+    return PointerGetDatum(construct_array(ids, dd->n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 }
 
 }  // namespace relaybus::pg
@@ -383,13 +484,46 @@ RELAYBUS_SQL_FUNCTION(relay_publish_batch) {
 
     if (n == 0) PG_RETURN_ARRAYTYPE_P(construct_empty_array(INT8OID));
 
+    // dedupe_keys (0.2.0's signature): the events published from here on are
+    // the kept ones; the others get their earlier event's id (dedupe.hpp).
+    BatchDedupe dd = {};
+    bool dedupe = PG_NARGS() > 6 && !PG_ARGISNULL(6);
+    if (dedupe) {
+        batch_dedupe_begin(PG_GETARG_ARRAYTYPE_P(6), n, &dd);
+        if (dd.nkept < n) {
+            Datum* key_texts = static_cast<Datum*>(palloc0(sizeof(Datum) * (n + 1)));
+            bool* key_text_nulls = static_cast<bool*>(palloc(sizeof(bool) * (n + 1)));
+            any_key = false;
+            for (int j = 0; j < dd.nkept; j++) {
+                int i = dd.kept[j];
+                payloads[j] = payloads[i];
+                keys[j] = keys[i];
+                key_lens[j] = key_lens[i];
+                key_nulls[j] = key_nulls[i];
+                key_text_nulls[j] = key_nulls[j];
+                if (!key_nulls[j]) key_texts[j] = CStringGetTextDatum(keys[j]);
+                any_key = any_key || !key_nulls[j];
+            }
+            n = dd.nkept;
+            if (any_key) {
+                int dims[1] = {n};
+                int lbs[1] = {1};
+                key_array_datum = PointerGetDatum(construct_md_array(key_texts, key_text_nulls, 1, dims, lbs,
+                                                                     TEXTOID, -1, false, TYPALIGN_INT));
+            }
+        }
+        if (n == 0) PG_RETURN_DATUM(batch_dedupe_end(&dd, nullptr));
+    }
+
     lock_deliveries_for_publish();  // before the routes are read (see there)
     const RouteTarget* targets = nullptr;
     int ntargets = catalog_routes_for(common.topic, &targets);
     int64* event_ids = static_cast<int64*>(palloc(sizeof(int64) * (n + 1)));
     if (ntargets == 0) {
+        for (int i = 0; i < n; i++) event_ids[i] = next_event_id();
+        if (dedupe) PG_RETURN_DATUM(batch_dedupe_end(&dd, event_ids));
         Datum* ids = static_cast<Datum*>(palloc(sizeof(Datum) * (n + 1)));
-        for (int i = 0; i < n; i++) ids[i] = Int64GetDatum(next_event_id());
+        for (int i = 0; i < n; i++) ids[i] = Int64GetDatum(event_ids[i]);
         PG_RETURN_ARRAYTYPE_P(construct_array(ids, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
     }
     bool wake = needs_workers(targets, ntargets);
@@ -465,6 +599,7 @@ RELAYBUS_SQL_FUNCTION(relay_publish_batch) {
     EventRows ev = {n, event_ids, seqs, lanes, key_datums, payloads};
     insert_deliveries(common, ev, targets, ntargets);
     if (wake) wake_dispatchers_at_commit();
+    if (dedupe) PG_RETURN_DATUM(batch_dedupe_end(&dd, event_ids));
     Datum* ids = static_cast<Datum*>(palloc(sizeof(Datum) * (n + 1)));
     for (int i = 0; i < n; i++) ids[i] = Int64GetDatum(event_ids[i]);
     PG_RETURN_ARRAYTYPE_P(construct_array(ids, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));

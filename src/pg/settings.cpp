@@ -18,8 +18,13 @@ int guc_max_in_flight = 10000;
 int guc_notify_payload_limit = 7900;
 char* guc_http_allowlist = nullptr;
 bool guc_worker_synchronous_commit = false;
+int guc_dedupe_window_s = 86400;
 
 void define_settings() {
+    DefineCustomIntVariable(
+        "relaybus.dedupe_window", "How long a publish's dedupe_key keeps naming its event.",
+        "A publish with the same dedupe_key within it returns the first event's id and creates nothing.",
+        &guc_dedupe_window_s, 86400, 1, INT_MAX, PGC_USERSET, GUC_UNIT_S, nullptr, nullptr, nullptr);
     DefineCustomIntVariable(
         "relaybus.max_payload_bytes", "Largest payload relay_publish accepts, in bytes.",
         "Measured on the jsonb value as stored, before compression.", &guc_max_payload_bytes,

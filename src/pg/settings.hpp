@@ -18,6 +18,7 @@ extern int guc_max_in_flight;
 extern int guc_notify_payload_limit;
 extern char* guc_http_allowlist;
 extern bool guc_worker_synchronous_commit;
+extern int guc_dedupe_window_s;
 
 void define_settings();
 
