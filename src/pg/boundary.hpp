@@ -97,23 +97,15 @@ Datum sql_entry(FunctionCallInfo fcinfo) {
 template <typename F>
 auto pg_guard(F&& f) -> decltype(f()) {
     using Result = decltype(f());
-    MemoryContext cxt = CurrentMemoryContext;
-    ErrorData* volatile error = nullptr;
     if constexpr (std::is_void_v<Result>) {
-        PG_TRY();
-        {
+        (void)pg_guard([&] {
             f();
-        }
-        PG_CATCH();
-        {
-            MemoryContextSwitchTo(cxt);
-            error = CopyErrorData();
-            FlushErrorState();
-        }
-        PG_END_TRY();
-        if (error != nullptr) throw PgError(error);
+            return 0;
+        });
     } else {
         static_assert(std::is_scalar_v<Result>, "pg_guard returns a scalar or a pointer");
+        MemoryContext cxt = CurrentMemoryContext;
+        ErrorData* volatile error = nullptr;
         volatile Result result{};  // read only when f returned normally
         PG_TRY();
         {

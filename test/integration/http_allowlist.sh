@@ -7,12 +7,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 
-start_receiver r || die "the receiver did not start"
-URL=http://127.0.0.1:$RECV_PORT
-LOG=$TMP/r.log
-allow_loopback || die "could not set relaybus.http_allowlist"
-new_db db http_allowlist || die "could not create a database"
-check "a dispatcher serves the new database" wait_workers "$db" 1 20
+http_test_db http_allowlist
 
 # Every request is answered after 0.2 s: with concurrency 4 and 400 deliveries
 # the handler is busy for ~20 s, with 4 kept-alive connections.

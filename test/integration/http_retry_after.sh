@@ -8,12 +8,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 
-start_receiver r || die "the receiver did not start"
-URL=http://127.0.0.1:$RECV_PORT
-LOG=$TMP/r.log
-allow_loopback || die "could not set relaybus.http_allowlist"
-new_db db http_retry_after || die "could not create a database"
-check "a dispatcher serves the new database" wait_workers "$db" 1 20
+http_test_db http_retry_after
 
 http_handler "$db" ra "$URL/ra" \
     '{"backoff_base": "100ms", "backoff_max": "1s", "timeout": "2s", "max_attempts": 5}' 'ra.t' || die "handler ra"
