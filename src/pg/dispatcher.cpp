@@ -263,8 +263,10 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
         }
         char* json = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, kNotifyJsonColumn);
         // Ack mode adds the lease field below: it counts against the limit.
-        bool by_reference =
-            static_cast<int>(strlen(json)) + (ack ? kLeaseFieldLen : 0) > guc_notify_payload_limit;
+        // "inline_payload": false sends every delivery by reference: any role
+        // that can connect may LISTEN, only relay_consumer may call relay_payload.
+        bool by_reference = !h->options.inline_payload ||
+                            static_cast<int>(strlen(json)) + (ack ? kLeaseFieldLen : 0) > guc_notify_payload_limit;
         if (by_reference) {
             json = reference_payload(row);
             if (key != nullptr && !ack) held_keys[nheld++] = key;
