@@ -68,3 +68,106 @@ BEGIN
     DELETE FROM relay.handlers x WHERE x.id = hid;
 END
 $$;
+
+-- =============================================================================
+-- Monitoring (issue 11, item 4; docs/operations.md "Monitoring")
+-- =============================================================================
+-- relay_monitor reads the stats views and nothing else: no table, no payload,
+-- no secret, no claim or ack. Roles are cluster-wide (see 0.1.0).
+DO $monitor_role$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'relay_monitor') THEN
+        CREATE ROLE relay_monitor NOLOGIN;
+    END IF;
+END
+$monitor_role$;
+GRANT relay_monitor TO relay_admin;
+
+CREATE FUNCTION relay._handler_totals(OUT handler_id integer, OUT published bigint,
+                                      OUT latency_sum_seconds float8)
+RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_totals' LANGUAGE C;
+
+CREATE FUNCTION relay._handler_latency_buckets(OUT handler_id integer, OUT le float8, OUT count bigint)
+RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_latency_buckets' LANGUAGE C;
+
+-- For scrapers: shared-memory counters (monotonic since server start) and, per
+-- handler, four index probes for the oldest pending delivery (the head of each
+-- priority class): the cost does not grow with the backlog.
+CREATE VIEW relay.handler_metrics AS
+SELECT current_database() AS database,
+       h.name AS handler,
+       h.kind,
+       coalesce(t.published, 0)     AS published,
+       coalesce(c.delivered, 0)     AS delivered,
+       coalesce(c.retried, 0)       AS retried,
+       coalesce(c.dead_lettered, 0) AS dead_lettered,
+       coalesce(l.in_flight, 0)     AS in_flight,
+       coalesce(extract(epoch FROM now() - o.oldest)::float8, 0) AS oldest_pending_seconds,
+       coalesce(t.latency_sum_seconds, 0) AS latency_sum_seconds,
+       coalesce(c.http_2xx, 0) AS http_2xx, coalesce(c.http_3xx, 0) AS http_3xx,
+       coalesce(c.http_4xx, 0) AS http_4xx, coalesce(c.http_5xx, 0) AS http_5xx,
+       coalesce(c.http_errors, 0) AS http_errors,
+       coalesce(c.breaker_until > now(), false) AS breaker_open
+  FROM relay.handlers h
+  LEFT JOIN relay._handler_counters() c ON c.handler_id = h.id
+  LEFT JOIN relay._handler_totals() t ON t.handler_id = h.id
+  LEFT JOIN (SELECT ls.handler_id, count(*) AS in_flight FROM relay._leases() ls
+              WHERE ls.lease_until > clock_timestamp() GROUP BY ls.handler_id) l ON l.handler_id = h.id
+  LEFT JOIN LATERAL (
+        SELECT min(head.published_at) AS oldest
+          FROM generate_series(0, 3) AS p(priority)
+         CROSS JOIN LATERAL (SELECT d.published_at FROM relay.deliveries d
+                              WHERE d.handler_id = h.id AND d.priority = p.priority
+                              ORDER BY d.id LIMIT 1) head) o ON true;
+
+-- Publish-to-completion latency as a cumulative histogram (Prometheus
+-- histogram_quantile): le in seconds, the last bucket +Infinity.
+CREATE VIEW relay.handler_latency_buckets AS
+SELECT current_database() AS database, h.name AS handler, b.le, b.count
+  FROM relay.handlers h
+  JOIN relay._handler_latency_buckets() b ON b.handler_id = h.id;
+
+-- relay.handler_stats (for humans; its counts scan relay.deliveries) gains the
+-- database, as its last column.
+CREATE OR REPLACE VIEW relay.handler_stats AS
+SELECT h.name AS handler,
+       h.kind,
+       coalesce(d.pending, 0)  AS pending,
+       coalesce(d.ready, 0)    AS ready,
+       coalesce(d.delayed, 0)  AS delayed,
+       coalesce(l.in_flight, 0) AS in_flight,
+       coalesce(d.retrying, 0) AS retrying,
+       coalesce(x.dead, 0)     AS dead,
+       d.oldest_pending_age,
+       coalesce(c.delivered, 0) AS delivered,
+       coalesce(c.retried, 0)   AS retried,
+       c.latency_p50_ms,
+       c.latency_p99_ms,
+       c.http_2xx, c.http_3xx, c.http_4xx, c.http_5xx, c.http_errors,
+       CASE WHEN c.breaker_until > now() THEN c.breaker_until END AS breaker_until,
+       current_database() AS database
+  FROM relay.handlers h
+  LEFT JOIN relay._handler_counters() c ON c.handler_id = h.id
+  LEFT JOIN LATERAL (
+        SELECT count(*) AS pending,
+               count(*) FILTER (WHERE dd.not_before <= now()) AS ready,
+               count(*) FILTER (WHERE dd.not_before > now()) AS delayed,
+               count(*) FILTER (WHERE dd.attempt > 0) AS retrying,
+               now() - min(dd.published_at) AS oldest_pending_age
+          FROM relay.deliveries dd WHERE dd.handler_id = h.id) d ON true
+  LEFT JOIN LATERAL (
+        SELECT count(*) AS in_flight FROM relay._leases() ls
+         WHERE ls.handler_id = h.id AND ls.lease_until > clock_timestamp()) l ON true
+  LEFT JOIN LATERAL (
+        SELECT count(*) AS dead FROM relay.dead_letters dl WHERE dl.handler_id = h.id) x ON true;
+
+REVOKE ALL ON relay.handler_metrics, relay.handler_latency_buckets FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION relay._handler_totals(), relay._handler_latency_buckets() FROM PUBLIC;
+GRANT SELECT ON relay.handler_stats, relay.handler_metrics, relay.handler_latency_buckets, relay.workers
+    TO relay_monitor, relay_consumer;
+-- The views call these as the reader: they return counters, delivery ids and
+-- lease times, never payloads.
+GRANT EXECUTE ON FUNCTION relay._handler_counters(), relay._handler_totals(),
+                          relay._handler_latency_buckets(), relay._leases(), relay._workers()
+    TO relay_monitor, relay_consumer;
+GRANT USAGE ON SCHEMA relay TO relay_monitor;

@@ -172,6 +172,12 @@ const HandlerEntry* catalog_handler_by_name(const char* name) {
     return it == current->by_name.end() ? nullptr : &current->handlers[it->second];
 }
 
+const char* catalog_handler_name_loaded(int32 id) {
+    if (current == nullptr) return nullptr;
+    auto it = current->by_id.find(id);
+    return it == current->by_id.end() ? nullptr : current->handlers[it->second].name;
+}
+
 const HandlerEntry* catalog_handler_by_id(int32 id) {
     ensure_fresh();
     auto it = current->by_id.find(id);

@@ -1,6 +1,9 @@
 #include "pg/worker_state.hpp"
 
+#include "pg/handler_alerts.hpp"
+
 extern "C" {
+#include "access/xact.h"
 #include "miscadmin.h"
 #include "postmaster/bgworker.h"
 #include "storage/proc.h"
@@ -108,15 +111,6 @@ void wake_dispatchers(Oid dboid) {
     }
 }
 
-static bool wake_pending = false;
-
-void wake_dispatchers_at_commit() { wake_pending = true; }
-
-void workers_at_xact_end(bool commit) {
-    if (wake_pending && commit) wake_dispatchers(MyDatabaseId);
-    wake_pending = false;
-}
-
 static HandlerCounters* counters_of(Oid dboid, int32 handler_id) {
     uint32 h = (static_cast<uint32>(dboid) * 2654435761u) ^ static_cast<uint32>(handler_id);
     for (int probe = 0; probe < kMaxHandlerStats; probe++) {
@@ -132,6 +126,73 @@ static HandlerCounters* counters_of(Oid dboid, int32 handler_id) {
     return nullptr;  // table full: counting stops, delivery does not
 }
 
+static bool wake_pending = false;
+
+void wake_dispatchers_at_commit() { wake_pending = true; }
+
+// This transaction's published deliveries per (handler, nesting level), kept
+// in a fixed array: no allocation in a callback. A full array merges into the
+// first entry of the handler (its level then may be lower: a rolled-back
+// savepoint's publishes may count).
+struct PublishedNote {
+    int32 handler_id;
+    int nest_level;
+    int64 n;
+};
+constexpr int kMaxPublishedNotes = 64;
+static PublishedNote published_notes[kMaxPublishedNotes];
+static int npublished_notes = 0;
+
+void count_published_at_commit(int32 handler_id, int n) {
+    int level = GetCurrentTransactionNestLevel();
+    int same_handler = -1;
+    for (int i = 0; i < npublished_notes; i++) {
+        PublishedNote& p = published_notes[i];
+        if (p.handler_id != handler_id) continue;
+        if (p.nest_level == level) {
+            p.n += n;
+            return;
+        }
+        if (same_handler < 0) same_handler = i;
+    }
+    if (npublished_notes < kMaxPublishedNotes) {
+        published_notes[npublished_notes++] = {handler_id, level, n};
+    } else if (same_handler >= 0) {
+        published_notes[same_handler].n += n;
+    }
+    // else: 64 other handlers in one transaction; this publish goes uncounted.
+}
+
+void published_at_subxact_end(bool commit, int nest_level) {
+    int kept = 0;
+    for (int i = 0; i < npublished_notes; i++) {
+        PublishedNote p = published_notes[i];
+        if (p.nest_level >= nest_level) {
+            if (!commit) continue;
+            p.nest_level = nest_level - 1;  // now the parent's
+        }
+        published_notes[kept++] = p;
+    }
+    npublished_notes = kept;
+}
+
+static void apply_published() {
+    if (workers == nullptr || npublished_notes == 0) return;
+    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+    for (int i = 0; i < npublished_notes; i++) {
+        HandlerCounters* c = counters_of(MyDatabaseId, published_notes[i].handler_id);
+        if (c != nullptr) c->published += static_cast<uint64>(published_notes[i].n);
+    }
+    LWLockRelease(workers->lock);
+}
+
+void workers_at_xact_end(bool commit) {
+    if (wake_pending && commit) wake_dispatchers(MyDatabaseId);
+    wake_pending = false;
+    if (commit) apply_published();
+    npublished_notes = 0;
+}
+
 void count_delivered(Oid dboid, const int32* handler_ids, const int64* latency_us, int n) {
     if (workers == nullptr || n == 0) return;
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
@@ -140,6 +201,8 @@ void count_delivered(Oid dboid, const int32* handler_ids, const int64* latency_u
         if (c == nullptr || c->handler_id != handler_ids[i]) c = counters_of(dboid, handler_ids[i]);
         if (c == nullptr) continue;
         c->delivered++;
+        c->latency_sum_us += static_cast<uint64>(Max(latency_us[i], int64{0}));
+        c->failing = false;
         int b = 0;
         while (b < kLatencyBuckets - 1 && latency_us[i] >= (int64{1} << b)) b++;
         c->latency[b]++;
@@ -149,6 +212,7 @@ void count_delivered(Oid dboid, const int32* handler_ids, const int64* latency_u
 
 void count_retried(Oid dboid, int32 handler_id, bool dead) {
     if (workers == nullptr) return;
+    PendingAlert alert;
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     HandlerCounters* c = counters_of(dboid, handler_id);
     if (c != nullptr) {
@@ -156,8 +220,14 @@ void count_retried(Oid dboid, int32 handler_id, bool dead) {
             c->dead++;
         else
             c->retried++;
+        if (dead)
+            alert_event(c, kAlertDeadLettered, -1, 0, &alert);
+        else if (!c->failing)
+            alert_event(c, kAlertStartedFailing, -1, 0, &alert);
+        c->failing = true;
     }
     LWLockRelease(workers->lock);
+    alert_log(dboid, handler_id, alert);
 }
 
 }  // namespace relaybus::pg
@@ -166,14 +236,20 @@ namespace relaybus::pg {
 
 void count_http(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until) {
     if (workers == nullptr) return;
+    PendingAlert alert;
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     HandlerCounters* c = counters_of(dboid, handler_id);
     if (c != nullptr) {
         int cls = status >= 100 && status < 600 ? status / 100 : 0;
         c->http_status[cls]++;
+        if (c->breaker_until == 0 && breaker_until != 0)
+            alert_event(c, kAlertBreakerOpened, status, breaker_until, &alert);
+        else if (c->breaker_until != 0 && breaker_until == 0)
+            alert_event(c, kAlertBreakerClosed, -1, 0, &alert);
         c->breaker_until = breaker_until;
     }
     LWLockRelease(workers->lock);
+    alert_log(dboid, handler_id, alert);
 }
 
 }  // namespace relaybus::pg

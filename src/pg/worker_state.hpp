@@ -62,6 +62,12 @@ struct HandlerCounters {
     uint64 latency[kLatencyBuckets];
     uint64 http_status[6];   // http: responses 1xx..5xx by class (index 1..5); [0] = no response
     TimestampTz breaker_until;  // http: calls suspended until then (circuit breaker), 0 = closed
+    uint64 published;        // deliveries created for it by committed publishes
+    uint64 latency_sum_us;   // of the `delivered` ones (a histogram's _sum)
+    // Operator log lines (handler_alerts.cpp), rate limited per kind.
+    bool failing;            // the last completion failed
+    TimestampTz last_alert[4];        // per AlertKind: when its last line was written
+    uint32 alerts_suppressed[4];      // per AlertKind: events not logged since then
 };
 
 struct WorkerState {
@@ -116,5 +122,11 @@ void workers_at_xact_end(bool commit);
 void count_delivered(Oid dboid, const int32* handler_ids, const int64* latency_us, int n);
 void count_retried(Oid dboid, int32 handler_id, bool dead);
 void count_http(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until);
+
+// Deliveries created for handler_id by this transaction's publishes: added to
+// its `published` counter when the transaction commits, dropped if it (or the
+// subtransaction that made them) aborts.
+void count_published_at_commit(int32 handler_id, int n);
+void published_at_subxact_end(bool commit, int nest_level);
 
 }  // namespace relaybus::pg
