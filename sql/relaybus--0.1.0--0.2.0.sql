@@ -90,9 +90,14 @@ RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_totals' LANGUAGE C;
 CREATE FUNCTION relay._handler_latency_buckets(OUT handler_id integer, OUT le float8, OUT count bigint)
 RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_latency_buckets' LANGUAGE C;
 
+-- The publish time of a handler's oldest pending delivery: the heads of its
+-- four priority classes in the claim index (a constant cost).
+CREATE FUNCTION relay._oldest_pending(handler_id integer) RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'relay_oldest_pending' LANGUAGE C STABLE STRICT;
+
 -- For scrapers: shared-memory counters (monotonic since server start) and, per
 -- handler, four index probes for the oldest pending delivery (the head of each
--- priority class): the cost does not grow with the backlog.
+-- priority class, relay._oldest_pending): the cost does not grow with the backlog.
 CREATE VIEW relay.handler_metrics AS
 SELECT current_database() AS database,
        h.name AS handler,
@@ -102,7 +107,7 @@ SELECT current_database() AS database,
        coalesce(c.retried, 0)       AS retried,
        coalesce(c.dead_lettered, 0) AS dead_lettered,
        coalesce(l.in_flight, 0)     AS in_flight,
-       coalesce(extract(epoch FROM now() - o.oldest)::float8, 0) AS oldest_pending_seconds,
+       coalesce(extract(epoch FROM now() - relay._oldest_pending(h.id))::float8, 0) AS oldest_pending_seconds,
        coalesce(t.latency_sum_seconds, 0) AS latency_sum_seconds,
        coalesce(c.http_2xx, 0) AS http_2xx, coalesce(c.http_3xx, 0) AS http_3xx,
        coalesce(c.http_4xx, 0) AS http_4xx, coalesce(c.http_5xx, 0) AS http_5xx,
@@ -112,13 +117,7 @@ SELECT current_database() AS database,
   LEFT JOIN relay._handler_counters() c ON c.handler_id = h.id
   LEFT JOIN relay._handler_totals() t ON t.handler_id = h.id
   LEFT JOIN (SELECT ls.handler_id, count(*) AS in_flight FROM relay._leases() ls
-              WHERE ls.lease_until > clock_timestamp() GROUP BY ls.handler_id) l ON l.handler_id = h.id
-  LEFT JOIN LATERAL (
-        SELECT min(head.published_at) AS oldest
-          FROM generate_series(0, 3) AS p(priority)
-         CROSS JOIN LATERAL (SELECT d.published_at FROM relay.deliveries d
-                              WHERE d.handler_id = h.id AND d.priority = p.priority
-                              ORDER BY d.id LIMIT 1) head) o ON true;
+              WHERE ls.lease_until > clock_timestamp() GROUP BY ls.handler_id) l ON l.handler_id = h.id;
 
 -- Publish-to-completion latency as a cumulative histogram (Prometheus
 -- histogram_quantile): le in seconds, the last bucket +Infinity.
@@ -162,12 +161,14 @@ SELECT h.name AS handler,
         SELECT count(*) AS dead FROM relay.dead_letters dl WHERE dl.handler_id = h.id) x ON true;
 
 REVOKE ALL ON relay.handler_metrics, relay.handler_latency_buckets FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION relay._handler_totals(), relay._handler_latency_buckets() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION relay._handler_totals(), relay._handler_latency_buckets(),
+                           relay._oldest_pending(integer) FROM PUBLIC;
 GRANT SELECT ON relay.handler_stats, relay.handler_metrics, relay.handler_latency_buckets, relay.workers
     TO relay_monitor, relay_consumer;
 -- The views call these as the reader: they return counters, delivery ids and
 -- lease times, never payloads.
 GRANT EXECUTE ON FUNCTION relay._handler_counters(), relay._handler_totals(),
-                          relay._handler_latency_buckets(), relay._leases(), relay._workers()
+                          relay._handler_latency_buckets(), relay._oldest_pending(integer),
+                          relay._leases(), relay._workers()
     TO relay_monitor, relay_consumer;
 GRANT USAGE ON SCHEMA relay TO relay_monitor;
