@@ -84,8 +84,21 @@ $monitor_role$;
 GRANT relay_monitor TO relay_admin;
 
 CREATE FUNCTION relay._handler_totals(OUT handler_id integer, OUT published bigint,
-                                      OUT latency_sum_seconds float8)
+                                      OUT latency_sum_seconds float8, OUT pending bigint)
 RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_totals' LANGUAGE C;
+
+-- The pending counts live in shared memory: counted once per server start (and
+-- per installation) by a dispatcher under a lock no writer holds, then kept
+-- by every writer at commit (src/pg/pending_counter.hpp).
+CREATE FUNCTION relay._pending_counted() RETURNS boolean
+AS 'MODULE_PATHNAME', 'relay_pending_counted' LANGUAGE C STABLE;
+-- Counts again (admin; after rows were written by other means, e.g. pg_restore).
+CREATE FUNCTION relay._recount_pending() RETURNS void
+AS 'MODULE_PATHNAME', 'relay_recount_pending' LANGUAGE C VOLATILE;
+-- For SQL functions that add or remove deliveries (relay_replay; any new one
+-- must call it): the change applies at commit.
+CREATE FUNCTION relay._count_pending(handler_id integer, delta bigint) RETURNS void
+AS 'MODULE_PATHNAME', 'relay_count_pending' LANGUAGE C VOLATILE;
 
 CREATE FUNCTION relay._handler_latency_buckets(OUT handler_id integer, OUT le float8, OUT count bigint)
 RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_latency_buckets' LANGUAGE C;
@@ -107,6 +120,7 @@ SELECT current_database() AS database,
        coalesce(c.retried, 0)       AS retried,
        coalesce(c.dead_lettered, 0) AS dead_lettered,
        coalesce(l.in_flight, 0)     AS in_flight,
+       CASE WHEN counted.ok THEN coalesce(t.pending, 0) END AS pending,
        coalesce(extract(epoch FROM now() - relay._oldest_pending(h.id))::float8, 0) AS oldest_pending_seconds,
        coalesce(t.latency_sum_seconds, 0) AS latency_sum_seconds,
        coalesce(c.http_2xx, 0) AS http_2xx, coalesce(c.http_3xx, 0) AS http_3xx,
@@ -114,6 +128,7 @@ SELECT current_database() AS database,
        coalesce(c.http_errors, 0) AS http_errors,
        coalesce(c.breaker_until > now(), false) AS breaker_open
   FROM relay.handlers h
+  CROSS JOIN relay._pending_counted() AS counted(ok)
   LEFT JOIN relay._handler_counters() c ON c.handler_id = h.id
   LEFT JOIN relay._handler_totals() t ON t.handler_id = h.id
   LEFT JOIN (SELECT ls.handler_id, count(*) AS in_flight FROM relay._leases() ls
@@ -162,13 +177,50 @@ SELECT h.name AS handler,
 
 REVOKE ALL ON relay.handler_metrics, relay.handler_latency_buckets FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION relay._handler_totals(), relay._handler_latency_buckets(),
-                           relay._oldest_pending(integer) FROM PUBLIC;
+                           relay._oldest_pending(integer), relay._pending_counted(),
+                           relay._recount_pending(), relay._count_pending(integer, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION relay._recount_pending() TO relay_admin;
 GRANT SELECT ON relay.handler_stats, relay.handler_metrics, relay.handler_latency_buckets, relay.workers
     TO relay_monitor, relay_consumer;
 -- The views call these as the reader: they return counters, delivery ids and
 -- lease times, never payloads.
 GRANT EXECUTE ON FUNCTION relay._handler_counters(), relay._handler_totals(),
                           relay._handler_latency_buckets(), relay._oldest_pending(integer),
-                          relay._leases(), relay._workers()
+                          relay._pending_counted(), relay._leases(), relay._workers()
     TO relay_monitor, relay_consumer;
 GRANT USAGE ON SCHEMA relay TO relay_monitor;
+
+-- relay_replay puts dead letters back: the pending counts follow (at commit).
+CREATE OR REPLACE FUNCTION relay_replay(handler text DEFAULT NULL, ids bigint[] DEFAULT NULL)
+RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    hid integer;
+    n   integer;
+BEGIN
+    IF relay_replay.handler IS NOT NULL THEN
+        SELECT x.id INTO hid FROM relay.handlers x WHERE x.name = relay_replay.handler;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'handler "%" does not exist', relay_replay.handler
+                USING ERRCODE = 'undefined_object';
+        END IF;
+    END IF;
+    WITH moved AS (
+        DELETE FROM relay.dead_letters dl
+         WHERE (hid IS NULL OR dl.handler_id = hid)
+           AND (relay_replay.ids IS NULL OR dl.id = ANY (relay_replay.ids))
+           AND EXISTS (SELECT 1 FROM relay.handlers x WHERE x.id = dl.handler_id)
+        RETURNING dl.*
+    ), inserted AS (
+        INSERT INTO relay.deliveries (id, event_id, seq, published_at, not_before, handler_id, attempt,
+                                      lane, priority, topic, wire_topic, key, payload, headers)
+        SELECT m.id, m.event_id, m.seq, m.published_at, now(), m.handler_id, 0,
+               m.lane, m.priority, m.topic, m.wire_topic, m.key, m.payload, m.headers
+          FROM moved m
+        RETURNING handler_id
+    )
+    SELECT coalesce(sum(c.k), 0) INTO n
+      FROM (SELECT i.handler_id, count(*) AS k FROM inserted i GROUP BY i.handler_id) c,
+           LATERAL relay._count_pending(c.handler_id, c.k) AS counted;
+    RETURN n;
+END
+$$;

@@ -35,6 +35,7 @@
 #include "pg/worker_signals.hpp"
 #include "pg/spi_support.hpp"
 #include "pg/worker_state.hpp"
+#include "pg/pending_counter.hpp"
 #include "pg/worker_xact.hpp"
 
 extern "C" {
@@ -317,12 +318,14 @@ static bool iterate() {
     uint32 wakes_seen = pg_atomic_read_u32(&workers->slots[my_slot].wakes);
     pg_memory_barrier();
     worker_xact_begin();
-    if (!OidIsValid(get_extension_oid("relaybus", true))) {
+    Oid extension = get_extension_oid("relaybus", true);
+    if (!OidIsValid(extension)) {
         worker_xact_commit();
         mark_no_extension(created_seen);
         ereport(LOG, (errmsg("relaybus dispatcher: extension not installed in this database, exiting")));
         proc_exit(0);
     }
+    ensure_pending_counted(extension);
     pgstat_report_activity(STATE_RUNNING, "relaybus: dispatching");
     balance_lanes();
 

@@ -15,6 +15,7 @@ extern "C" {
 #include "access/table.h"
 #include "access/tableam.h"
 #include "catalog/namespace.h"
+#include "commands/extension.h"
 #include "executor/tuptable.h"
 #include "funcapi.h"
 #include "utils/fmgroids.h"
@@ -43,16 +44,20 @@ static HandlerCounters* copy_counters(int* n) {
 }
 
 // relay._handler_totals(): per handler, the counters since server start that
-// relay._handler_counters() lacks: published, and the latency sum (seconds).
+// relay._handler_counters() lacks: published, the latency sum (seconds), and
+// the pending count (NULL until counted: pending_counter.hpp).
 RELAYBUS_SQL_FUNCTION(relay_handler_totals) {
     InitMaterializedSRF(fcinfo, 0);
     auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
     int n = 0;
     HandlerCounters* c = copy_counters(&n);
+    // The pending counts hold once a dispatcher counted this installation.
+    bool counted = pending_counted_for(MyDatabaseId, get_extension_oid("relaybus", true));
     for (int i = 0; i < n; i++) {
-        Datum v[3] = {Int32GetDatum(c[i].handler_id), Int64GetDatum(static_cast<int64>(c[i].published)),
-                      Float8GetDatum(static_cast<double>(c[i].latency_sum_us) / 1e6)};
-        bool nulls[3] = {false, false, false};
+        Datum v[4] = {Int32GetDatum(c[i].handler_id), Int64GetDatum(static_cast<int64>(c[i].published)),
+                      Float8GetDatum(static_cast<double>(c[i].latency_sum_us) / 1e6),
+                      Int64GetDatum(Max(c[i].pending, int64{0}))};
+        bool nulls[4] = {false, false, false, !counted};
         tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, nulls);
     }
     return (Datum)0;
@@ -127,4 +132,13 @@ RELAYBUS_SQL_FUNCTION(relay_oldest_pending) {
     table_close(heap, AccessShareLock);
     if (!found) PG_RETURN_NULL();
     PG_RETURN_TIMESTAMPTZ(oldest);
+}
+
+// relay._pending_counted(): whether relay._handler_totals().pending holds
+// (a dispatcher counted this installation since the server started).
+extern "C" {
+PG_FUNCTION_INFO_V1(relay_pending_counted);
+}
+RELAYBUS_SQL_FUNCTION(relay_pending_counted) {
+    PG_RETURN_BOOL(pending_counted_for(MyDatabaseId, get_extension_oid("relaybus", true)));
 }

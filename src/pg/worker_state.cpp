@@ -130,58 +130,90 @@ static bool wake_pending = false;
 
 void wake_dispatchers_at_commit() { wake_pending = true; }
 
-// This transaction's published deliveries per (handler, nesting level), kept
-// in a fixed array: no allocation in a callback. A full array merges into the
-// first entry of the handler (its level then may be lower: a rolled-back
-// savepoint's publishes may count).
-struct PublishedNote {
+// What this transaction's publishes and completions change per (handler,
+// nesting level): published deliveries and the pending count. Kept in a fixed
+// array (no allocation in a callback); a full array merges into the handler's
+// first entry (its level then may be lower: a rolled-back savepoint's changes
+// may count).
+struct CountNote {
     int32 handler_id;
     int nest_level;
-    int64 n;
+    int64 published;
+    int64 pending;
 };
-constexpr int kMaxPublishedNotes = 64;
-static PublishedNote published_notes[kMaxPublishedNotes];
-static int npublished_notes = 0;
+constexpr int kMaxCountNotes = 64;
+static CountNote count_notes[kMaxCountNotes];
+static int ncount_notes = 0;
 
-void count_published_at_commit(int32 handler_id, int n) {
+static void note_at_commit(int32 handler_id, int64 published, int64 pending) {
     int level = GetCurrentTransactionNestLevel();
     int same_handler = -1;
-    for (int i = 0; i < npublished_notes; i++) {
-        PublishedNote& p = published_notes[i];
+    for (int i = 0; i < ncount_notes; i++) {
+        CountNote& p = count_notes[i];
         if (p.handler_id != handler_id) continue;
         if (p.nest_level == level) {
-            p.n += n;
+            p.published += published;
+            p.pending += pending;
             return;
         }
         if (same_handler < 0) same_handler = i;
     }
-    if (npublished_notes < kMaxPublishedNotes) {
-        published_notes[npublished_notes++] = {handler_id, level, n};
+    if (ncount_notes < kMaxCountNotes) {
+        count_notes[ncount_notes++] = {handler_id, level, published, pending};
     } else if (same_handler >= 0) {
-        published_notes[same_handler].n += n;
+        count_notes[same_handler].published += published;
+        count_notes[same_handler].pending += pending;
     }
-    // else: 64 other handlers in one transaction; this publish goes uncounted.
+    // else: 64 other handlers in one transaction; this change goes uncounted
+    // (relay._recount_pending() puts the pending count right).
 }
+
+void count_published_at_commit(int32 handler_id, int n) { note_at_commit(handler_id, n, n); }
+void count_pending_at_commit(int32 handler_id, int64 delta) { note_at_commit(handler_id, 0, delta); }
 
 void published_at_subxact_end(bool commit, int nest_level) {
     int kept = 0;
-    for (int i = 0; i < npublished_notes; i++) {
-        PublishedNote p = published_notes[i];
+    for (int i = 0; i < ncount_notes; i++) {
+        CountNote p = count_notes[i];
         if (p.nest_level >= nest_level) {
             if (!commit) continue;
             p.nest_level = nest_level - 1;  // now the parent's
         }
-        published_notes[kept++] = p;
+        count_notes[kept++] = p;
     }
-    npublished_notes = kept;
+    ncount_notes = kept;
 }
 
-static void apply_published() {
-    if (workers == nullptr || npublished_notes == 0) return;
-    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
-    for (int i = 0; i < npublished_notes; i++) {
-        HandlerCounters* c = counters_of(MyDatabaseId, published_notes[i].handler_id);
-        if (c != nullptr) c->published += static_cast<uint64>(published_notes[i].n);
+// The pending counts of a database: its entry with handler id 0 holds their
+// generation (bumped by every recount) and the extension they count for.
+static HandlerCounters* pending_meta_of(Oid dboid, bool create) {
+    uint32 h = (static_cast<uint32>(dboid) * 2654435761u);
+    for (int probe = 0; probe < kMaxHandlerStats; probe++) {
+        HandlerCounters* c = &workers->handlers[(h + probe) % kMaxHandlerStats];
+        if (c->dboid == dboid && c->handler_id == 0) return c;
+        if (c->dboid == InvalidOid) return create ? counters_of(dboid, 0) : nullptr;
+    }
+    return nullptr;
+}
+
+// A dispatcher's completions are counted after its transaction committed
+// (count_delivered outside a transaction): the pending counts then apply
+// only if no recount ran since that commit (the recount saw them gone).
+static uint64 generation_at_commit = 0;
+
+static void apply_at_commit() {
+    bool worker = IsBackgroundWorker && OidIsValid(MyDatabaseId);
+    if (workers == nullptr || (ncount_notes == 0 && !worker)) return;
+    LWLockAcquire(workers->lock, ncount_notes > 0 ? LW_EXCLUSIVE : LW_SHARED);
+    for (int i = 0; i < ncount_notes; i++) {
+        HandlerCounters* c = counters_of(MyDatabaseId, count_notes[i].handler_id);
+        if (c == nullptr) continue;
+        c->published += static_cast<uint64>(count_notes[i].published);
+        c->pending += count_notes[i].pending;
+    }
+    if (worker) {
+        HandlerCounters* meta = pending_meta_of(MyDatabaseId, false);
+        generation_at_commit = meta != nullptr ? meta->generation : 0;
     }
     LWLockRelease(workers->lock);
 }
@@ -189,13 +221,44 @@ static void apply_published() {
 void workers_at_xact_end(bool commit) {
     if (wake_pending && commit) wake_dispatchers(MyDatabaseId);
     wake_pending = false;
-    if (commit) apply_published();
-    npublished_notes = 0;
+    if (commit) apply_at_commit();
+    ncount_notes = 0;
+}
+
+void set_pending_counts(Oid dboid, Oid extension, const int32* handler_ids, const int64* counts, int n) {
+    if (workers == nullptr) return;
+    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+    HandlerCounters* meta = pending_meta_of(dboid, true);
+    if (meta != nullptr) {
+        for (int i = 0; i < kMaxHandlerStats; i++)
+            if (workers->handlers[i].dboid == dboid) workers->handlers[i].pending = 0;
+        for (int i = 0; i < n; i++) {
+            HandlerCounters* c = counters_of(dboid, handler_ids[i]);
+            if (c != nullptr) c->pending = counts[i];
+        }
+        meta->generation++;
+        meta->counted_for = extension;
+    }
+    LWLockRelease(workers->lock);
+}
+
+bool pending_counted_for(Oid dboid, Oid extension) {
+    if (workers == nullptr) return false;
+    LWLockAcquire(workers->lock, LW_SHARED);
+    HandlerCounters* meta = pending_meta_of(dboid, false);
+    bool counted = meta != nullptr && meta->counted_for == extension;
+    LWLockRelease(workers->lock);
+    return counted;
 }
 
 void count_delivered(Oid dboid, const int32* handler_ids, const int64* latency_us, int n) {
     if (workers == nullptr || n == 0) return;
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+    // Outside a transaction: a dispatcher's deliveries, deleted by the
+    // transaction it committed just before (inside one, relay_ack counts
+    // them at commit: count_pending_at_commit).
+    HandlerCounters* meta = IsTransactionState() ? nullptr : pending_meta_of(dboid, false);
+    bool after_commit = meta != nullptr && meta->generation == generation_at_commit;
     HandlerCounters* c = nullptr;
     for (int i = 0; i < n; i++) {
         if (c == nullptr || c->handler_id != handler_ids[i]) c = counters_of(dboid, handler_ids[i]);
@@ -203,6 +266,7 @@ void count_delivered(Oid dboid, const int32* handler_ids, const int64* latency_u
         c->delivered++;
         c->latency_sum_us += static_cast<uint64>(Max(latency_us[i], int64{0}));
         c->failing = false;
+        if (after_commit) c->pending--;
         int b = 0;
         while (b < kLatencyBuckets - 1 && latency_us[i] >= (int64{1} << b)) b++;
         c->latency[b]++;
