@@ -31,6 +31,8 @@ PACKAGES=(
     curl                                     # the sidecar tests read /metrics
     postgresql-15-pgq3                       # PgQ, a peer in bench/relaybus-bench
     pgqd                                     # PgQ's ticker daemon
+    prometheus-postgres-exporter             # the monitoring test scrapes docs/postgres_exporter.yml with it
+    prometheus                               # promtool checks the exporter's /metrics
 )
 # Extra packages can be asked for by the caller (space separated).
 if [[ -n "${RELAYBUS_EXTRA_PACKAGES:-}" ]]; then

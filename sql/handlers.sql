@@ -47,7 +47,7 @@ SELECT relay_create_handler('hnd_all_notify', 'notify', 'ch',
 SELECT relay_create_handler('hnd_all_http', 'http', 'http://h',
          '{"max_attempts": 10.0, "backoff_base": "500 ms", "backoff_max": "5 min", "lease": "30s",
            "concurrency": 1, "timeout": "1h",
-           "secret": ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_dGVzdA=="],
+           "secret": ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"],
            "headers": {"Authorization": "Bearer t", "X-Empty": ""}}') > 0 AS created;
 SELECT name, options, secrets FROM hnd_h WHERE name LIKE 'hnd\_all%' ORDER BY name;
 -- null restores a default, whatever the option: accepted even for another kind.
@@ -62,7 +62,7 @@ SELECT relay_alter_handler('hnd_http', options => '{"timeout": null, "headers": 
 SELECT options, secrets FROM hnd_h WHERE name = 'hnd_http';
 -- The secret survives alters that do not mention it; it can be rotated
 -- (an array of secrets) and removed, and never appears among the options.
-SELECT relay_alter_handler('hnd_http', options => '{"secret": ["whsec_dGVzdA==", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]}');
+SELECT relay_alter_handler('hnd_http', options => '{"secret": ["whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"]}');
 SELECT options, secrets FROM hnd_h WHERE name = 'hnd_http';
 SELECT relay_alter_handler('hnd_http', target => 'http://other.example.com:81/');
 SELECT target, options, secrets FROM hnd_h WHERE name = 'hnd_http';

@@ -69,7 +69,7 @@ BEGIN
 END
 $$;
 
--- ================================================================================
+-- =========================================================================
 -- Operations (issue 11): backups, handler ids, admin functions
 -- ================================================================================
 
@@ -171,9 +171,12 @@ BEGIN
                coalesce(h.name, ''), d.topic, d.wire_topic, d.key, d.payload, d.headers,
                'cancelled by ' || session_user, 'cancelled'
           FROM d LEFT JOIN relay.handlers h ON h.id = d.handler_id
-        RETURNING id
+        RETURNING handler_id
     )
-    SELECT count(*) INTO n FROM moved;
+    -- The pending counts follow at commit (relay._count_pending, monitoring below).
+    SELECT coalesce(sum(c.k), 0) INTO n
+      FROM (SELECT m.handler_id, count(*) AS k FROM moved m GROUP BY m.handler_id) c,
+           LATERAL relay._count_pending(c.handler_id, -c.k) AS counted;
     -- Checked after the rows are deleted: a claim that leases one of them from
     -- now on finds it gone when it fetches the rows (docs/consumers.md).
     SELECT array_agg(l.delivery_id ORDER BY l.delivery_id) INTO leased
@@ -241,6 +244,81 @@ BEGIN
 END
 $$;
 
+=======
+-- =============================================================================
+-- Monitoring (issue 11, item 4; docs/operations.md "Monitoring")
+-- =============================================================================
+-- relay_monitor reads the stats views and nothing else: no table, no payload,
+-- no secret, no claim or ack. Roles are cluster-wide (see 0.1.0).
+DO $monitor_role$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'relay_monitor') THEN
+        CREATE ROLE relay_monitor NOLOGIN;
+    END IF;
+END
+$monitor_role$;
+GRANT relay_monitor TO relay_admin;
+
+CREATE FUNCTION relay._handler_totals(OUT handler_id integer, OUT published bigint,
+                                      OUT latency_sum_seconds float8, OUT pending bigint)
+RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_totals' LANGUAGE C;
+
+-- The pending counts live in shared memory: counted once per server start (and
+-- per installation) by a dispatcher under a lock no writer holds, then kept
+-- by every writer at commit (src/pg/pending_counter.hpp).
+CREATE FUNCTION relay._pending_counted() RETURNS boolean
+AS 'MODULE_PATHNAME', 'relay_pending_counted' LANGUAGE C STABLE;
+-- Counts again (admin; after rows were written by other means, e.g. pg_restore).
+CREATE FUNCTION relay._recount_pending() RETURNS void
+AS 'MODULE_PATHNAME', 'relay_recount_pending' LANGUAGE C VOLATILE;
+-- For SQL functions that add or remove deliveries (relay_replay; any new one
+-- must call it): the change applies at commit.
+CREATE FUNCTION relay._count_pending(handler_id integer, delta bigint) RETURNS void
+AS 'MODULE_PATHNAME', 'relay_count_pending' LANGUAGE C VOLATILE;
+
+CREATE FUNCTION relay._handler_latency_buckets(OUT handler_id integer, OUT le float8, OUT count bigint)
+RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_latency_buckets' LANGUAGE C;
+
+-- The publish time of a handler's oldest pending delivery: the heads of its
+-- four priority classes in the claim index (a constant cost).
+CREATE FUNCTION relay._oldest_pending(handler_id integer) RETURNS timestamptz
+AS 'MODULE_PATHNAME', 'relay_oldest_pending' LANGUAGE C STABLE STRICT;
+
+-- For scrapers: shared-memory counters (monotonic since server start) and, per
+-- handler, four index probes for the oldest pending delivery (the head of each
+-- priority class, relay._oldest_pending): the cost does not grow with the backlog.
+CREATE VIEW relay.handler_metrics AS
+SELECT current_database() AS database,
+       h.name AS handler,
+       h.kind,
+       coalesce(t.published, 0)     AS published,
+       coalesce(c.delivered, 0)     AS delivered,
+       coalesce(c.retried, 0)       AS retried,
+       coalesce(c.dead_lettered, 0) AS dead_lettered,
+       coalesce(l.in_flight, 0)     AS in_flight,
+       CASE WHEN counted.ok THEN coalesce(t.pending, 0) END AS pending,
+       coalesce(extract(epoch FROM now() - relay._oldest_pending(h.id))::float8, 0) AS oldest_pending_seconds,
+       coalesce(t.latency_sum_seconds, 0) AS latency_sum_seconds,
+       coalesce(c.http_2xx, 0) AS http_2xx, coalesce(c.http_3xx, 0) AS http_3xx,
+       coalesce(c.http_4xx, 0) AS http_4xx, coalesce(c.http_5xx, 0) AS http_5xx,
+       coalesce(c.http_errors, 0) AS http_errors,
+       coalesce(c.breaker_until > now(), false) AS breaker_open
+  FROM relay.handlers h
+  CROSS JOIN relay._pending_counted() AS counted(ok)
+  LEFT JOIN relay._handler_counters() c ON c.handler_id = h.id
+  LEFT JOIN relay._handler_totals() t ON t.handler_id = h.id
+  LEFT JOIN (SELECT ls.handler_id, count(*) AS in_flight FROM relay._leases() ls
+              WHERE ls.lease_until > clock_timestamp() GROUP BY ls.handler_id) l ON l.handler_id = h.id;
+
+-- Publish-to-completion latency as a cumulative histogram (Prometheus
+-- histogram_quantile): le in seconds, the last bucket +Infinity.
+CREATE VIEW relay.handler_latency_buckets AS
+SELECT current_database() AS database, h.name AS handler, b.le, b.count
+  FROM relay.handlers h
+  JOIN relay._handler_latency_buckets() b ON b.handler_id = h.id;
+
+-- relay.handler_stats (for humans; its counts scan relay.deliveries) gains the
+-- database, as its last column.
 CREATE OR REPLACE VIEW relay.handler_stats AS
 SELECT h.name AS handler,
        h.kind,
@@ -257,7 +335,8 @@ SELECT h.name AS handler,
        c.latency_p99_ms,
        c.http_2xx, c.http_3xx, c.http_4xx, c.http_5xx, c.http_errors,
        CASE WHEN c.breaker_until > now() THEN c.breaker_until END AS breaker_until,
-       h.paused
+       h.paused,
+       current_database() AS database
   FROM relay.handlers h
   LEFT JOIN relay._handler_counters() c ON c.handler_id = h.id
   LEFT JOIN LATERAL (
@@ -312,3 +391,53 @@ REVOKE EXECUTE ON FUNCTION relay_pause_handler(text), relay_resume_handler(text)
                            relay_purge_dead_letters(text, interval), relay_prune_key_seqs() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION relay_pause_handler(text), relay_resume_handler(text), relay_cancel(bigint[]),
                           relay_purge_dead_letters(text, interval), relay_prune_key_seqs() TO relay_admin;
+
+REVOKE ALL ON relay.handler_metrics, relay.handler_latency_buckets FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION relay._handler_totals(), relay._handler_latency_buckets(),
+                           relay._oldest_pending(integer), relay._pending_counted(),
+                           relay._recount_pending(), relay._count_pending(integer, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION relay._recount_pending() TO relay_admin;
+GRANT SELECT ON relay.handler_stats, relay.handler_metrics, relay.handler_latency_buckets, relay.workers
+    TO relay_monitor, relay_consumer;
+-- The views call these as the reader: they return counters, delivery ids and
+-- lease times, never payloads.
+GRANT EXECUTE ON FUNCTION relay._handler_counters(), relay._handler_totals(),
+                          relay._handler_latency_buckets(), relay._oldest_pending(integer),
+                          relay._pending_counted(), relay._leases(), relay._workers()
+    TO relay_monitor, relay_consumer;
+GRANT USAGE ON SCHEMA relay TO relay_monitor;
+
+-- relay_replay puts dead letters back: the pending counts follow (at commit).
+CREATE OR REPLACE FUNCTION relay_replay(handler text DEFAULT NULL, ids bigint[] DEFAULT NULL)
+RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    hid integer;
+    n   integer;
+BEGIN
+    IF relay_replay.handler IS NOT NULL THEN
+        SELECT x.id INTO hid FROM relay.handlers x WHERE x.name = relay_replay.handler;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'handler "%" does not exist', relay_replay.handler
+                USING ERRCODE = 'undefined_object';
+        END IF;
+    END IF;
+    WITH moved AS (
+        DELETE FROM relay.dead_letters dl
+         WHERE (hid IS NULL OR dl.handler_id = hid)
+           AND (relay_replay.ids IS NULL OR dl.id = ANY (relay_replay.ids))
+           AND EXISTS (SELECT 1 FROM relay.handlers x WHERE x.id = dl.handler_id)
+        RETURNING dl.*
+    ), inserted AS (
+        INSERT INTO relay.deliveries (id, event_id, seq, published_at, not_before, handler_id, attempt,
+                                      lane, priority, topic, wire_topic, key, payload, headers)
+        SELECT m.id, m.event_id, m.seq, m.published_at, now(), m.handler_id, 0,
+               m.lane, m.priority, m.topic, m.wire_topic, m.key, m.payload, m.headers
+          FROM moved m
+        RETURNING handler_id
+    )
+    SELECT coalesce(sum(c.k), 0) INTO n
+      FROM (SELECT i.handler_id, count(*) AS k FROM inserted i GROUP BY i.handler_id) c,
+           LATERAL relay._count_pending(c.handler_id, c.k) AS counted;
+    RETURN n;
+END
+$$;

@@ -24,6 +24,7 @@ constexpr size_t kMaxUrlBytes = 2048;
 constexpr size_t kMaxHostBytes = 253;
 constexpr size_t kMaxSecrets = 10;
 constexpr size_t kMaxSecretBytes = 256;
+constexpr size_t kMinSecretBytes = 24;  // Standard Webhooks: keys of 24 to 64 bytes
 constexpr size_t kMaxHeaders = 100;
 constexpr size_t kMaxHeaderNameBytes = 256;
 constexpr size_t kMaxHeaderValueBytes = 8192;
@@ -270,6 +271,7 @@ const OptionRule* find_rule(std::string_view name) {
       {"secret", kHttp, "http handlers"},
       {"headers", kHttp, "http handlers"},
       {"ack", kind_bit(HandlerKind::Notify), "notify handlers"},
+      {"inline_payload", kind_bit(HandlerKind::Notify), "notify handlers"},
       {"envelope", kHttp, "http handlers"},
       {"retry_4xx", kHttp, "http handlers"},
       {"follow_redirects", kHttp, "http handlers"},
@@ -322,10 +324,11 @@ bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOpt
     } else if (name == "lease") {
       ok = parse_interval_option("lease", "30s", v, kMsPerSecond, kMsPerDay, &o.lease_ms, why);
     } else if (name == "ack" || name == "envelope" || name == "retry_4xx" ||
-               name == "follow_redirects") {
+               name == "follow_redirects" || name == "inline_payload") {
       if (v.is_boolean()) {
         bool b = v.get<bool>();
         if (name == "ack") o.ack = b;
+        if (name == "inline_payload") o.inline_payload = b;
         if (name == "envelope") o.envelope = b;
         if (name == "retry_4xx") o.retry_4xx = b;
         if (name == "follow_redirects") o.follow_redirects = b;
@@ -587,6 +590,20 @@ bool parse_handler_options(HandlerKind kind, std::string_view json_text, Handler
   }
 }
 
+bool check_secret_strength(const HandlerOptions& o, std::string* why) {
+  static const std::string kShort =
+      "option \"secret\" must be a key of at least 24 bytes (Standard Webhooks)";
+  for (size_t i = 0; i < o.secrets.size(); ++i) {
+    std::string key;
+    if (base64_decode(std::string_view(o.secrets[i]).substr(kSecretPrefix.size()), &key) &&
+        key.size() >= kMinSecretBytes)
+      continue;
+    set_why(why, o.secrets.size() > 1 ? kShort + " (element " + std::to_string(i + 1) + ")" : kShort);
+    return false;
+  }
+  return true;
+}
+
 std::string options_public_json(HandlerKind kind, const HandlerOptions& o) {
   try {
     json j = json::object();  // std::map underneath: keys come out sorted
@@ -595,7 +612,10 @@ std::string options_public_json(HandlerKind kind, const HandlerOptions& o) {
     j["backoff_max"] = format_duration_ms(o.backoff_max_ms);
     j["lease"] = format_duration_ms(o.lease_ms);
     if (kind == HandlerKind::Notify || kind == HandlerKind::Http) j["concurrency"] = o.concurrency;
-    if (kind == HandlerKind::Notify) j["ack"] = o.ack;
+    if (kind == HandlerKind::Notify) {
+      j["ack"] = o.ack;
+      j["inline_payload"] = o.inline_payload;
+    }
     if (kind == HandlerKind::Http) {
       j["timeout"] = format_duration_ms(o.timeout_ms);
       j["envelope"] = o.envelope;

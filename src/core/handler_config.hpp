@@ -55,10 +55,15 @@ struct HandlerOptions {
   // http only: extra request headers, names as given.
   std::vector<std::pair<std::string, std::string>> headers;
   bool ack = false;                 // notify only
+  bool inline_payload = true;       // notify only: the payload in the NOTIFY, or only the reference
   bool envelope = true;             // http only: POST the envelope (id, topic, key, seq, ...) or just the payload
   bool retry_4xx = false;           // http only: retry 4xx other than 408/429 instead of dead-lettering
   bool follow_redirects = false;    // http only
   int64_t lease_ms = 30000;         // all; 1s..1d
+  // Not an option: set by the host that loads the handler, so a webhook-id is
+  // unique across databases (PostgreSQL: "msg_<system identifier>_<database
+  // oid>_"; relaybus-mongo: "msg_mongo_<database name>_"). Followed by the delivery id.
+  std::string message_id_prefix;
   BackoffPolicy backoff() const;
 };
 
@@ -69,6 +74,11 @@ struct HandlerOptions {
 // result. *out is written only on success (defaults for absent options).
 bool parse_handler_options(HandlerKind kind, std::string_view json_text, HandlerOptions* out,
                            std::string* why);
+
+// Standard Webhooks' minimum: every signing key has at least 24 bytes.
+// Apart from parse_handler_options so that a stored shorter key (0.1.0 took
+// any length) still signs; creating or altering a handler refuses it.
+bool check_secret_strength(const HandlerOptions& o, std::string* why);
 
 // Compact JSON object, keys sorted, of every option that applies to `kind`
 // with defaults filled in; intervals as format_duration_ms text. Without the

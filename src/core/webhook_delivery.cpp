@@ -1,6 +1,7 @@
 #include "webhook_delivery.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -20,7 +21,7 @@ HttpRequest make_webhook_request(const HandlerOptions& options, std::string_view
   r.timeout_ms = options.timeout_ms;
   r.follow_redirects = options.follow_redirects;
   r.max_retry_after_ms = options.backoff_max_ms;  // Retry-After waits no longer than the backoff would
-  std::string msg_id = std::to_string(delivery_id);
+  std::string msg_id = options.message_id_prefix + std::to_string(delivery_id);
   r.headers.emplace_back("webhook-id", msg_id);
   r.headers.emplace_back("webhook-timestamp", std::to_string(timestamp_s));
   if (!options.secrets.empty())
@@ -30,8 +31,31 @@ HttpRequest make_webhook_request(const HandlerOptions& options, std::string_view
   return r;
 }
 
+std::string format_rfc3339_ms(int64_t unix_ms) {
+  // Civil date from days since 1970-01-01 (Howard Hinnant's days_from_civil
+  // inverse): no gmtime_r, whose time_t range and locale are the host's.
+  int64_t days = unix_ms >= 0 ? unix_ms / 86400000 : -((-unix_ms + 86399999) / 86400000);
+  int64_t ms_of_day = unix_ms - days * 86400000;
+  int64_t z = days + 719468;
+  int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+  int64_t doe = z - era * 146097;
+  int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+  int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+  int64_t mp = (5 * doy + 2) / 153;
+  int64_t d = doy - (153 * mp + 2) / 5 + 1;
+  int64_t m = mp < 10 ? mp + 3 : mp - 9;
+  int64_t y = yoe + era * 400 + (m <= 2 ? 1 : 0);
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%04lld-%02lld-%02lldT%02lld:%02lld:%02lld.%03lldZ",
+                static_cast<long long>(y), static_cast<long long>(m), static_cast<long long>(d),
+                static_cast<long long>(ms_of_day / 3600000), static_cast<long long>(ms_of_day / 60000 % 60),
+                static_cast<long long>(ms_of_day / 1000 % 60), static_cast<long long>(ms_of_day % 1000));
+  return buf;
+}
+
 std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view topic,
-                                  const std::string* key, std::optional<int64_t> seq, int attempt,
+                                  const std::string* key, std::optional<int64_t> seq,
+                                  int64_t published_at_ms, int attempt,
                                   std::string_view headers_json, std::string_view payload_json) {
   std::string out;
   out.reserve(128 + topic.size() + payload_json.size() + headers_json.size());
@@ -46,6 +70,8 @@ std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view
                         : "null";
   out += ",\"seq\":";
   out += seq ? std::to_string(*seq) : "null";
+  out += ",\"published_at\":";
+  out += published_at_ms > 0 ? "\"" + format_rfc3339_ms(published_at_ms) + "\"" : std::string("null");
   out += ",\"attempt\":";
   out += std::to_string(attempt);
   out += ",\"headers\":";
@@ -62,7 +88,7 @@ HttpRequest build_webhook_request(const HandlerOptions& options, std::string_vie
       options.envelope
           ? webhook_envelope_json(m.id, m.event_id, m.topic, m.has_key ? &m.key : nullptr,
                                   m.has_key ? std::optional<int64_t>(m.seq) : std::nullopt,
-                                  m.attempt, m.headers_json, m.payload_json)
+                                  m.published_at_ms, m.attempt, m.headers_json, m.payload_json)
           : m.payload_json;
   return make_webhook_request(options, target, handler_key, m.id, std::move(body), timestamp_s);
 }

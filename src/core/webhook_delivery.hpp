@@ -16,8 +16,9 @@
 
 namespace relaybus::core {
 
-// The POST of delivery `delivery_id` to `target`: webhook-id (the delivery
-// id), webhook-timestamp (timestamp_s), webhook-signature (when the handler
+// The POST of delivery `delivery_id` to `target`: webhook-id (the options'
+// message_id_prefix and the delivery id: the same on every attempt, unique
+// across databases), webhook-timestamp (timestamp_s), webhook-signature (when the handler
 // has secrets), then the handler's own headers; timeout and redirects from
 // the options.
 HttpRequest make_webhook_request(const HandlerOptions& options, std::string_view target,
@@ -32,6 +33,7 @@ struct WebhookMessage {
   bool has_key = false;  // unkeyed: key and seq are null in the envelope
   std::string key;
   int64_t seq = 0;
+  int64_t published_at_ms = 0;  // the event's publish time, Unix ms; <= 0: unknown (null)
   int attempt = 1;           // this attempt, 1 = the first
   std::string headers_json;  // JSON text; empty = null
   std::string payload_json;  // JSON text, inserted as it is
@@ -48,15 +50,21 @@ HttpRequest build_webhook_request(const HandlerOptions& options, std::string_vie
                                   int handler_key, const WebhookMessage& message,
                                   int64_t timestamp_s);
 
-// The envelope {"id","event_id","topic","key","seq","attempt","headers","payload"}
-// as compact JSON. topic is the wire name where the route has one; key and seq
-// are null for an unkeyed delivery (key == nullptr); attempt counts this one
+// The envelope {"id","event_id","topic","key","seq","published_at","attempt",
+// "headers","payload"} as compact JSON. topic is the wire name where the route
+// has one; key and seq are null for an unkeyed delivery (key == nullptr);
+// published_at is RFC 3339 UTC with milliseconds (null when published_at_ms
+// <= 0); attempt counts this one
 // (1 = first). headers_json and payload_json are JSON texts inserted as they
 // are (headers_json empty = null). For callers that do not build it with
 // their database's JSON functions (the PostgreSQL side uses jsonb_build_object).
 std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view topic,
-                                  const std::string* key, std::optional<int64_t> seq, int attempt,
+                                  const std::string* key, std::optional<int64_t> seq,
+                                  int64_t published_at_ms, int attempt,
                                   std::string_view headers_json, std::string_view payload_json);
+
+// Unix milliseconds as RFC 3339 UTC: "2023-11-14T22:13:20.123Z".
+std::string format_rfc3339_ms(int64_t unix_ms);
 
 // A failed result that goes to dead letters at once, whatever the attempt:
 // HttpOutcome::Fail (other 4xx, 3xx when not following, refused address, bad

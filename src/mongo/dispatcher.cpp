@@ -358,6 +358,7 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     msg.key = d.key;
     msg.seq = d.seq;
     msg.attempt = d.attempt + 1;
+    msg.published_at_ms = d.published_ms;
     msg.headers_json = d.headers_json;
     msg.payload_json = d.payload_json;
     core::HttpRequest req = core::build_webhook_request(o, h.doc.target, h.key, msg, wall_ms() / 1000);

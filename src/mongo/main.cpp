@@ -238,6 +238,7 @@ int cmd_handler(Store& store, const Args& a) {
     if (!core::validate_target(h.kind, h.target, false, &why)) throw UsageError("invalid target: " + why);
     h.options_json = opt(a, "options", "{}");
     if (!core::parse_handler_options(h.kind, h.options_json, &h.options, &why)) throw UsageError("invalid options: " + why);
+    if (!core::check_secret_strength(h.options, &why)) throw UsageError("invalid options: " + why);
     store.put_handler(h);
     std::cout << json({{"handler", h.name}, {"kind", "http"}, {"target", h.target},
                        {"options", json::parse(core::options_public_json(h.kind, h.options))}})

@@ -294,6 +294,9 @@ std::vector<HandlerDoc> Store::load_handlers(std::vector<std::string>* bad) {
       if (bad) bad->push_back(h.name + ": " + why);
       continue;
     }
+    // webhook-id = this prefix + the delivery id (docs/mongo.md): never equal to
+    // a PostgreSQL database's ("msg_<system id>_<oid>_"), the same on every retry.
+    h.options.message_id_prefix = "msg_mongo_" + db_ + "_";
     out.push_back(std::move(h));
   }
   bson_error_t err;

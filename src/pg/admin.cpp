@@ -55,6 +55,9 @@ static char* check_handler(std::string_view name, std::string_view kind_text, bo
     core::HandlerOptions parsed;
     if (!core::parse_handler_options(kind, options_text, &parsed, &why))
         throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid option: " + detail());
+    if (!core::check_secret_strength(parsed, &why))
+        throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid option: " + detail(), "",
+                       "Use \"whsec_\" followed by the base64 of 32 random bytes (openssl rand -base64 32).");
     std::string secrets = "[";
     for (size_t i = 0; i < parsed.secrets.size(); i++) {
         if (i > 0) secrets += ",";

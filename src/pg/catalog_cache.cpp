@@ -11,6 +11,11 @@
 #include "pg/shared_state.hpp"
 #include "pg/spi_support.hpp"
 
+extern "C" {
+#include "access/xlog.h"
+#include "miscadmin.h"
+}
+
 namespace relaybus::pg {
 
 namespace {
@@ -96,6 +101,12 @@ void reload(Oid schema, uint64 generation) {
         rs[i].wire = copy_text_col(i, 3);
     }
     spi_end(&scope);
+    // webhook-id = this prefix + the delivery id: unique across clusters (the
+    // system identifier) and across databases in one (the oid), the same on
+    // every retry (docs/webhooks.md).
+    char message_id_prefix[64];
+    snprintf(message_id_prefix, sizeof(message_id_prefix), "msg_" UINT64_FORMAT "_%u_",
+             GetSystemIdentifier(), MyDatabaseId);
 
     Catalog* built = nullptr;
     char err[kErrLen];
@@ -118,6 +129,7 @@ void reload(Oid schema, uint64 generation) {
                 std::string ignored;
                 if (!core::parse_handler_options(h.kind, hs[i].options, &h.options, &ignored))
                     h.options = core::HandlerOptions{};
+                h.options.message_id_prefix = message_id_prefix;
                 cat->by_name.emplace(h.name, cat->handlers.size());
                 cat->by_id.emplace(h.id, cat->handlers.size());
                 cat->handlers.push_back(std::move(h));
@@ -164,6 +176,12 @@ const HandlerEntry* catalog_handler_by_name(const char* name) {
     ensure_fresh();
     auto it = current->by_name.find(name);
     return it == current->by_name.end() ? nullptr : &current->handlers[it->second];
+}
+
+const char* catalog_handler_name_loaded(int32 id) {
+    if (current == nullptr) return nullptr;
+    auto it = current->by_id.find(id);
+    return it == current->by_id.end() ? nullptr : current->handlers[it->second].name;
 }
 
 const HandlerEntry* catalog_handler_by_id(int32 id) {

@@ -32,6 +32,9 @@ struct RouteTarget {
 // Pointers stay valid until the next call of any catalog_* function.
 const HandlerEntry* catalog_handler_by_name(const char* name);
 const HandlerEntry* catalog_handler_by_id(int32 id);
+// The name of handler `id` in the catalog this process has loaded, without
+// loading it again (no SPI: callable between statements), or nullptr.
+const char* catalog_handler_name_loaded(int32 id);
 int catalog_routes_for(const char* topic, const RouteTarget** targets);
 int catalog_handler_count();
 const HandlerEntry* catalog_handler_at(int i);  // after catalog_handler_count()

@@ -125,6 +125,7 @@ const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms, int status, 
         outcome = "retry";
     }
     count_retried(MyDatabaseId, handler_id, outcome[0] == 'd');
+    if (outcome[0] == 'd') count_pending_at_commit(handler_id, -1);
     return outcome;
 }
 
@@ -217,6 +218,7 @@ RELAYBUS_SQL_FUNCTION(relay_ack) {
         bool isnull = false;
         handlers[i] = DatumGetInt32(spi_col(i, 2, &isnull));
         latency[i] = now - DatumGetTimestampTz(spi_col(i, 3, &isnull));
+        count_pending_at_commit(handlers[i], -1);
         if (!wake) {
             const HandlerEntry* h = catalog_handler_by_id(handlers[i]);
             wake = h != nullptr && h->kind == core::HandlerKind::Notify;

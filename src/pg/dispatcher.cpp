@@ -36,6 +36,7 @@
 #include "pg/worker_signals.hpp"
 #include "pg/spi_support.hpp"
 #include "pg/worker_state.hpp"
+#include "pg/pending_counter.hpp"
 #include "pg/worker_xact.hpp"
 
 extern "C" {
@@ -269,8 +270,10 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
         }
         char* json = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, kNotifyJsonColumn);
         // Ack mode adds the lease field below: it counts against the limit.
-        bool by_reference =
-            static_cast<int>(strlen(json)) + (ack ? kLeaseFieldLen : 0) > guc_notify_payload_limit;
+        // "inline_payload": false sends every delivery by reference: any role
+        // that can connect may LISTEN, only relay_consumer may call relay_payload.
+        bool by_reference = !h->options.inline_payload ||
+                            static_cast<int>(strlen(json)) + (ack ? kLeaseFieldLen : 0) > guc_notify_payload_limit;
         if (by_reference) {
             json = reference_payload(row);
             if (key != nullptr && !ack) held_keys[nheld++] = key;
@@ -321,12 +324,14 @@ static bool iterate() {
     uint32 wakes_seen = pg_atomic_read_u32(&workers->slots[my_slot].wakes);
     pg_memory_barrier();
     worker_xact_begin();
-    if (!OidIsValid(get_extension_oid("relaybus", true))) {
+    Oid extension = get_extension_oid("relaybus", true);
+    if (!OidIsValid(extension)) {
         worker_xact_commit();
         mark_no_extension(created_seen);
         ereport(LOG, (errmsg("relaybus dispatcher: extension not installed in this database, exiting")));
         proc_exit(0);
     }
+    ensure_pending_counted(extension);
     pgstat_report_activity(STATE_RUNNING, "relaybus: dispatching");
     balance_lanes();
 

@@ -183,6 +183,7 @@ void http_stage(const HandlerEntry* h, const ClaimResult* res) {
                     if (r.key != nullptr) q.msg.key = r.key;
                     q.msg.seq = r.seq;
                     q.msg.attempt = r.attempt;
+                    q.msg.published_at_ms = timestamptz_to_epoch_ms(r.published);
                     if (r.headers != nullptr) q.msg.headers_json = r.headers;
                     q.msg.payload_json = r.payload != nullptr ? r.payload : "null";
                     published_us[static_cast<uint64>(r.id)] = r.published;

@@ -198,6 +198,7 @@ static void insert_deliveries_spi(const PublishCommon& common, Datum topic, cons
 // One delivery per (event, route), events in order.
 static void insert_deliveries(const PublishCommon& common, const EventRows& ev,
                               const RouteTarget* targets, int ntargets) {
+    for (int t = 0; t < ntargets; t++) count_published_at_commit(targets[t].handler_id, ev.n);
     Datum topic = CStringGetTextDatum(common.topic);
     DeliveryWriter w;
     if (!delivery_writer_open(&w)) {

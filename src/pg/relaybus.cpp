@@ -61,9 +61,11 @@ static void relay_xact_callback(XactEvent event, void*) {
 static void relay_subxact_callback(SubXactEvent event, SubTransactionId, SubTransactionId, void*) {
     if (event == SUBXACT_EVENT_ABORT_SUB) {
         leases_at_subxact_abort(GetCurrentTransactionNestLevel());
+        published_at_subxact_end(false, GetCurrentTransactionNestLevel());
         utility_at_subxact_end(false, GetCurrentTransactionNestLevel());
     } else if (event == SUBXACT_EVENT_COMMIT_SUB) {
         leases_at_subxact_commit(GetCurrentTransactionNestLevel());
+        published_at_subxact_end(true, GetCurrentTransactionNestLevel());
         utility_at_subxact_end(true, GetCurrentTransactionNestLevel());
     }
 }

@@ -1,6 +1,9 @@
 #include "pg/worker_state.hpp"
 
+#include "pg/handler_alerts.hpp"
+
 extern "C" {
+#include "access/xact.h"
 #include "miscadmin.h"
 #include "postmaster/bgworker.h"
 #include "storage/proc.h"
@@ -108,15 +111,6 @@ void wake_dispatchers(Oid dboid) {
     }
 }
 
-static bool wake_pending = false;
-
-void wake_dispatchers_at_commit() { wake_pending = true; }
-
-void workers_at_xact_end(bool commit) {
-    if (wake_pending && commit) wake_dispatchers(MyDatabaseId);
-    wake_pending = false;
-}
-
 static HandlerCounters* counters_of(Oid dboid, int32 handler_id) {
     uint32 h = (static_cast<uint32>(dboid) * 2654435761u) ^ static_cast<uint32>(handler_id);
     for (int probe = 0; probe < kMaxHandlerStats; probe++) {
@@ -132,14 +126,147 @@ static HandlerCounters* counters_of(Oid dboid, int32 handler_id) {
     return nullptr;  // table full: counting stops, delivery does not
 }
 
+static bool wake_pending = false;
+
+void wake_dispatchers_at_commit() { wake_pending = true; }
+
+// What this transaction's publishes and completions change per (handler,
+// nesting level): published deliveries and the pending count. Kept in a fixed
+// array (no allocation in a callback); a full array merges into the handler's
+// first entry (its level then may be lower: a rolled-back savepoint's changes
+// may count).
+struct CountNote {
+    int32 handler_id;
+    int nest_level;
+    int64 published;
+    int64 pending;
+};
+constexpr int kMaxCountNotes = 64;
+static CountNote count_notes[kMaxCountNotes];
+static int ncount_notes = 0;
+
+static void note_at_commit(int32 handler_id, int64 published, int64 pending) {
+    int level = GetCurrentTransactionNestLevel();
+    int same_handler = -1;
+    for (int i = 0; i < ncount_notes; i++) {
+        CountNote& p = count_notes[i];
+        if (p.handler_id != handler_id) continue;
+        if (p.nest_level == level) {
+            p.published += published;
+            p.pending += pending;
+            return;
+        }
+        if (same_handler < 0) same_handler = i;
+    }
+    if (ncount_notes < kMaxCountNotes) {
+        count_notes[ncount_notes++] = {handler_id, level, published, pending};
+    } else if (same_handler >= 0) {
+        count_notes[same_handler].published += published;
+        count_notes[same_handler].pending += pending;
+    }
+    // else: 64 other handlers in one transaction; this change goes uncounted
+    // (relay._recount_pending() puts the pending count right).
+}
+
+void count_published_at_commit(int32 handler_id, int n) { note_at_commit(handler_id, n, n); }
+void count_pending_at_commit(int32 handler_id, int64 delta) { note_at_commit(handler_id, 0, delta); }
+
+void published_at_subxact_end(bool commit, int nest_level) {
+    int kept = 0;
+    for (int i = 0; i < ncount_notes; i++) {
+        CountNote p = count_notes[i];
+        if (p.nest_level >= nest_level) {
+            if (!commit) continue;
+            p.nest_level = nest_level - 1;  // now the parent's
+        }
+        count_notes[kept++] = p;
+    }
+    ncount_notes = kept;
+}
+
+// The pending counts of a database: its entry with handler id 0 holds their
+// generation (bumped by every recount) and the extension they count for.
+static HandlerCounters* pending_meta_of(Oid dboid, bool create) {
+    uint32 h = (static_cast<uint32>(dboid) * 2654435761u);
+    for (int probe = 0; probe < kMaxHandlerStats; probe++) {
+        HandlerCounters* c = &workers->handlers[(h + probe) % kMaxHandlerStats];
+        if (c->dboid == dboid && c->handler_id == 0) return c;
+        if (c->dboid == InvalidOid) return create ? counters_of(dboid, 0) : nullptr;
+    }
+    return nullptr;
+}
+
+// A dispatcher's completions are counted after its transaction committed
+// (count_delivered outside a transaction): the pending counts then apply
+// only if no recount ran since that commit (the recount saw them gone).
+static uint64 generation_at_commit = 0;
+
+static void apply_at_commit() {
+    bool worker = IsBackgroundWorker && OidIsValid(MyDatabaseId);
+    if (workers == nullptr || (ncount_notes == 0 && !worker)) return;
+    LWLockAcquire(workers->lock, ncount_notes > 0 ? LW_EXCLUSIVE : LW_SHARED);
+    for (int i = 0; i < ncount_notes; i++) {
+        HandlerCounters* c = counters_of(MyDatabaseId, count_notes[i].handler_id);
+        if (c == nullptr) continue;
+        c->published += static_cast<uint64>(count_notes[i].published);
+        c->pending += count_notes[i].pending;
+    }
+    if (worker) {
+        HandlerCounters* meta = pending_meta_of(MyDatabaseId, false);
+        generation_at_commit = meta != nullptr ? meta->generation : 0;
+    }
+    LWLockRelease(workers->lock);
+}
+
+void workers_at_xact_end(bool commit) {
+    if (wake_pending && commit) wake_dispatchers(MyDatabaseId);
+    wake_pending = false;
+    if (commit) apply_at_commit();
+    ncount_notes = 0;
+}
+
+void set_pending_counts(Oid dboid, Oid extension, const int32* handler_ids, const int64* counts, int n) {
+    if (workers == nullptr) return;
+    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+    HandlerCounters* meta = pending_meta_of(dboid, true);
+    if (meta != nullptr) {
+        for (int i = 0; i < kMaxHandlerStats; i++)
+            if (workers->handlers[i].dboid == dboid) workers->handlers[i].pending = 0;
+        for (int i = 0; i < n; i++) {
+            HandlerCounters* c = counters_of(dboid, handler_ids[i]);
+            if (c != nullptr) c->pending = counts[i];
+        }
+        meta->generation++;
+        meta->counted_for = extension;
+    }
+    LWLockRelease(workers->lock);
+}
+
+bool pending_counted_for(Oid dboid, Oid extension) {
+    if (workers == nullptr) return false;
+    LWLockAcquire(workers->lock, LW_SHARED);
+    HandlerCounters* meta = pending_meta_of(dboid, false);
+    bool counted = meta != nullptr && meta->counted_for == extension;
+    LWLockRelease(workers->lock);
+    return counted;
+}
+
 void count_delivered(Oid dboid, const int32* handler_ids, const int64* latency_us, int n) {
     if (workers == nullptr || n == 0) return;
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+    // Outside a transaction: a dispatcher's deliveries, deleted by the
+    // transaction it committed just before (inside one, relay_ack counts
+    // them at commit: count_pending_at_commit).
+    HandlerCounters* meta = IsTransactionState() ? nullptr : pending_meta_of(dboid, false);
+    bool after_commit = meta != nullptr && meta->generation == generation_at_commit;
     HandlerCounters* c = nullptr;
     for (int i = 0; i < n; i++) {
         if (c == nullptr || c->handler_id != handler_ids[i]) c = counters_of(dboid, handler_ids[i]);
         if (c == nullptr) continue;
         c->delivered++;
+        c->latency_sum_us += static_cast<uint64>(Max(latency_us[i], int64{0}));
+        c->failing = false;
+        if (after_commit) c->pending--;
         int b = 0;
         while (b < kLatencyBuckets - 1 && latency_us[i] >= (int64{1} << b)) b++;
         c->latency[b]++;
@@ -149,6 +276,7 @@ void count_delivered(Oid dboid, const int32* handler_ids, const int64* latency_u
 
 void count_retried(Oid dboid, int32 handler_id, bool dead) {
     if (workers == nullptr) return;
+    PendingAlert alert;
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     HandlerCounters* c = counters_of(dboid, handler_id);
     if (c != nullptr) {
@@ -156,8 +284,14 @@ void count_retried(Oid dboid, int32 handler_id, bool dead) {
             c->dead++;
         else
             c->retried++;
+        if (dead)
+            alert_event(c, kAlertDeadLettered, -1, 0, &alert);
+        else if (!c->failing)
+            alert_event(c, kAlertStartedFailing, -1, 0, &alert);
+        c->failing = true;
     }
     LWLockRelease(workers->lock);
+    alert_log(dboid, handler_id, alert);
 }
 
 }  // namespace relaybus::pg
@@ -166,14 +300,20 @@ namespace relaybus::pg {
 
 void count_http(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until) {
     if (workers == nullptr) return;
+    PendingAlert alert;
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     HandlerCounters* c = counters_of(dboid, handler_id);
     if (c != nullptr) {
         int cls = status >= 100 && status < 600 ? status / 100 : 0;
         c->http_status[cls]++;
+        if (c->breaker_until == 0 && breaker_until != 0)
+            alert_event(c, kAlertBreakerOpened, status, breaker_until, &alert);
+        else if (c->breaker_until != 0 && breaker_until == 0)
+            alert_event(c, kAlertBreakerClosed, -1, 0, &alert);
         c->breaker_until = breaker_until;
     }
     LWLockRelease(workers->lock);
+    alert_log(dboid, handler_id, alert);
 }
 
 }  // namespace relaybus::pg

@@ -62,6 +62,15 @@ struct HandlerCounters {
     uint64 latency[kLatencyBuckets];
     uint64 http_status[6];   // http: responses 1xx..5xx by class (index 1..5); [0] = no response
     TimestampTz breaker_until;  // http: calls suspended until then (circuit breaker), 0 = closed
+    uint64 published;        // deliveries created for it by committed publishes
+    int64 pending;           // its rows in relay.deliveries (pending_counter.cpp)
+    uint64 generation;       // handler id 0 (a database's pending counts): bumped by every recount
+    Oid counted_for;         // handler id 0: the relaybus extension oid the counts are of
+    uint64 latency_sum_us;   // of the `delivered` ones (a histogram's _sum)
+    // Operator log lines (handler_alerts.cpp), rate limited per kind.
+    bool failing;            // the last completion failed
+    TimestampTz last_alert[4];        // per AlertKind: when its last line was written
+    uint32 alerts_suppressed[4];      // per AlertKind: events not logged since then
 };
 
 struct WorkerState {
@@ -116,5 +125,19 @@ void workers_at_xact_end(bool commit);
 void count_delivered(Oid dboid, const int32* handler_ids, const int64* latency_us, int n);
 void count_retried(Oid dboid, int32 handler_id, bool dead);
 void count_http(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until);
+
+// Deliveries created for handler_id by this transaction's publishes: added to
+// its `published` counter when the transaction commits, dropped if it (or the
+// subtransaction that made them) aborts.
+void count_published_at_commit(int32 handler_id, int n);
+void published_at_subxact_end(bool commit, int nest_level);
+// Deliveries of handler_id this transaction removed (< 0) or put back (> 0):
+// applied to its pending count when the transaction commits.
+void count_pending_at_commit(int32 handler_id, int64 delta);
+// The pending counts of a database, as counted under a lock that excluded
+// every writer of relay.deliveries (pending_counter.cpp); others become 0.
+void set_pending_counts(Oid dboid, Oid extension, const int32* handler_ids, const int64* counts, int n);
+// Whether the database's pending counts were counted for this installation.
+bool pending_counted_for(Oid dboid, Oid extension);
 
 }  // namespace relaybus::pg

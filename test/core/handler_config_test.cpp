@@ -254,7 +254,7 @@ TEST(Target, Pull) {
 // ---- options -------------------------------------------------------------------
 
 const std::string kSecret1 = "whsec_" + base64_encode("0123456789abcdef0123456789abcdef");
-const std::string kSecret2 = "whsec_" + base64_encode("another key");
+const std::string kSecret2 = "whsec_" + base64_encode("another key, 24 bytes...");
 
 HandlerOptions opts_ok(K kind, const std::string& json) {
   HandlerOptions o;
@@ -452,6 +452,40 @@ TEST(Options, SecretShapeAndFormat) {
   EXPECT_EQ(opts_bad(K::Http, R"({"secret": ")" + too_long + R"("})"), format);
 }
 
+// Standard Webhooks: a signing key has at least 24 bytes. Checked apart from
+// parsing (check_secret_strength): a stored shorter key still signs, and only
+// create and alter refuse it (docs/webhooks.md).
+TEST(Options, SecretShorterThan24BytesIsRefusedOnCreate) {
+  const std::string msg = "option \"secret\" must be a key of at least 24 bytes (Standard Webhooks)";
+  HandlerOptions o = opts_ok(K::Http, R"({"secret": "whsec_)" + base64_encode(std::string(23, 'k')) + R"("})");
+  std::string why;
+  EXPECT_FALSE(check_secret_strength(o, &why));
+  EXPECT_EQ(why, msg);
+  o = opts_ok(K::Http, R"({"secret": "whsec_)" + base64_encode(std::string(24, 'k')) + R"("})");
+  EXPECT_TRUE(check_secret_strength(o, &why));
+  o = opts_ok(K::Http, R"({"secret": [")" + kSecret1 + R"(", "whsec_dGVzdA=="]})");
+  EXPECT_FALSE(check_secret_strength(o, &why));
+  EXPECT_EQ(why, msg + " (element 2)");
+  EXPECT_TRUE(check_secret_strength(opts_ok(K::Http, "{}"), &why));  // no secret: nothing to check
+}
+
+// inline_payload (notify only, default true): false sends only the delivery
+// reference on the channel; the consumer fetches the payload (relay_payload).
+TEST(Options, InlinePayloadIsANotifyBoolean) {
+  EXPECT_TRUE(opts_ok(K::Notify, "{}").inline_payload);
+  EXPECT_FALSE(opts_ok(K::Notify, R"({"inline_payload": false})").inline_payload);
+  EXPECT_TRUE(opts_ok(K::Notify, R"({"inline_payload": null})").inline_payload);
+  EXPECT_EQ(opts_bad(K::Notify, R"({"inline_payload": "no"})"),
+            "option \"inline_payload\" must be true or false");
+  EXPECT_EQ(opts_bad(K::Http, R"({"inline_payload": false})"),
+            "option \"inline_payload\" is only valid for notify handlers");
+  EXPECT_EQ(opts_bad(K::Pull, R"({"inline_payload": false})"),
+            "option \"inline_payload\" is only valid for notify handlers");
+  EXPECT_NE(options_public_json(K::Notify, opts_ok(K::Notify, R"({"inline_payload": false})"))
+                .find("\"inline_payload\":false"),
+            std::string::npos);
+}
+
 TEST(Options, SecretNeverEchoedInMessages) {
   const std::string why = opts_bad(K::Http, R"({"secret": "whsec_TOPSECRET!"})");
   EXPECT_EQ(why.find("TOPSECRET"), std::string::npos);
@@ -526,7 +560,7 @@ TEST(PublicJson, DefaultsPerKind) {
             R"({"backoff_base":"1s","backoff_max":"10min","lease":"30s","max_attempts":10})");
   EXPECT_EQ(options_public_json(K::Notify, HandlerOptions{}),
             R"({"ack":false,"backoff_base":"1s","backoff_max":"10min","concurrency":16,)"
-            R"("lease":"30s","max_attempts":10})");
+            R"("inline_payload":true,"lease":"30s","max_attempts":10})");
   EXPECT_EQ(options_public_json(K::Http, HandlerOptions{}),
             R"({"backoff_base":"1s","backoff_max":"10min","concurrency":16,"envelope":true,)"
             R"("follow_redirects":false,"headers":{},"lease":"30s","max_attempts":10,)"

@@ -64,10 +64,12 @@ TEST(WebhookDelivery, OneBuilderGivesTheSameBytesForTheSameDeliveryAndTimestamp)
   m.attempt = 2;
   m.headers_json = R"({"trace": "t-1"})";
   m.payload_json = R"({"a": 1, "b": "\u20ac"})";
+  m.published_at_ms = 1700000000000;
   const HttpRequest a = build_webhook_request(o, "https://hooks.example/x", 5, m, 1700000000);
   const HttpRequest b = build_webhook_request(o, "https://hooks.example/x", 5, WebhookMessage(m), 1700000000);
   EXPECT_EQ(a.body,
-            R"({"id":42,"event_id":7,"topic":"order.created","key":"order-42","seq":3,"attempt":2,)"
+            R"({"id":42,"event_id":7,"topic":"order.created","key":"order-42","seq":3,)"
+            R"("published_at":"2023-11-14T22:13:20.000Z","attempt":2,)"
             R"("headers":{"trace": "t-1"},"payload":{"a": 1, "b": "\u20ac"}})");
   EXPECT_EQ(a.body, b.body);
   EXPECT_EQ(a.headers, b.headers);
@@ -95,7 +97,8 @@ TEST(WebhookDelivery, OneBuilderGivesTheSameBytesForTheSameDeliveryAndTimestamp)
   unkeyed.has_key = false;
   unkeyed.headers_json.clear();
   EXPECT_EQ(build_webhook_request(o, "https://hooks.example/x", 5, unkeyed, 1).body,
-            R"({"id":42,"event_id":7,"topic":"order.created","key":null,"seq":null,"attempt":2,)"
+            R"({"id":42,"event_id":7,"topic":"order.created","key":null,"seq":null,)"
+            R"("published_at":"2023-11-14T22:13:20.000Z","attempt":2,)"
             R"("headers":null,"payload":{"a": 1, "b": "\u20ac"}})");
   o.envelope = false;
   const HttpRequest bare = build_webhook_request(o, "https://hooks.example/x", 5, m, 1700000000);
@@ -103,19 +106,72 @@ TEST(WebhookDelivery, OneBuilderGivesTheSameBytesForTheSameDeliveryAndTimestamp)
   EXPECT_EQ(header(bare, "webhook-signature"), webhook_signature(o.secrets, "42", 1700000000, m.payload_json));
 }
 
+// webhook-id: the host's prefix (unique per database: the PostgreSQL side
+// puts the system identifier and database oid in it, relaybus-mongo its own)
+// and the delivery id, so it is the same on every retry of the delivery and
+// differs between databases whose delivery ids coincide.
+TEST(WebhookDelivery, WebhookIdIsPrefixedAndStableAcrossAttempts) {
+  HandlerOptions o;
+  std::string why;
+  ASSERT_TRUE(parse_handler_options(HandlerKind::Http,
+                                    R"({"secret":"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"})", &o, &why))
+      << why;
+  o.message_id_prefix = "msg_7312345678901234567_16384_";
+  WebhookMessage m;
+  m.id = 42;
+  m.event_id = 7;
+  m.topic = "t";
+  m.payload_json = "{}";
+  m.attempt = 1;
+  const HttpRequest first = build_webhook_request(o, "https://h/x", 1, m, 1700000000);
+  m.attempt = 2;
+  const HttpRequest retry = build_webhook_request(o, "https://h/x", 1, m, 1700000060);
+  EXPECT_EQ(header(first, "webhook-id"), "msg_7312345678901234567_16384_42");
+  EXPECT_EQ(header(retry, "webhook-id"), header(first, "webhook-id"));
+  EXPECT_EQ(first.tag, 42u);  // the engine's tag stays the delivery id
+  // The signature covers the webhook-id as sent.
+  EXPECT_EQ(header(first, "webhook-signature"),
+            webhook_signature(o.secrets, "msg_7312345678901234567_16384_42", 1700000000, first.body));
+  HandlerOptions other = o;
+  other.message_id_prefix = "msg_7312345678901234567_16385_";
+  EXPECT_NE(header(build_webhook_request(other, "https://h/x", 1, m, 1700000000), "webhook-id"),
+            header(first, "webhook-id"));
+}
+
+// The envelope carries the event's publish time as RFC 3339 (UTC, milliseconds).
+TEST(WebhookDelivery, EnvelopeCarriesPublishedAtAsRfc3339) {
+  HandlerOptions o;
+  WebhookMessage m;
+  m.id = 1;
+  m.event_id = 1;
+  m.topic = "t";
+  m.payload_json = "{}";
+  m.published_at_ms = 1700000000123;
+  auto j = nlohmann::json::parse(build_webhook_request(o, "https://h/x", 1, m, 1700000001).body);
+  EXPECT_EQ(j["published_at"], "2023-11-14T22:13:20.123Z");
+  m.published_at_ms = 86400000;  // 1970-01-02, zero-padded fields
+  j = nlohmann::json::parse(build_webhook_request(o, "https://h/x", 1, m, 1).body);
+  EXPECT_EQ(j["published_at"], "1970-01-02T00:00:00.000Z");
+  EXPECT_EQ(format_rfc3339_ms(951782400000), "2000-02-29T00:00:00.000Z");  // leap day
+  m.published_at_ms = 0;  // unknown: null
+  j = nlohmann::json::parse(build_webhook_request(o, "https://h/x", 1, m, 1).body);
+  EXPECT_TRUE(j["published_at"].is_null());
+}
+
 TEST(WebhookDelivery, EnvelopeIsJsonWithNullsForUnkeyed) {
   std::string key = "order-\"42\"";
   auto j = nlohmann::json::parse(
-      webhook_envelope_json(5, 4, "order.created", &key, 3, 1, R"({"h":"v"})", R"({"id":42})"));
+      webhook_envelope_json(5, 4, "order.created", &key, 3, 1700000000000, 1, R"({"h":"v"})", R"({"id":42})"));
   EXPECT_EQ(j["id"], 5);
   EXPECT_EQ(j["event_id"], 4);
   EXPECT_EQ(j["topic"], "order.created");
   EXPECT_EQ(j["key"], key);
   EXPECT_EQ(j["seq"], 3);
+  EXPECT_EQ(j["published_at"], "2023-11-14T22:13:20.000Z");
   EXPECT_EQ(j["attempt"], 1);
   EXPECT_EQ(j["headers"]["h"], "v");
   EXPECT_EQ(j["payload"]["id"], 42);
-  auto u = nlohmann::json::parse(webhook_envelope_json(6, 6, "t", nullptr, std::nullopt, 2, "", "[1,2]"));
+  auto u = nlohmann::json::parse(webhook_envelope_json(6, 6, "t", nullptr, std::nullopt, 0, 2, "", "[1,2]"));
   EXPECT_TRUE(u["key"].is_null());
   EXPECT_TRUE(u["seq"].is_null());
   EXPECT_TRUE(u["headers"].is_null());

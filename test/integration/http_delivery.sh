@@ -73,9 +73,19 @@ check "(2) the receiver gets $published requests" wait_requests "$LOG" /bulk "$p
 check "(2) relay.deliveries is empty" wait_until 20 none_pending "$db" bulk
 sleep 0.5  # a late duplicate would show up now
 dump_pub_log "$db" "$TMP/pub.txt"
-py_facts bulk "$LOG" "$TMP/pub.txt" <<'EOF'
-import sys, http_log
+# webhook-id: "msg_<system identifier>_<database oid>_<delivery id>" (docs/webhooks.md).
+ID_PREFIX=$(sql "$db" "SELECT 'msg_' || system_identifier || '_' || (SELECT oid FROM pg_database WHERE datname = current_database()) || '_' FROM pg_control_system()")
+py_facts bulk "$LOG" "$TMP/pub.txt" "$ID_PREFIX" <<'EOF'
+import sys, datetime, http_log
 recs = http_log.records(sys.argv[1], "/bulk")
+prefix = sys.argv[3]
+def published_ok(text, t):
+    # RFC 3339 UTC with milliseconds, no later than the request and not long before it.
+    try:
+        ts = datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc).timestamp()
+    except (TypeError, ValueError):
+        return False
+    return len(text) == 24 and t - 120 < ts <= t + 1
 pub = {}
 for line in open(sys.argv[2]):
     eid, _, key = line.rstrip("\n").partition("|")
@@ -85,8 +95,9 @@ order = dups = sig = 0
 for r in recs:
     e, h = r["env"], r["headers"]
     ok = (isinstance(e, dict)
-          and set(e) == {"id", "event_id", "topic", "key", "seq", "attempt", "headers", "payload"}
-          and str(e["id"]) == h.get("webhook-id") and e["topic"] == "hd.bulk" and e["attempt"] == 1
+          and set(e) == {"id", "event_id", "topic", "key", "seq", "published_at", "attempt", "headers", "payload"}
+          and prefix + str(e["id"]) == h.get("webhook-id") and e["topic"] == "hd.bulk" and e["attempt"] == 1
+          and published_ok(e["published_at"], r["t"])
           and h.get("content-type") == "application/json" and h.get("user-agent") == "relaybus/0.1.0"
           and h.get("x-relay-test") == "bulk" and abs(int(h.get("webhook-timestamp", 0)) - r["t"]) < 60
           and pub.get(e["event_id"]) == e["key"] and isinstance(e["payload"], dict))
@@ -113,7 +124,7 @@ EOF
 check_eq "(2) requests / distinct webhook-ids" "$published $published" "$(r requests) $(r distinct_ids)"
 check_eq "(2) every published event was received" 0 "$(r missing)"
 check_eq "(2) nothing received that was not published" 0 "$(r extra)"
-check_eq "(2) every request is well formed (envelope fields, webhook-id = id, content-type, user-agent, custom header, timestamp, key)" \
+check_eq "(2) every request is well formed (envelope fields, published_at, webhook-id = prefix + id, content-type, user-agent, custom header, timestamp, key)" \
     0 "$(r bad)"
 check_eq "(2) per key: seqs increase in arrival order, no duplicates" "0 0" "$(r order) $(r dups)"
 check_eq "(2) per key: the received seqs are exactly 1..n (20 keys)" "0 20" "$(r gaps) $(r keys)"
@@ -211,7 +222,7 @@ for r, want in zip(recs, expected):
     exact += r["body"] == want
     parsed += r["env"] == json.loads(want)
     h = r["headers"]
-    headers += h.get("content-type") == "application/json" and h.get("webhook-id", "").isdigit()
+    headers += h.get("content-type") == "application/json" and h.get("webhook-id", "").startswith("msg_")
     try:
         wh.verify(r["body"].encode("utf-8"), h)
         signed += 1

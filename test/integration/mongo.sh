@@ -167,6 +167,10 @@ log "publish and key order"
 DB=t_order
 "$BIN" init --database $DB >/dev/null
 "$BIN" handler create hook http "$HOOK/a" --options "{\"secret\":\"$SECRET\",\"concurrency\":8}" --database $DB >/dev/null
+out=$("$BIN" handler create shortkey http "$HOOK/a" --options '{"secret":"whsec_dGVzdA=="}' --database $DB 2>&1)
+rc=$?
+check_eq "handler create refuses a secret key shorter than 24 bytes (exit 2)" "2 1" \
+    "$rc $(grep -c 'at least 24 bytes' <<<"$out")"
 "$BIN" route 'order.*' hook --database $DB
 "$BIN" route 'order.created' hook --wire orders.v1.created --database $DB
 : >"$TMP/pub_a"

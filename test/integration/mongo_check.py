@@ -14,7 +14,8 @@ PUB: the stdout of `relaybus-mongo publish` calls, one JSON object per line
   seq_mismatch     envelopes whose key/seq differ from what publish returned
   seq_gap_keys     keys whose received seqs are not exactly the published ones
   bad_signature    requests whose webhook-signature does not verify (with --secret)
-  envelope_errors  bodies that are not the envelope with the right id
+  envelope_errors  bodies that are not the envelope with the right id, webhook-id
+                   without the "msg_mongo_" prefix, or no published_at
 """
 import argparse
 import json
@@ -52,11 +53,15 @@ def main():
     order_violations = seq_mismatch = bad_sig = env_err = 0
     for r in reqs:
         h = r["headers"]
-        wid = int(h.get("webhook-id", "0"))
+        # webhook-id: "msg_mongo_<database>_<delivery id>" (docs/mongo.md)
+        raw = h.get("webhook-id", "")
+        num = raw.rpartition("_")[2]
+        wid = int(num) if num.isdigit() else 0
         seen[wid] = seen.get(wid, 0) + 1
         try:
             body = json.loads(r["body"])
-            if body.get("id") != wid:
+            if (body.get("id") != wid or not raw.startswith("msg_mongo_")
+                    or not isinstance(body.get("published_at"), str) or not body["published_at"].endswith("Z")):
                 env_err += 1
         except Exception:
             env_err += 1
