@@ -183,12 +183,21 @@ public:
     }
 
     // Installs what the selected peers need before the cluster starts: PgQ and pgqd from
-    // Debian (scripts/install-deps.sh), graphile-worker from npm (npm ci in bench/graphile).
+    // Debian (scripts/install-deps.sh), graphile-worker from npm (npm ci in bench/graphile),
+    // nginx and wrk from Debian for the http cells.
     void ensure_peer_deps(const std::vector<Cell>& cells) {
-        bool pgq = false, graphile = false;
+        bool pgq = false, graphile = false, http = false;
         for (const Cell& c : cells) {
             pgq |= c.system == "pgq";
             graphile |= c.system == "graphile";
+            http |= c.variant == "http" || c.variant == "wrk";
+        }
+        if (http && system("command -v nginx >/dev/null 2>&1 && command -v wrk >/dev/null 2>&1") != 0) {
+            std::cerr << "http cells: nginx or wrk missing; running scripts/install-deps.sh with nginx-light wrk\n";
+            int st = system(("RELAYBUS_EXTRA_PACKAGES='nginx-light wrk' bash " + opt_.repo +
+                             "/scripts/install-deps.sh >&2").c_str());
+            if (st != 0 || system("command -v nginx >/dev/null 2>&1 && command -v wrk >/dev/null 2>&1") != 0)
+                throw std::runtime_error("http cells: still no nginx or wrk (apt-get install nginx-light wrk)");
         }
         if (pgq) {
             std::string control = trim(run_capture(pg_config_ + " --sharedir")) + "/extension/pgq.control";
