@@ -21,7 +21,10 @@ if ! command -v debootstrap >/dev/null 2>&1; then
     apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap
 fi
 
-mounts=(proc sys dev dev/pts dev/shm)
+# The root is bind-mounted onto itself first (as arch-chroot does), so that "/"
+# inside is a mount point: tests that use a private mount namespace
+# (unshare -m --propagation private) need that, as on a real machine.
+mounts=("" proc sys dev dev/pts dev/shm)
 unmount_all() {
     local i
     for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
@@ -39,6 +42,7 @@ t0=$(date +%s)
 echo "fresh-root: debootstrap --variant=minbase bookworm $dir"
 debootstrap --variant=minbase bookworm "$dir" "$mirror" >"$dir.debootstrap.log" 2>&1 ||
     { tail -n 20 "$dir.debootstrap.log"; exit 1; }
+mount --bind "$dir" "$dir"
 mount -t proc proc "$dir/proc"
 mount -t sysfs sys "$dir/sys"
 mount --bind /dev "$dir/dev"
