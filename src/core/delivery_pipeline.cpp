@@ -113,7 +113,7 @@ void DeliveryPipeline::pump(DeliveryStore& store, int64_t now_ms) {
     }
     queued_of_[key]--;
     std::string why;
-    Sent sent{q.handler, q.delivery.receipt, q.delivery.message.attempt, q.delivery.published};
+    Sent sent{q.handler, q.delivery.receipt, q.delivery.message.attempt, q.delivery.published, now_ms};
     if (!sink_.submit(*q.handler, q.delivery.message, now_ms, &why)) {
       // A request the sink refuses (bad URL or header) is a failed attempt.
       HttpResult failed;
@@ -133,8 +133,18 @@ void DeliveryPipeline::pump(DeliveryStore& store, int64_t now_ms) {
 }
 
 void DeliveryPipeline::finish(const Sent& sent, const HttpResult& result, int64_t now_ms) {
-  CircuitBreaker& b = breakers_[sent.handler->key];
-  b.record(result, sent.handler->options, now_ms);
+  const int key = sent.handler->key;
+  CircuitBreaker& b = breakers_[key];
+  // A failure of a request sent before the breaker last opened says nothing
+  // new about the endpoint: it neither reopens the breaker nor grows its
+  // backoff, however late it comes back (only the probe's does).
+  const bool stale_failure =
+      result.outcome != HttpOutcome::Success && b.is_open() && sent.sent_ms < opened_at_ms_[key];
+  if (!stale_failure) {
+    const int64_t open_until = b.open_until_ms();
+    b.record(result, sent.handler->options, now_ms);
+    if (b.open_until_ms() != open_until) opened_at_ms_[key] = now_ms;
+  }
   Completion c = classify_result(*sent.handler, result, sent.attempt, splitmix64(&rng_state_));
   c.receipt = sent.receipt;
   c.published = sent.published;

@@ -178,6 +178,8 @@ class DeliveryPipeline {
   // wait again (tried after complete_retry_ms; their receipts fence them) and
   // the exception goes on. Returns how many were completed.
   size_t flush(DeliveryStore& store, int64_t now_ms);
+  // After a store failure, until complete_retry_ms passed.
+  bool flush_paused(int64_t now_ms) const { return now_ms < retry_flush_at_ms_; }
   // Gives back everything queued (the dispatcher stops).
   void release_queued(DeliveryStore& store);
   // Drops what is in flight without results (a drain that timed out).
@@ -205,6 +207,7 @@ class DeliveryPipeline {
     Receipt receipt;
     int attempt;
     int64_t published;
+    int64_t sent_ms;
   };
   void finish(const Sent& sent, const HttpResult& result, int64_t now_ms);
 
@@ -219,6 +222,7 @@ class DeliveryPipeline {
   int64_t retry_flush_at_ms_ = 0;
   std::unordered_set<int64_t> held_;
   std::unordered_map<int, CircuitBreaker> breakers_;
+  std::unordered_map<int, int64_t> opened_at_ms_;  // handler key -> when its breaker last (re)opened
 };
 
 }  // namespace relaybus::core

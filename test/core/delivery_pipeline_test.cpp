@@ -324,3 +324,78 @@ TEST(DeliveryPipeline, ReleaseQueuedAndReceiptsSeen) {
 
 }  // namespace
 }  // namespace relaybus::core
+
+namespace relaybus::core {
+namespace {
+
+// A sink whose requests end when the test says (a real DeliverySink, no
+// network): for timings the loopback server cannot pin down.
+class ScriptedSink final : public DeliverySink {
+ public:
+  std::vector<int64_t> sent;
+  std::vector<HttpResult> ready;
+  std::map<int64_t, bool> open;
+  void set_handler_limit(int, int) override {}
+  bool can_submit(int) const override { return true; }
+  size_t in_flight() const override { return open.size(); }
+  size_t in_flight(int) const override { return open.size(); }
+  bool submit(const PipelineHandler&, const WebhookMessage& m, int64_t, std::string*) override {
+    sent.push_back(m.id);
+    open[m.id] = true;
+    return true;
+  }
+  std::vector<HttpResult> take_results() override {
+    std::vector<HttpResult> out;
+    out.swap(ready);
+    return out;
+  }
+  void cancel_all() override { open.clear(); }
+  void fail(int64_t id) {
+    HttpResult r;
+    r.tag = static_cast<uint64_t>(id);
+    r.outcome = HttpOutcome::Retry;
+    r.status = 503;
+    r.error = "HTTP 503";
+    open.erase(id);
+    ready.push_back(r);
+  }
+};
+
+TEST(DeliveryPipeline, LateFailuresOfRequestsSentBeforeTheBreakerOpenedDoNotGrowIt) {
+  ScriptedSink sink;
+  DeliveryPipeline pipeline(sink, PipelineOptions{}, 1);
+  MemoryStore store;
+  auto h = std::make_shared<PipelineHandler>();
+  h->key = 3;
+  h->options.concurrency = 16;
+  h->options.backoff_base_ms = 200;
+  h->options.backoff_max_ms = 60000;
+  h->options.max_attempts = 1000;
+  std::vector<ClaimedDelivery> claimed;
+  for (int64_t id = 1; id <= 16; id++) claimed.push_back(store.claim(id, "k" + std::to_string(id)));
+  const int64_t t0 = 1000000;
+  pipeline.enqueue(h, std::move(claimed), t0 + 60000);
+  pipeline.pump(store, t0);
+  ASSERT_EQ(sink.sent.size(), 16u);
+  for (int64_t id = 1; id <= 5; id++) sink.fail(id);
+  pipeline.collect(t0 + 10);
+  ASSERT_TRUE(pipeline.breaker_open(h->key));
+  EXPECT_EQ(pipeline.next_probe_ms(t0 + 10), t0 + 10 + 200);
+  // The other 11 come back one by one, long after the open period ended.
+  for (int64_t id = 6; id <= 16; id++) {
+    sink.fail(id);
+    pipeline.collect(t0 + 1000 + id * 300);
+  }
+  EXPECT_EQ(pipeline.next_probe_ms(t0), t0 + 10 + 200) << "only a probe's failure grows the backoff";
+  // A probe sent now that fails doubles it.
+  store.rows.clear();
+  pipeline.enqueue(h, {store.claim(100)}, t0 + 60000);
+  pipeline.pump(store, t0 + 10000);
+  ASSERT_EQ(sink.sent.back(), 100);
+  sink.fail(100);
+  pipeline.collect(t0 + 10010);
+  EXPECT_EQ(pipeline.next_probe_ms(t0 + 10010), t0 + 10010 + 400);
+}
+
+}  // namespace
+}  // namespace relaybus::core
