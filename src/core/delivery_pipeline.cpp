@@ -55,6 +55,10 @@ bool HttpSink::submit(const PipelineHandler& h, const WebhookMessage& m, int64_t
   return engine_.submit(build_webhook_request(h.options, h.target, h.key, m, now_ms / 1000), why);
 }
 
+void HttpSink::begin_submits() {
+  if (!batch_) batch_ = std::make_unique<HttpEngine::Batch>();
+}
+
 DeliveryPipeline::DeliveryPipeline(DeliverySink& sink, PipelineOptions options, uint64_t seed)
     : sink_(sink), options_(options), rng_state_(seed) {
   options_.max_in_flight = std::max(1, options_.max_in_flight);
@@ -91,6 +95,13 @@ void DeliveryPipeline::pump(DeliveryStore& store, int64_t now_ms) {
   std::vector<ClaimedDelivery> give_back;
   std::deque<Queued> keep;
   std::vector<std::pair<Sent, HttpResult>> refused;
+  // The submits share one engine batch; the store is called only after it.
+  struct Submits {
+    DeliverySink& sink;
+    explicit Submits(DeliverySink& s) : sink(s) { sink.begin_submits(); }
+    ~Submits() { sink.end_submits(); }
+  };
+  std::unique_ptr<Submits> submits = std::make_unique<Submits>(sink_);
   while (!queue_.empty()) {
     Queued q = std::move(queue_.front());
     queue_.pop_front();
@@ -126,6 +137,7 @@ void DeliveryPipeline::pump(DeliveryStore& store, int64_t now_ms) {
     }
     in_flight_.emplace(q.delivery.message.id, std::move(sent));
   }
+  submits.reset();
   queue_.swap(keep);
   for (auto& [sent, result] : refused) finish(sent, result, now_ms);
   // Last: the store may throw; the pipeline is consistent by now.

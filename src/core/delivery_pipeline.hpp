@@ -104,6 +104,9 @@ class DeliverySink {
                       std::string* why) = 0;
   virtual std::vector<HttpResult> take_results() = 0;
   virtual void cancel_all() = 0;
+  // Around a run of submits (the pipeline calls nothing else in between).
+  virtual void begin_submits() {}
+  virtual void end_submits() {}
 };
 
 // The HTTP engine as a sink: requests made by build_webhook_request.
@@ -118,9 +121,13 @@ class HttpSink final : public DeliverySink {
               std::string* why) override;
   std::vector<HttpResult> take_results() override { return engine_.take_results(); }
   void cancel_all() override { engine_.cancel_all(); }
+  // A run of submits shares one signal-blocking section (HttpEngine::Batch).
+  void begin_submits() override;
+  void end_submits() override { batch_.reset(); }
 
  private:
   HttpEngine& engine_;
+  std::unique_ptr<HttpEngine::Batch> batch_;
 };
 
 // Each side's store: it claims (in its own way: the PostgreSQL dispatcher in
@@ -138,6 +145,7 @@ class DeliveryStore {
   virtual void release(const std::vector<ClaimedDelivery>& never_sent) = 0;
   // Whether a queued delivery's receipt still holds, checked as it is about to
   // be sent (a MongoDB lane lost meanwhile). Not held: released, not sent.
+  // Called between the sink's begin_submits and end_submits: no I/O.
   virtual bool still_held(const ClaimedDelivery&, int64_t /*now_ms*/) { return true; }
 };
 

@@ -293,10 +293,7 @@ void http_pump() {
     // A reloaded allow-list applies to these requests already.
     if (engine_allowlist != allowlist_setting()) (void)ensure_engine();
     int64 now = now_ms();
-    with_pipeline([&] {
-        core::HttpEngine::Batch batch;
-        pipeline->pump(store, now);
-    });
+    with_pipeline([&] { pipeline->pump(store, now); });
 }
 
 size_t http_queued() { return pipeline ? pipeline->queued() : 0; }
