@@ -366,7 +366,9 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     c.message.attempt = d.attempt + 1;
     c.message.headers_json = d.headers_json;
     c.message.payload_json = d.payload_json;
-    c.receipt = core::Receipt{static_cast<uint64_t>(d.lane), static_cast<uint64_t>(held_[d.lane].since_epoch)};
+    auto held = held_.find(d.lane);  // epoch 0 (no lane held) never holds
+    c.receipt = core::Receipt{static_cast<uint64_t>(d.lane),
+                              static_cast<uint64_t>(held != held_.end() ? held->second.since_epoch : 0)};
     c.published = d.published_ms;
     claimed.push_back(std::move(c));
   }
