@@ -57,6 +57,10 @@ bool Dispatcher::ensure_engine() {
     engine_.reset();
     return false;
   }
+  sink_ = std::make_unique<core::HttpSink>(*engine_);
+  core::PipelineOptions po;
+  po.max_in_flight = cfg_.max_in_flight;
+  pipeline_ = std::make_unique<core::DeliveryPipeline>(*sink_, po, rng_());
   return true;
 }
 
@@ -107,6 +111,13 @@ void Dispatcher::lease_tick() {
     hs.key = kit->second;
     hs.doc = std::move(d);
     (void)fresh;
+    // Deliveries already claimed keep the handler as it was.
+    auto pipe = std::make_shared<core::PipelineHandler>();
+    pipe->key = hs.key;
+    pipe->name = hs.doc.name;
+    pipe->target = hs.doc.target;
+    pipe->options = hs.doc.options;
+    hs.pipe = std::move(pipe);
   }
   for (auto it = handlers_.begin(); it != handlers_.end();)
     it = seen.count(it->first) ? std::next(it) : handlers_.erase(it);
@@ -134,9 +145,8 @@ void Dispatcher::lease_tick() {
   }
   // Above the fair share: drain the extra lanes (no new fetches), give them
   // back once nothing of theirs is in flight or awaiting completion.
-  std::map<int, int> busy;  // lane -> in flight or done
-  for (const auto& [id, f] : in_flight_) busy[f.lane]++;
-  for (const auto& d : done_) busy[d.info.lane]++;
+  std::map<int, int> busy;  // lane -> queued, in flight or awaiting completion
+  if (pipeline_) pipeline_->for_each_receipt([&](const core::Receipt& r) { busy[static_cast<int>(r.a)]++; });
   int active = 0;
   for (const auto& [lane, h] : held_) active += h.draining ? 0 : 1;
   for (auto it = held_.rbegin(); it != held_.rend() && active > share; ++it)
@@ -201,7 +211,7 @@ void Dispatcher::lease_tick() {
         break;
       case Op::Take:
         if (ok[i]) {
-          held_[lane] = Held{epoch, until, false};
+          held_[lane] = Held{epoch, until, false, epoch};
           taken.push_back(lane);
           metrics_.lanes_taken++;
         }
@@ -252,13 +262,10 @@ void Dispatcher::fetch_all() {
 void Dispatcher::fetch_handler(HandlerState& h) {
   const int64_t now = wall_ms();
   const auto& o = h.doc.options;
-  engine_->set_handler_limit(h.key, o.concurrency);
-  const int in_flight = static_cast<int>(engine_->in_flight(h.key));
-  const int limit = h.breaker.limit(o.concurrency, now);
-  metrics_.breaker_open[h.doc.name] = h.breaker.is_open();
-  int cap = std::min({limit - in_flight, cfg_.max_in_flight - static_cast<int>(engine_->in_flight()), cfg_.batch_size});
-  // Wait for room for a reasonable batch rather than reading the window for one row.
-  if (cap <= 0 || (in_flight > 0 && cap < std::min(limit, cfg_.batch_size) / 2)) return;
+  metrics_.breaker_open[h.doc.name] = pipeline_->breaker_open(h.key);
+  // The pipeline's claim-ahead rule (the PostgreSQL dispatchers' too), a batch at most.
+  const int cap = std::min(pipeline_->room(h.key, o.concurrency, now), cfg_.batch_size);
+  if (cap <= 0) return;
 
   std::vector<int> lanes;
   for (const auto& [lane, held] : held_)
@@ -276,7 +283,7 @@ void Dispatcher::fetch_handler(HandlerState& h) {
   std::vector<Failure> bad;
   std::set<std::string> bad_keys;
   for (const auto& d : rows)
-    if (!d.malformed.empty() && d.id != 0 && !in_flight_.count(d.id) && !done_ids_.count(d.id)) {
+    if (!d.malformed.empty() && d.id != 0 && !pipeline_->holds(d.id)) {
       bad.push_back({d.id, d.malformed, 0, true, 0, h.doc.name});
       if (d.has_key) bad_keys.insert(d.key);
       if (warned_.insert("malformed " + std::to_string(d.id)).second)
@@ -311,7 +318,7 @@ void Dispatcher::fetch_handler(HandlerState& h) {
   for (size_t i : idx) {
     const Delivery& d = rows[i];
     row_of[plan_id[i]] = i;
-    bool leased = in_flight_.count(d.id) || done_ids_.count(d.id) || (d.has_key && bad_keys.count(d.key));
+    bool leased = pipeline_->holds(d.id) || (d.has_key && bad_keys.count(d.key));
     streams[d.priority].push_back({plan_id[i], d.priority, d.has_key, d.key, d.not_before_ms, leased});
   }
   for (auto& s : streams)
@@ -345,38 +352,30 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     chosen = plan.ids;
   }
 
+  std::vector<core::ClaimedDelivery> claimed;
+  claimed.reserve(chosen.size());
   for (int64_t pid : chosen) {
     const Delivery& d = rows[row_of[pid]];
-    if (!engine_->can_submit(h.key)) break;
-    // The same builder as the PostgreSQL dispatchers', called as the request
-    // is started: webhook-timestamp and signature are those of sending.
-    core::WebhookMessage msg;
-    msg.id = d.id;
-    msg.event_id = d.event_id;
-    msg.topic = d.topic;
-    msg.has_key = d.has_key;
-    msg.key = d.key;
-    msg.seq = d.seq;
-    msg.attempt = d.attempt + 1;
-    msg.published_at_ms = d.published_ms;
-    msg.headers_json = d.headers_json;
-    msg.payload_json = d.payload_json;
-    core::HttpRequest req = core::build_webhook_request(o, h.doc.target, h.key, msg, wall_ms() / 1000);
-    InFlight info{h.doc.name, d.lane, d.attempt, d.published_ms};
-    std::string why;
-    if (!engine_->submit(std::move(req), &why)) {
-      core::HttpResult failed;
-      failed.tag = static_cast<uint64_t>(d.id);
-      failed.handler_key = h.key;
-      failed.outcome = core::HttpOutcome::Fail;
-      failed.error = why;
-      if (done_.empty()) first_done_ms_ = monotonic_ms();
-      done_.push_back({d.id, std::move(failed), info});
-      done_ids_.insert(d.id);
-      continue;
-    }
-    in_flight_[d.id] = info;
+    core::ClaimedDelivery c;
+    c.message.id = d.id;
+    c.message.event_id = d.event_id;
+    c.message.topic = d.topic;
+    c.message.has_key = d.has_key;
+    c.message.key = d.key;
+    c.message.seq = d.seq;
+    c.message.attempt = d.attempt + 1;
+    c.message.published_at_ms = d.published_ms;
+    c.message.headers_json = d.headers_json;
+    c.message.payload_json = d.payload_json;
+    auto held = held_.find(d.lane);  // epoch 0 (no lane held) never holds
+    c.receipt = core::Receipt{static_cast<uint64_t>(d.lane),
+                              static_cast<uint64_t>(held != held_.end() ? held->second.since_epoch : 0)};
+    c.published = d.published_ms;
+    claimed.push_back(std::move(c));
   }
+  // Held while the lane is: a queued delivery goes out only while its receipt holds.
+  pipeline_->enqueue(h.pipe, std::move(claimed), now + cfg_.lease_ms);
+  pipeline_->pump(*this, wall_ms());
   metrics_.in_flight = static_cast<int>(engine_->in_flight());
   // More may be waiting: look again as soon as there is room.
   if (static_cast<int>(chosen.size()) >= cap || plan.may_have_more) next_fetch_ms_ = 0;
@@ -385,64 +384,52 @@ void Dispatcher::fetch_handler(HandlerState& h) {
 // ---------------------------------------------------------------- completing
 
 void Dispatcher::collect_results() {
-  if (!engine_) return;
-  const int64_t now = wall_ms();
-  for (core::HttpResult& r : engine_->take_results()) {
-    int64_t id = static_cast<int64_t>(r.tag);
-    auto it = in_flight_.find(id);
-    if (it == in_flight_.end()) continue;
-    auto h = handlers_.find(it->second.handler);
-    if (h != handlers_.end()) h->second.breaker.record(r, h->second.doc.options, now);
-    if (done_.empty()) first_done_ms_ = monotonic_ms();
-    done_.push_back({id, std::move(r), std::move(it->second)});
-    done_ids_.insert(id);
-    in_flight_.erase(it);
-  }
+  if (!pipeline_) return;
+  pipeline_->collect(wall_ms());
   metrics_.in_flight = static_cast<int>(engine_->in_flight());
 }
 
-void Dispatcher::flush() {
-  if (done_.empty()) return;
+bool Dispatcher::receipt_holds(const core::Receipt& r, int64_t now) const {
+  const int lane = static_cast<int>(r.a);
+  auto it = held_.find(lane);
+  return it != held_.end() && static_cast<uint64_t>(it->second.since_epoch) == r.b && lane_valid(lane, now);
+}
+
+bool Dispatcher::still_held(const core::ClaimedDelivery& d, int64_t now) { return receipt_holds(d.receipt, now); }
+
+void Dispatcher::release(const std::vector<core::ClaimedDelivery>&) {
+  // Nothing to write: a delivery is leased with its lane, and read again
+  // from the lane's window.
+}
+
+void Dispatcher::complete(const std::vector<core::Completion>& batch) {
   const int64_t now = wall_ms();
   std::vector<int64_t> ok_ids;
   std::vector<Failure> failures;
-  std::vector<const Done*> ok_done;
-  std::vector<Done> keep;
-  for (Done& d : done_) {
-    if (!lane_valid(d.info.lane, now)) {
+  std::vector<const core::Completion*> ok_done;
+  for (const core::Completion& c : batch) {
+    if (!receipt_holds(c.receipt, now)) {
       // Fencing: the lease ran out or moved; whoever holds the lane now sends
       // this delivery again (a duplicate after a lease loss, never a loss).
-      metrics_.handlers[d.info.handler].dropped++;
-      log_warn("result dropped: lane lease not held", {{"id", d.id}, {"lane", d.info.lane}});
+      metrics_.handlers[c.handler].dropped++;
+      log_warn("result dropped: lane lease not held", {{"id", c.id}, {"lane", c.receipt.a}});
       continue;
     }
-    if (d.result.outcome == core::HttpOutcome::Success) {
-      ok_ids.push_back(d.id);
-      ok_done.push_back(&d);
+    if (c.outcome == core::CompletionOutcome::Delivered) {
+      ok_ids.push_back(c.id);
+      ok_done.push_back(&c);
       continue;
     }
-    auto h = handlers_.find(d.info.handler);
-    core::HandlerOptions defaults;
-    const core::HandlerOptions& o = h != handlers_.end() ? h->second.doc.options : defaults;
-    bool permanent = core::webhook_failure_is_permanent(o, d.result);
-    core::FailureDecision fd = core::decide_failure(o, permanent, d.info.attempt + 1, d.result.retry_after_ms, rng_());
-    failures.push_back({d.id, d.result.error, d.result.status, fd.dead, now + fd.retry_in_ms, d.info.handler});
+    const bool dead = c.outcome == core::CompletionOutcome::Dead;
+    failures.push_back({c.id, c.error, c.status, dead, now + (dead ? 0 : c.retry_in_ms), c.handler});
   }
-  try {
-    store_.complete(ok_ids);
-    store_.fail(failures, now);
-    metrics_.last_store_ok_ms = wall_ms();
-  } catch (const StoreError& e) {
-    // Keep the results: retried at the next flush while the lanes are held.
-    metrics_.store_errors++;
-    log_warn("completing a batch failed; will retry", {{"error", e.what()}, {"results", done_.size()}});
-    next_flush_retry_ms_ = monotonic_ms() + 500;
-    return;
-  }
-  for (const Done* d : ok_done) {
-    auto& m = metrics_.handlers[d->info.handler];
+  store_.complete(ok_ids);
+  store_.fail(failures, now);
+  metrics_.last_store_ok_ms = wall_ms();
+  for (const core::Completion* c : ok_done) {
+    auto& m = metrics_.handlers[c->handler];
     m.delivered++;
-    if (d->info.published_ms > 0) metrics_.observe_latency(d->info.handler, (now - d->info.published_ms) / 1000.0);
+    if (c->published > 0) metrics_.observe_latency(c->handler, (now - c->published) / 1000.0);
   }
   for (const auto& f : failures) {
     auto& m = metrics_.handlers[f.handler];
@@ -451,9 +438,19 @@ void Dispatcher::flush() {
         {{"id", f.id}, {"handler", f.handler}, {"error", f.error}, {"status", f.status},
          {"retry_in_ms", f.dead ? 0 : f.not_before_ms - now}});
   }
-  done_.clear();
-  done_ids_.clear();
-  next_flush_retry_ms_ = 0;
+}
+
+void Dispatcher::flush() {
+  if (!pipeline_ || pipeline_->waiting() == 0) return;
+  try {
+    pipeline_->flush(*this, wall_ms());
+  } catch (const StoreError& e) {
+    // The pipeline keeps the results and tries again after a pause; their
+    // receipts drop them once the lanes are no longer held.
+    metrics_.store_errors++;
+    log_warn("completing a batch failed; will retry", {{"error", e.what()}, {"results", pipeline_->waiting()}});
+    return;
+  }
   // A completed key may have a successor ready now.
   next_fetch_ms_ = 0;
 }
@@ -485,7 +482,7 @@ void Dispatcher::wait(int64_t max_ms) {
         if (buf[i] == 'T' && !stopping_) {
           stopping_ = true;
           stop_deadline_ms_ = monotonic_ms() + cfg_.drain_timeout_ms;
-          log_info("stopping: draining in-flight deliveries", {{"in_flight", in_flight_.size()},
+          log_info("stopping: draining in-flight deliveries", {{"in_flight", pipeline_ ? pipeline_->in_flight() : 0},
                                                                {"drain_timeout_ms", cfg_.drain_timeout_ms}});
         } else if (buf[i] == 'H') {
           reload();
@@ -524,21 +521,19 @@ int Dispatcher::run() {
   for (;;) {
     const int64_t now = wall_ms();
     if (stopping_) {
+      pipeline_->release_queued(*this);  // not sent: read again by the lanes' next holder
       collect_results();
-      if (!done_.empty()) {
+      if (pipeline_->waiting() > 0) {
         try {
           flush();
         } catch (...) {
         }
       }
-      if (in_flight_.empty() && done_.empty()) break;
+      if (pipeline_->in_flight() == 0 && pipeline_->waiting() == 0) break;
       if (monotonic_ms() > stop_deadline_ms_) {
         log_warn("drain timeout: abandoning in-flight requests (they are sent again later)",
-                 {{"in_flight", in_flight_.size()}});
-        engine_->cancel_all();
-        in_flight_.clear();
-        done_.clear();
-        done_ids_.clear();
+                 {{"in_flight", pipeline_->in_flight()}});
+        pipeline_->cancel_in_flight();
         break;
       }
       wait(50);
@@ -554,15 +549,15 @@ int Dispatcher::run() {
         next_tick_ms_ = now + 1000;
       }
     }
+    pipeline_->pump(*this, wall_ms());  // queued deliveries go out as responses made room
     collect_results();
-    const int64_t mono = monotonic_ms();
-    if (!done_.empty() && mono >= next_flush_retry_ms_ &&
-        (static_cast<int>(done_.size()) >= cfg_.batch_size || in_flight_.empty() || mono - first_done_ms_ >= 20 ||
-         engine_->in_flight() == 0))
-      flush();
+    if (pipeline_->completion_due(wall_ms())) flush();
     if (wall_ms() >= next_fetch_ms_) fetch_all();
     int64_t wait_ms = std::min(next_tick_ms_, next_fetch_ms_) - wall_ms();
-    if (!done_.empty()) wait_ms = std::min<int64_t>(wait_ms, 20);
+    // The pipeline's batching delay; an open breaker's probe.
+    if (pipeline_->waiting() > 0) wait_ms = std::min<int64_t>(wait_ms, 2);
+    const int64_t probe = pipeline_->next_probe_ms(wall_ms());
+    if (probe >= 0) wait_ms = std::min<int64_t>(wait_ms, probe - wall_ms() + 1);
     wait(std::clamp<int64_t>(wait_ms, 0, 1000));
   }
   release_all();

@@ -1,7 +1,12 @@
 // The relaybus-mongo dispatcher: leases lanes, reads each http handler's
-// deliveries in its lanes, plans with the core's claim planner, POSTs through
-// the core's HTTP engine and completes results in bulk. One thread, one poll()
-// loop over the engine's sockets, the metrics server and a signal pipe.
+// deliveries in its lanes, plans with the core's claim planner and hands them
+// to the core's delivery pipeline (core/delivery_pipeline.hpp: queue,
+// concurrency, breaker, expiry, the HTTP engine, classification, batched
+// completion), the same as the PostgreSQL dispatchers'. It is the pipeline's
+// store here: completions are written to relay_deliveries only on a receipt
+// (lane, epoch at which this instance took the lane) that still holds. One
+// thread, one poll() loop over the engine's sockets, the metrics server and a
+// signal pipe.
 //
 // Lane leases (docs/mongo.md, "Lane leases"): relay_lanes holds one document
 // per (lane, epoch), unique. The holder of a lane is the owner of its highest
@@ -25,18 +30,17 @@
 #include <random>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "core/delivery_pipeline.hpp"
 #include "core/http_engine.hpp"
-#include "core/webhook_delivery.hpp"
 #include "mongo/config.hpp"
 #include "mongo/metrics.hpp"
 #include "mongo/store.hpp"
 
 namespace relaybus::mongo {
 
-class Dispatcher {
+class Dispatcher final : private core::DeliveryStore {
  public:
   // signal_fd: the read end of the self-pipe the signal handlers write 'T'
   // (SIGTERM/SIGINT) or 'H' (SIGHUP) to. reload() re-reads the config.
@@ -50,23 +54,21 @@ class Dispatcher {
     int64_t epoch = 0;
     int64_t until_ms = 0;
     bool draining = false;
-  };
-  struct InFlight {
-    std::string handler;
-    int lane = 0;
-    int attempt = 0;  // failed attempts before this one
-    int64_t published_ms = 0;
-  };
-  struct Done {
-    int64_t id;
-    core::HttpResult result;
-    InFlight info;
+    // The epoch at which this instance took the lane (renewals keep it): a
+    // delivery's receipt. Lost and taken again, the lane has a new one.
+    int64_t since_epoch = 0;
   };
   struct HandlerState {
     HandlerDoc doc;
     int key = 0;
-    core::CircuitBreaker breaker;
+    std::shared_ptr<const core::PipelineHandler> pipe;  // the doc, as the pipeline sends it
   };
+
+  // core::DeliveryStore: completions and releases of the pipeline.
+  void complete(const std::vector<core::Completion>& batch) override;
+  void release(const std::vector<core::ClaimedDelivery>& never_sent) override;
+  bool still_held(const core::ClaimedDelivery& d, int64_t now_ms) override;
+  bool receipt_holds(const core::Receipt& r, int64_t now_ms) const;
 
   void reload();
   void lease_tick();
@@ -86,17 +88,14 @@ class Dispatcher {
   Metrics metrics_;
   MetricsServer server_;
   std::unique_ptr<core::HttpEngine> engine_;
+  std::unique_ptr<core::HttpSink> sink_;
+  std::unique_ptr<core::DeliveryPipeline> pipeline_;
   std::string engine_allowlist_;
   std::map<std::string, HandlerState> handlers_;
   std::map<std::string, int> handler_keys_;
   std::map<int, Held> held_;
-  std::unordered_map<int64_t, InFlight> in_flight_;
-  std::vector<Done> done_;
-  std::set<int64_t> done_ids_;
-  int64_t first_done_ms_ = 0;
   int64_t next_tick_ms_ = 0;
   int64_t next_fetch_ms_ = 0;
-  int64_t next_flush_retry_ms_ = 0;
   bool stopping_ = false;
   int64_t stop_deadline_ms_ = 0;
   std::mt19937_64 rng_;

@@ -544,8 +544,7 @@ extern "C" void relay_dispatcher_main(Datum) {
     // per response would cost two transactions per delivery. Results wait for
     // a batch (or 2 ms, or the last one in flight), and an iteration runs only
     // when woken, after a completion, or while busy.
-    constexpr int kCompleteBatch = 16;
-    constexpr int64 kCompleteDelayMs = 2;
+    constexpr int64 kCompleteDelayMs = 2;  // the pipeline's batching delay
     bool run_iteration = true;
     while (!got_sigterm) {
         if (ConfigReloadPending) {
@@ -559,8 +558,7 @@ extern "C" void relay_dispatcher_main(Datum) {
         ErrorData* error = worker_step(cxt, [&] {
             http_pump();  // claimed requests go out as soon as responses made room
             int ready = http_collect();
-            if (ready > 0 && (run_iteration || ready >= kCompleteBatch || http_in_flight() == 0 ||
-                              http_results_age_ms() >= kCompleteDelayMs)) {
+            if (ready > 0 && (run_iteration || http_completion_due())) {
                 http_complete();
                 run_iteration = true;
             }

@@ -1,17 +1,17 @@
 #include "pg/http_delivery.hpp"
 
 #include <algorithm>
-#include <deque>
+#include <cstring>
 #include <memory>
+#include <random>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "core/delivery_pipeline.hpp"
 #include "core/http_engine.hpp"
 #include "core/outbound_policy.hpp"
-#include "core/webhook_delivery.hpp"
+#include "pg/boundary.hpp"
 #include "pg/complete.hpp"
-#include "pg/guard.hpp"
 #include "pg/leases.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi_support.hpp"
@@ -27,41 +27,22 @@ namespace relaybus::pg {
 
 namespace {
 
-// The dispatcher's HTTP state. Static storage: nothing here lives on a stack
-// frame that a PostgreSQL error could unwind.
+// The dispatcher's side of core::DeliveryPipeline (queue, claim-ahead, breaker,
+// expiry, classification and batching are the pipeline's). Static storage:
+// nothing here lives on a stack frame that a PostgreSQL error could unwind.
 std::unique_ptr<core::HttpEngine> engine;
+std::unique_ptr<core::HttpSink> sink;
+std::unique_ptr<core::DeliveryPipeline> pipeline;
 std::string engine_allowlist;
-// What a claimed request is sent with: the handler as it was when claimed
-// (the catalog cache may change before the request goes out).
-struct StagedHandler {
-    int32 id;
-    std::string target;
-    core::HandlerOptions options;
+// Claimed in the open transaction: enqueued once it committed.
+struct Staged {
+    std::shared_ptr<const core::PipelineHandler> handler;
+    std::vector<core::ClaimedDelivery> claimed;
+    int64 expires_ms;
 };
-// A claimed delivery whose request is built when it is sent
-// (core::build_webhook_request: webhook-timestamp and signature of that moment).
-struct Queued {
-    std::shared_ptr<const StagedHandler> handler;
-    core::WebhookMessage msg;
-    int64 expires_ms;  // epoch ms after which it may no longer be sent
-};
-std::vector<Queued> staged;  // claimed in the open transaction
-// Claimed (committed) requests waiting for room under their handler's
-// concurrency. Claiming ahead of what may be in flight lets a claim serve many
-// requests, and lets the next request go out the moment a response comes in,
-// without waiting for a transaction.
-std::deque<Queued> queued;
-std::unordered_map<int32, int> queued_of;  // handler id -> entries in `queued`
-std::vector<int64> expired_ids;            // queued too long: their leases go back
-std::vector<core::HttpResult> finished;
-std::unordered_map<uint64, int64> published_us;  // delivery id -> publish time (latency)
-// delivery id -> the token of the lease taken when it was claimed: the results
-// are completed with it (compare-and-release), so a dispatcher that lost the
-// lease meanwhile (stalled past it while another took over) completes nothing.
-std::unordered_map<uint64, LeaseToken> lease_of;
-std::vector<LeaseToken> expired_tokens;  // beside expired_ids
-std::unordered_map<int32, core::CircuitBreaker> breakers;
-int64 first_result_ms = 0;  // when the oldest result in `finished` came in  // per handler (core/webhook_delivery)
+std::vector<Staged> staged;
+
+static_assert(sizeof(LeaseToken) == sizeof(core::Receipt), "a receipt carries a lease token");
 
 SavedPlan delete_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1)", 1, {INT8ARRAYOID}, nullptr};
 
@@ -69,10 +50,113 @@ int64 now_ms() { return timestamptz_to_epoch_ms(GetCurrentTimestamp()); }
 
 const char* allowlist_setting() { return guc_http_allowlist != nullptr ? guc_http_allowlist : ""; }
 
-// Creates the engine, or gives it a reloaded relaybus.http_allowlist: at once,
-// with requests in flight too (the engine checks every connection and every
-// request against the list in force). Returns false (with a log line) if the
-// setting is bad.
+// Plain glue (no C++ object lives here): completes a batch in a transaction
+// of its own. Each completion is a compare-and-release on its lease token:
+// a dispatcher that lost the lease meanwhile (stalled past it while another
+// took over) completes nothing.
+void complete_in_xact(const core::Completion* c, int n) {
+    TimestampTz now = GetCurrentTimestamp();
+    int64 nowms = timestamptz_to_epoch_ms(now);
+    int64* ids = static_cast<int64*>(palloc(sizeof(int64) * n));
+    LeaseToken* tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * n));
+    LeaseCheck* checks = static_cast<LeaseCheck*>(palloc(sizeof(LeaseCheck) * n));
+    Datum* done = static_cast<Datum*>(palloc(sizeof(Datum) * n));
+    int32* done_handler = static_cast<int32*>(palloc(sizeof(int32) * n));
+    int64* done_latency = static_cast<int64*>(palloc(sizeof(int64) * n));
+    for (int i = 0; i < n; i++) {
+        ids[i] = c[i].id;
+        memcpy(&tokens[i], &c[i].receipt, sizeof(LeaseToken));
+    }
+    int ndone = 0;
+    int lost = 0;
+    worker_xact_begin();
+    SpiScope scope;
+    spi_begin(&scope);
+    (void)leases_begin_completion(ids, tokens, nullptr, n, now, checks);
+    for (int i = 0; i < n; i++) {
+        if (checks[i] != LeaseCheck::Held) {
+            lost++;  // the lease expired or another holder has it: complete nothing
+        } else if (c[i].outcome == core::CompletionOutcome::Delivered) {
+            done[ndone] = Int64GetDatum(c[i].id);
+            done_handler[ndone] = c[i].handler_key;
+            done_latency[ndone++] = c[i].published != 0 ? now - c[i].published : 0;
+        } else {
+            bool dead = c[i].outcome == core::CompletionOutcome::Dead;
+            (void)nack_delivery(c[i].id, CStringGetTextDatum(c[i].error.c_str()), dead ? -1 : c[i].retry_in_ms,
+                                c[i].status, dead, true);
+        }
+        int64 open_until = c[i].breaker_open_until_ms;
+        count_http(MyDatabaseId, c[i].handler_key, c[i].status,
+                   open_until != 0 ? TimestampTzPlusMilliseconds(now, open_until - nowms) : 0);
+    }
+    if (ndone > 0) {
+        Datum arg = PointerGetDatum(construct_array(done, ndone, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+        spi_exec(&delete_plan, &arg, nullptr, false, 0);
+    }
+    spi_end(&scope);
+    worker_xact_commit();
+    count_delivered(MyDatabaseId, done_handler, done_latency, ndone);
+    if (lost > 0)
+        ereport(LOG, (errmsg("relaybus dispatcher: %d http result(s) not completed: their leases were lost", lost),
+                      errdetail("The request outlived its lease (this worker stalled, or the lease ran out); "
+                                "the delivery's next holder completes it.")));
+}
+
+// Plain glue: gives back the leases of deliveries that were never sent, on
+// their tokens (a lease another holder has now stays theirs).
+void release_leases(const core::ClaimedDelivery* d, int n) {
+    int64* ids = static_cast<int64*>(palloc(sizeof(int64) * n));
+    LeaseToken* tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * n));
+    for (int i = 0; i < n; i++) {
+        ids[i] = d[i].message.id;
+        memcpy(&tokens[i], &d[i].receipt, sizeof(LeaseToken));
+    }
+    leases_release(ids, tokens, n);
+    pfree(ids);
+    pfree(tokens);
+}
+
+// The store over SPI and the lease table: PostgreSQL only through pg_guard.
+class PgDeliveryStore final : public core::DeliveryStore {
+public:
+    void complete(const std::vector<core::Completion>& batch) override {
+        const core::Completion* c = batch.data();
+        int n = static_cast<int>(batch.size());
+        pg_guard([&] { complete_in_xact(c, n); });
+    }
+    void release(const std::vector<core::ClaimedDelivery>& never_sent) override {
+        const core::ClaimedDelivery* d = never_sent.data();
+        int n = static_cast<int>(never_sent.size());
+        pg_guard([&] { release_leases(d, n); });
+    }
+};
+PgDeliveryStore store;
+
+// Calls the pipeline where it may call the store, from plain glue: a
+// PostgreSQL error raised in the store (carried out as PgError) or any C++
+// exception is raised here again, once every C++ frame is gone.
+template <typename F>
+void with_pipeline(F&& f) {
+    sigjmp_buf* saved_exception_stack = PG_exception_stack;
+    ErrorContextCallback* saved_context_stack = error_context_stack;
+    CaughtError caught;
+    bool failed = false;
+    try {
+        f();
+    } catch (...) {
+        catch_exception(&caught);
+        failed = true;
+    }
+    if (!failed) return;
+    PG_exception_stack = saved_exception_stack;
+    error_context_stack = saved_context_stack;
+    raise_caught(&caught);
+}
+
+// Creates the engine and the pipeline, or gives the engine a reloaded
+// relaybus.http_allowlist: at once, with requests in flight too (the engine
+// checks every connection and every request against the list in force).
+// Returns false (with a log line) if the setting is bad.
 bool ensure_engine() {
     const char* setting = allowlist_setting();
     char err[kErrLen];
@@ -94,6 +178,10 @@ bool ensure_engine() {
                 engine.reset();
                 return false;
             }
+            sink = std::make_unique<core::HttpSink>(*engine);
+            core::PipelineOptions po;
+            po.max_in_flight = opts.max_total;
+            pipeline = std::make_unique<core::DeliveryPipeline>(*sink, po, std::random_device{}());
             return true;
         },
         err);
@@ -114,22 +202,7 @@ int http_capacity(const HandlerEntry* h) {
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {
-            const int conc = h->options.concurrency;
-            engine->set_handler_limit(h->id, conc);
-            int in_flight = static_cast<int>(engine->in_flight(h->id));
-            auto q = queued_of.find(h->id);
-            int waiting = q == queued_of.end() ? 0 : q->second;
-            auto it = breakers.find(h->id);
-            int limit = it == breakers.end() ? conc : it->second.limit(conc, now);
-            // Claim ahead (in flight + queued up to 2 x concurrency + 256) while the
-            // breaker is closed, and only once half of that is free, so that one
-            // claim serves many requests; a tripped breaker claims no more than it sends.
-            int ahead = limit < conc ? limit : 2 * conc + 256;
-            int room = ahead - in_flight - waiting;
-            if (limit == conc && room < ahead / 2) room = 0;
-            int global = std::clamp(guc_max_in_flight, 1, 4096) - static_cast<int>(engine->in_flight()) -
-                         static_cast<int>(queued.size());
-            capacity = std::max(0, std::min(room, global));
+            capacity = pipeline->room(h->id, h->options.concurrency, now);
             return true;
         },
         err);
@@ -172,24 +245,31 @@ void http_stage(const HandlerEntry* h, const ClaimResult* res) {
     char err[kErrLen];
     if (!run_core(
             [&](std::string*) {
-                auto handler = std::make_shared<const StagedHandler>(StagedHandler{h->id, h->target, h->options});
+                auto handler = std::make_shared<core::PipelineHandler>();
+                handler->key = h->id;
+                handler->name = h->name;
+                handler->target = h->target;
+                handler->options = h->options;
+                Staged s{std::move(handler), {}, expires};
+                s.claimed.reserve(n);
                 for (int i = 0; i < n; i++) {
                     const Row& r = rows[i];
-                    Queued q{handler, {}, expires};
-                    q.msg.id = r.id;
-                    q.msg.event_id = r.event_id;
-                    q.msg.topic = r.topic != nullptr ? r.topic : "";
-                    q.msg.has_key = r.key != nullptr;
-                    if (r.key != nullptr) q.msg.key = r.key;
-                    q.msg.seq = r.seq;
-                    q.msg.attempt = r.attempt;
-                    q.msg.published_at_ms = timestamptz_to_epoch_ms(r.published);
-                    if (r.headers != nullptr) q.msg.headers_json = r.headers;
-                    q.msg.payload_json = r.payload != nullptr ? r.payload : "null";
-                    published_us[static_cast<uint64>(r.id)] = r.published;
-                    lease_of[static_cast<uint64>(r.id)] = res->tokens[i];
-                    staged.push_back(std::move(q));
+                    core::ClaimedDelivery d;
+                    d.message.id = r.id;
+                    d.message.event_id = r.event_id;
+                    d.message.topic = r.topic != nullptr ? r.topic : "";
+                    d.message.has_key = r.key != nullptr;
+                    if (r.key != nullptr) d.message.key = r.key;
+                    d.message.seq = r.seq;
+                    d.message.attempt = r.attempt;
+                    d.message.published_at_ms = timestamptz_to_epoch_ms(r.published);
+                    if (r.headers != nullptr) d.message.headers_json = r.headers;
+                    d.message.payload_json = r.payload != nullptr ? r.payload : "null";
+                    memcpy(static_cast<void*>(&d.receipt), &res->tokens[i], sizeof(LeaseToken));
+                    d.published = r.published;
+                    s.claimed.push_back(std::move(d));
                 }
+                staged.push_back(std::move(s));
                 return true;
             },
             err))
@@ -201,10 +281,7 @@ void http_send_staged() {
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {
-            for (auto& q : staged) {
-                queued_of[q.handler->id]++;
-                queued.push_back(std::move(q));
-            }
+            for (auto& s : staged) pipeline->enqueue(s.handler, std::move(s.claimed), s.expires_ms);
             staged.clear();
             return true;
         },
@@ -213,99 +290,25 @@ void http_send_staged() {
 }
 
 void http_pump() {
-    if (queued.empty()) return;
+    if (!pipeline || pipeline->queued() == 0) return;
     // A reloaded allow-list applies to these requests already.
-    if (engine && engine_allowlist != allowlist_setting()) (void)ensure_engine();
+    if (engine_allowlist != allowlist_setting()) (void)ensure_engine();
     int64 now = now_ms();
-    char err[kErrLen];
-    (void)run_core(
-        [&](std::string*) {
-            // In claim order; a handler without room keeps its requests for later.
-            core::HttpEngine::Batch batch;
-            std::deque<Queued> keep;
-            for (auto& q : queued) {
-                uint64 tag = static_cast<uint64>(q.msg.id);
-                int key = q.handler->id;
-                // A handler whose breaker tripped sends no more than the breaker
-                // allows (nothing while open, then one probe at a time): the rest
-                // of its queue gives the leases back, to be claimed again later.
-                auto b = breakers.find(key);
-                bool tripped = b != breakers.end() && b->second.is_open() &&
-                               static_cast<int>(engine != nullptr ? engine->in_flight(key) : 0) >=
-                                   b->second.limit(1 << 20, now);
-                if (now > q.expires_ms || engine == nullptr || tripped) {
-                    expired_ids.push_back(static_cast<int64>(tag));
-                    expired_tokens.push_back(lease_of[tag]);
-                    lease_of.erase(tag);
-                    published_us.erase(tag);
-                    queued_of[key]--;
-                    continue;
-                }
-                if (!engine->can_submit(key)) {
-                    keep.push_back(std::move(q));
-                    continue;
-                }
-                queued_of[key]--;
-                std::string why;
-                // Made now, as it goes out: its webhook-timestamp and signature
-                // are those of this moment, however long it was queued.
-                core::HttpRequest r = core::build_webhook_request(q.handler->options, q.handler->target, key,
-                                                                  q.msg, now / 1000);
-                // A request the engine refuses (bad URL or header) is a failure.
-                if (!engine->submit(std::move(r), &why)) {
-                    core::HttpResult failed;
-                    failed.tag = tag;
-                    failed.handler_key = key;
-                    failed.outcome = core::HttpOutcome::Fail;
-                    failed.error = why;
-                    finished.push_back(std::move(failed));
-                }
-            }
-            queued.swap(keep);
-            return true;
-        },
-        err);
-    if (!expired_ids.empty()) {
-        // Not sent: the deliveries are claimed again (by this or another dispatcher).
-        leases_release(expired_ids.data(), expired_tokens.data(), static_cast<int>(expired_ids.size()));
-        expired_ids.clear();
-        expired_tokens.clear();
-    }
+    with_pipeline([&] { pipeline->pump(store, now); });
 }
 
-size_t http_queued() { return queued.size(); }
+size_t http_queued() { return pipeline ? pipeline->queued() : 0; }
 
 void http_release_queued() {
-    char err[kErrLen];
-    (void)run_core(
-        [&](std::string*) {
-            for (const auto& q : queued) {
-                uint64 tag = static_cast<uint64>(q.msg.id);
-                expired_ids.push_back(q.msg.id);
-                expired_tokens.push_back(lease_of[tag]);
-                lease_of.erase(tag);
-                published_us.erase(tag);
-            }
-            queued.clear();
-            queued_of.clear();
-            return true;
-        },
-        err);
-    if (!expired_ids.empty()) {
-        leases_release(expired_ids.data(), expired_tokens.data(), static_cast<int>(expired_ids.size()));
-        expired_ids.clear();
-        expired_tokens.clear();
-    }
+    if (!pipeline) return;
+    with_pipeline([&] { pipeline->release_queued(store); });
 }
 
 void http_drop_staged() {
+    // Their leases went with the aborted transaction.
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {
-            for (const auto& q : staged) {
-                published_us.erase(static_cast<uint64>(q.msg.id));
-                lease_of.erase(static_cast<uint64>(q.msg.id));
-            }
             staged.clear();
             return true;
         },
@@ -315,115 +318,40 @@ void http_drop_staged() {
 size_t http_in_flight() { return engine ? engine->in_flight() : 0; }
 
 int http_collect() {
+    if (!pipeline) return 0;
+    int64 now = now_ms();
+    size_t n = 0;
     char err[kErrLen];
-    bool was_empty = finished.empty();
     (void)run_core(
         [&](std::string*) {
-            if (engine) {
-                auto more = engine->take_results();
-                for (auto& r : more) finished.push_back(std::move(r));
-            }
+            n = pipeline->collect(now);
             return true;
         },
         err);
-    if (was_empty && !finished.empty()) first_result_ms = now_ms();
-    return static_cast<int>(finished.size());
+    return static_cast<int>(n);
 }
 
-int64 http_results_age_ms() { return finished.empty() ? 0 : now_ms() - first_result_ms; }
+bool http_completion_due() {
+    if (!pipeline) return false;
+    int64 now = now_ms();
+    bool due = false;
+    char err[kErrLen];
+    (void)run_core(
+        [&](std::string*) {
+            due = pipeline->completion_due(now);
+            return true;
+        },
+        err);
+    return due;
+}
 
 int http_complete() {
-    char err[kErrLen];
-    int n = http_collect();
-    if (n == 0) return 0;
-
-    // Breaker entries exist before the PostgreSQL part below, which must not allocate C++ memory.
-    (void)run_core(
-        [&](std::string*) {
-            for (const auto& r : finished) breakers.try_emplace(r.handler_key);
-            return true;
-        },
-        err);
-    TimestampTz now = GetCurrentTimestamp();
-    int64 nowms = timestamptz_to_epoch_ms(now);
-    Datum* done = static_cast<Datum*>(palloc(sizeof(Datum) * n));
-    int32* done_handler = static_cast<int32*>(palloc(sizeof(int32) * n));
-    int64* done_latency = static_cast<int64*>(palloc(sizeof(int64) * n));
-    int ndone = 0;
-    // The results' leases, checked (and marked) in the completing transaction.
-    int64* ids = static_cast<int64*>(palloc(sizeof(int64) * n));
-    LeaseToken* tokens = static_cast<LeaseToken*>(palloc0(sizeof(LeaseToken) * n));
-    LeaseCheck* checks = static_cast<LeaseCheck*>(palloc(sizeof(LeaseCheck) * n));
-    (void)run_core(
-        [&](std::string*) {
-            for (int i = 0; i < n; i++) {
-                ids[i] = static_cast<int64>(finished[i].tag);
-                auto it = lease_of.find(finished[i].tag);
-                if (it != lease_of.end()) tokens[i] = it->second;  // else all zero: matches no lease
-            }
-            return true;
-        },
-        err);
-    int lost = 0;
-
-    PG_TRY();
-    {
-        worker_xact_begin();
-        SpiScope scope;
-        spi_begin(&scope);
-        (void)leases_begin_completion(ids, tokens, nullptr, n, now, checks);
-        for (int i = 0; i < n; i++) {
-            const core::HttpResult& r = finished[i];
-            int64 id = static_cast<int64>(r.tag);
-            core::CircuitBreaker& b = breakers.find(r.handler_key)->second;
-            const HandlerEntry* h = catalog_handler_by_id(r.handler_key);
-            if (h != nullptr) b.record(r, h->options, nowms);
-            if (checks[i] != LeaseCheck::Held) {
-                lost++;  // the lease expired or another holder has it: complete nothing
-            } else if (r.outcome == core::HttpOutcome::Success) {
-                done[ndone] = Int64GetDatum(id);
-                done_handler[ndone] = r.handler_key;
-                auto it = published_us.find(r.tag);
-                done_latency[ndone++] = it != published_us.end() ? now - it->second : 0;
-            } else {
-                bool dead = h != nullptr ? core::webhook_failure_is_permanent(h->options, r)
-                                         : r.outcome == core::HttpOutcome::Fail;
-                (void)nack_delivery(id, CStringGetTextDatum(r.error.c_str()), r.retry_after_ms, r.status, dead, true);
-            }
-            count_http(MyDatabaseId, r.handler_key, r.status,
-                       b.is_open() ? TimestampTzPlusMilliseconds(now, b.open_until_ms() - nowms) : 0);
-        }
-        if (ndone > 0) {
-            Datum arg = PointerGetDatum(construct_array(done, ndone, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-            spi_exec(&delete_plan, &arg, nullptr, false, 0);
-        }
-        spi_end(&scope);
-        worker_xact_commit();
-    }
-    PG_CATCH();
-    {
-        // The results are lost; their leases lapse and the deliveries are sent again.
-        for (const auto& r : finished) lease_of.erase(r.tag);
-        finished.clear();
-        PG_RE_THROW();
-    }
-    PG_END_TRY();
-    count_delivered(MyDatabaseId, done_handler, done_latency, ndone);
-    if (lost > 0)
-        ereport(LOG, (errmsg("relaybus dispatcher: %d http result(s) not completed: their leases were lost", lost),
-                      errdetail("The request outlived its lease (this worker stalled, or the lease ran out); "
-                                "the delivery's next holder completes it.")));
-    (void)run_core(
-        [&](std::string*) {
-            for (const auto& r : finished) {
-                published_us.erase(r.tag);
-                lease_of.erase(r.tag);
-            }
-            finished.clear();
-            return true;
-        },
-        err);
-    return n;
+    if (http_collect() == 0) return 0;
+    int64 now = now_ms();
+    if (pipeline->flush_paused(now)) return 0;
+    size_t n = 0;
+    with_pipeline([&] { n = pipeline->flush(store, now); });
+    return static_cast<int>(n);
 }
 
 bool http_wait(long timeout_ms) {
@@ -431,6 +359,8 @@ bool http_wait(long timeout_ms) {
     int* fds = nullptr;
     uint32* events = nullptr;
     int64 engine_timeout = -1;
+    int64 next_probe = -1;
+    int64 nowms = now_ms();
     if (engine) {
         size_t cap = 0;
         char err[kErrLen];
@@ -451,6 +381,7 @@ bool http_wait(long timeout_ms) {
                     events[nsock++] = ev;
                 }
                 engine_timeout = engine->timeout_ms();
+                next_probe = pipeline->next_probe_ms(nowms);
                 return true;
             },
             err);
@@ -464,13 +395,9 @@ bool http_wait(long timeout_ms) {
         engine_timer = true;
     }
     // An open breaker lets its probe through when its backoff ends.
-    int64 nowms = now_ms();
-    for (const auto& kv : breakers) {
-        const core::CircuitBreaker& b = kv.second;
-        if (b.is_open() && b.open_until_ms() >= nowms && b.open_until_ms() - nowms + 1 < timeout_ms) {
-            timeout_ms = static_cast<long>(b.open_until_ms() - nowms + 1);
-            engine_timer = false;
-        }
+    if (next_probe >= 0 && next_probe - nowms + 1 < timeout_ms) {
+        timeout_ms = static_cast<long>(next_probe - nowms + 1);
+        engine_timer = false;
     }
 
     WaitEventSet* set = CreateWaitEventSet(CurrentMemoryContext, nsock + 2);
@@ -508,6 +435,8 @@ void http_shutdown() {
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {
+            pipeline.reset();
+            sink.reset();
             engine.reset();
             return true;
         },

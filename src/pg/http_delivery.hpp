@@ -1,4 +1,5 @@
-// Webhook callouts from a dispatcher, over the core's HTTP engine.
+// Webhook callouts from a dispatcher: the PostgreSQL side of the core's
+// delivery pipeline (core/delivery_pipeline.hpp), over its HTTP engine.
 //
 // Claiming happens in the dispatcher's transaction (leases in shared memory,
 // no row written); the requests are sent after that transaction committed and
@@ -34,9 +35,11 @@ size_t http_queued();
 void http_release_queued();
 // Moves finished requests out of the engine; returns how many wait for completion.
 int http_collect();
-// How long the oldest of them has waited, in ms (0 if none).
-int64 http_results_age_ms();
-// Completes finished requests in one transaction; returns how many.
+// The pipeline's batching rule: 16 results, or the oldest waited 2 ms, or
+// nothing is in flight (core::DeliveryPipeline::completion_due).
+bool http_completion_due();
+// Completes finished requests in one transaction; returns how many. If that
+// fails, they stay for a later try (their leases fence a late completion).
 int http_complete();
 // Waits for the latch, postmaster death, the engine's sockets or its timer, up
 // to timeout_ms, and lets the engine work. True if the latch was set or the

@@ -417,5 +417,34 @@ log "requests to /al: $total, $late of them more than 1 s after the reload"
 check_eq "no request reaches 127.0.0.1 later than 1 s after the reload narrowed the allow-list" 0 "$late"
 stop_instance $P1
 
+# ------------------------------------------------------------------ fencing: a lane lost and taken again
+# An instance frozen past its lease loses its lanes to another; once that one
+# gave them back, the frozen one wakes and takes them again. The result of the
+# request it had in flight before must not be completed: its receipt is the
+# lane under the old tenure (before, any lane held at flush time counted).
+log "a lane lost and taken again completes nothing claimed before"
+DB=t_fence
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/fence" --database $DB >/dev/null
+"$BIN" route 'fence.*' hook --database $DB
+control /fence '[{"delay": 4}, {"repeat": true}]'
+"$BIN" publish fence.x '{"n":1}' --key f1 --database $DB >/dev/null
+start_instance fence_a $DB
+PA=$IPID
+wait_until 15 has_requests /fence 1 || fail "no first request to /fence"
+kill -STOP "$PA"
+start_instance fence_b $DB  # takes the lanes once fence_a's lease ran out, sends it again
+PB=$IPID
+wait_until 20 has_requests /fence 2 && wait_until 10 pending_is $DB 0 ||
+    fail "the second instance did not deliver" "$(tail -3 "$TMP/fence_b.err")"
+stop_instance "$PB"  # gives the lanes back
+kill -CONT "$PA"
+wait_until 15 grep -q '"msg":"result dropped: lane lease not held"' "$TMP/fence_a.err" ||
+    fail "no 'result dropped' log line" "$(tail -5 "$TMP/fence_a.err")"
+wait_until 10 grep -q '"held":64' "$TMP/fence_a.err"
+check_eq "the woken instance took the lanes again and completed nothing of before (dropped 1, delivered 0)" "1 0" \
+    "$(metric fence_a 'relaybus_mongo_dropped_total{handler="hook"}') $(metric fence_a 'relaybus_mongo_delivered_total{handler="hook"}' | grep . || echo 0)"
+stop_instance "$PA"
+
 log "done"
 finish
