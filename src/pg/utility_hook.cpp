@@ -75,7 +75,23 @@ static void relay_object_access(ObjectAccessType access, Oid class_id, Oid objec
     if (extension_changed_level == 0 || level < extension_changed_level) extension_changed_level = level;
 }
 
+// A COPY into relay.deliveries ran in this transaction (pg_restore loads the
+// outbox that way): the pending counts cannot follow it row by row.
+static bool deliveries_copied = false;
+
+static bool is_copy_into_deliveries(Node* stmt) {
+    if (!IsA(stmt, CopyStmt)) return false;
+    auto* copy = reinterpret_cast<CopyStmt*>(stmt);
+    if (!copy->is_from || copy->relation == nullptr || strcmp(copy->relation->relname, "deliveries") != 0)
+        return false;
+    Oid nsp = get_namespace_oid("relay", true);
+    Oid deliveries = OidIsValid(nsp) ? get_relname_relid("deliveries", nsp) : InvalidOid;
+    return OidIsValid(deliveries) && RangeVarGetRelid(copy->relation, NoLock, true) == deliveries;
+}
+
 void utility_at_xact_end(bool commit) {
+    if (deliveries_copied && commit) forget_pending_counts(MyDatabaseId);
+    deliveries_copied = false;
     if (extension_changed_level > 0 && commit && workers != nullptr) {
         LWLockAcquire(workers->lock, LW_EXCLUSIVE);
         workers->extension_generation++;
@@ -255,6 +271,7 @@ static void relay_process_utility(PlannedStmt* pstmt, const char* query, bool re
                                   ProcessUtilityContext context, ParamListInfo params, QueryEnvironment* env,
                                   DestReceiver* dest, QueryCompletion* qc) {
     Node* stmt = pstmt->utilityStmt;
+    if (is_copy_into_deliveries(stmt)) deliveries_copied = true;
     Oid dboid = workers != nullptr ? database_to_clear(stmt, context == PROCESS_UTILITY_TOPLEVEL) : InvalidOid;
     if (!OidIsValid(dboid)) {
         call_next(pstmt, query, read_only_tree, context, params, env, dest, qc);

@@ -242,6 +242,14 @@ void set_pending_counts(Oid dboid, Oid extension, const int32* handler_ids, cons
     LWLockRelease(workers->lock);
 }
 
+void forget_pending_counts(Oid dboid) {
+    if (workers == nullptr) return;
+    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+    HandlerCounters* meta = pending_meta_of(dboid, false);
+    if (meta != nullptr) meta->counted_for = InvalidOid;
+    LWLockRelease(workers->lock);
+}
+
 bool pending_counted_for(Oid dboid, Oid extension) {
     if (workers == nullptr) return false;
     LWLockAcquire(workers->lock, LW_SHARED);

@@ -139,5 +139,8 @@ void count_pending_at_commit(int32 handler_id, int64 delta);
 void set_pending_counts(Oid dboid, Oid extension, const int32* handler_ids, const int64* counts, int n);
 // Whether the database's pending counts were counted for this installation.
 bool pending_counted_for(Oid dboid, Oid extension);
+// Rows were written by other means (COPY into relay.deliveries, as pg_restore
+// does): the database's pending counts are counted again by its dispatcher.
+void forget_pending_counts(Oid dboid);
 
 }  // namespace relaybus::pg
