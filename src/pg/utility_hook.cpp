@@ -31,6 +31,7 @@ extern "C" {
 #include "catalog/pg_tablespace.h"
 #include "commands/dbcommands.h"
 #include "commands/defrem.h"
+#include "commands/extension.h"
 #include "commands/tablespace.h"
 #include "nodes/parsenodes.h"
 #include "pgstat.h"
@@ -151,6 +152,31 @@ static bool database_facts(Oid dboid, DatabaseFacts* out) {
     return true;
 }
 
+// DROP EXTENSION relaybus, or DROP SCHEMA relay CASCADE, by a role that may:
+// the database's own dispatchers step aside first. They lock relay's tables
+// in another order than the drop does, and a drop racing an iteration
+// deadlocked (one of the two was cancelled).
+static bool drops_relaybus(DropStmt* s) {
+    const char* name = s->removeType == OBJECT_EXTENSION ? "relaybus"
+                       : (s->removeType == OBJECT_SCHEMA && s->behavior == DROP_CASCADE) ? "relay"
+                                                                                         : nullptr;
+    if (name == nullptr) return false;
+    ListCell* lc;
+    foreach (lc, s->objects) {
+        Node* o = static_cast<Node*>(lfirst(lc));
+        if (IsA(o, String) && strcmp(strVal(o), name) == 0) {
+            Oid ext = get_extension_oid("relaybus", true);
+            if (!OidIsValid(ext)) return false;
+#if PG_VERSION_NUM >= 160000
+            return object_ownercheck(ExtensionRelationId, ext, GetUserId());
+#else
+            return pg_extension_ownercheck(ext, GetUserId());
+#endif
+        }
+    }
+    return false;
+}
+
 static DefElem* find_option(List* options, const char* name) {
     ListCell* lc;
     foreach (lc, options) {
@@ -214,6 +240,8 @@ static Oid database_to_clear(Node* stmt, bool top_level) {
                 return InvalidOid;
             return dboid;
         }
+        case T_DropStmt:
+            return drops_relaybus(reinterpret_cast<DropStmt*>(stmt)) ? MyDatabaseId : InvalidOid;
         default:
             return InvalidOid;
     }

@@ -108,6 +108,41 @@ out=$(psql -X -At -v ON_ERROR_STOP=1 -d postgres -U "$role" -c "DROP DATABASE \"
 check_eq "DROP DATABASE WITH (FORCE) by its non-superuser owner succeeds ($out)" 0 "$?"
 check "the other database is still served" wait_workers "$db" 1 20
 
+# ---------------------------------------------------------------- DROP EXTENSION steps around the dispatcher
+# A dispatcher in the middle of an iteration holds locks on relay's tables and
+# takes more in another order than DROP EXTENSION does; racing, the two
+# deadlocked and one was cancelled (seen in a full run). The drop now makes the
+# database's dispatchers leave first. Made deterministic: a session holds
+# relay.handlers, so the dispatcher's catalog reload waits on it inside its
+# iteration; DROP EXTENSION must end that dispatcher, then succeed.
+log "DROP EXTENSION while the dispatcher waits inside an iteration"
+new_db dx ddl_dropext || die "could not create a database"
+check "a dispatcher serves it" wait_workers "$dx" 1 20
+sql "$dx" "SELECT relay_create_handler('dx', 'notify', 'dx_chan')" "SELECT relay_route('dx.t', 'dx')" >/dev/null
+dpid=$(dispatcher_pids "$dx")
+psql -X -q -d "$dx" -c "BEGIN" -c "LOCK TABLE relay.handlers IN ACCESS EXCLUSIVE MODE" \
+    -c "SELECT pg_sleep(4)" -c "COMMIT" </dev/null >/dev/null 2>&1 &
+holder=$!
+bg_track "$holder"
+sleep 0.3
+# A catalog change (no lock on relay.handlers) makes the dispatcher reload at its next poll.
+sql "$dx" "UPDATE relay.routes SET wire_name = wire_name" >/dev/null
+lock_waiting() {
+    [[ $(psql_q -d postgres -c "SELECT count(*) FROM pg_stat_activity
+                                 WHERE pid = $dpid AND wait_event_type = 'Lock'") == 1 ]]
+}
+check "the dispatcher waits for relay.handlers inside its iteration" wait_until 5 lock_waiting
+t0=$(date +%s%N)
+psql -X -q -v ON_ERROR_STOP=1 -d "$dx" -c "DROP EXTENSION relaybus" >"$TMP/dropext.out" 2>&1 </dev/null &
+dropper=$!
+gone() { [[ -z $(psql_q -d postgres -c "SELECT 1 FROM pg_stat_activity WHERE pid = $dpid") ]]; }
+check "DROP EXTENSION ends the waiting dispatcher before the holder lets go" wait_until 3 gone
+wait "$dropper"
+rc=$?
+check_eq "DROP EXTENSION succeeds ($(head -c 300 "$TMP/dropext.out"))" 0 "$rc"
+log "DROP EXTENSION took $((($(date +%s%N) - t0) / 1000000)) ms (the holder kept relay.handlers for 4 s)"
+wait "$holder" 2>/dev/null
+
 cleanup
 cleanup_role
 finish
