@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# pg_dump -Fc of a database with relaybus, pg_restore into a fresh database:
+# pg_dump -Fc of a database with relaybus, pg_restore into a fresh database
+# (of the same cluster, in sections while the dispatchers run, and of a fresh
+# cluster):
 # handlers, routes, pending, delayed and dead deliveries and key counters come
 # back, and everything continues. New handlers, events and deliveries get fresh
 # ids (the identity sequence of relay.handlers is dumped too), key seqs
@@ -118,4 +120,38 @@ check "relay.handler_metrics.pending counts the restored rows" wait_until 20 pul
 log "br_pull: pending $(sql "$dst2" "SELECT pending FROM relay.handler_metrics WHERE handler = 'br_pull'"),
     rows $(sql "$dst2" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
                           WHERE h.name = 'br_pull'")"
+
+# Into a fresh cluster: no relay_* role, no relaybus anywhere yet (the
+# extension's script creates its roles as the restore installs it).
+log "pg_restore into a fresh cluster"
+fresh=$(mktemp -d /tmp/relaybus-restore.XXXXXX)  # outside $TMP (mode 700): postgres must reach it
+if bash "$RELAYBUS_ROOT/test/cluster.sh" start "$fresh" >"$TMP/fresh.out" 2>&1; then
+    fport=$(. "$fresh/env" && echo "$PGPORT")
+    fsql() { psql -X -q -At -v ON_ERROR_STOP=1 -h "$fresh" -p "$fport" -U postgres -d "$@" </dev/null; }
+    check_eq "the fresh cluster has no relaybus role" 0 \
+        "$(fsql postgres -c "SELECT count(*) FROM pg_roles WHERE rolname LIKE 'relay\_%'")"
+    fsql postgres -c "CREATE DATABASE restored" >/dev/null
+    check "pg_restore --exit-on-error into it" \
+        pg_restore --exit-on-error -h "$fresh" -p "$fport" -U postgres -d restored "$TMP/dump"
+    check_eq "the fresh cluster's copy holds the dumped rows" "$before" \
+        "$(fsql restored -c "SELECT (SELECT count(*) FROM relay.handlers), (SELECT count(*) FROM relay.routes),
+            (SELECT count(*) FROM relay.deliveries), (SELECT count(*) FROM relay.deliveries WHERE not_before > published_at),
+            (SELECT count(*) FROM relay.dead_letters), (SELECT string_agg(key || '=' || seq, ',' ORDER BY key) FROM relay.key_seqs)")"
+    check_eq "a new handler there gets an id above every dumped one" t \
+        "$(fsql restored -c "SELECT relay_create_handler('br_new2', 'pull')
+                                    > coalesce((SELECT max(handler_id) FROM relay.dead_letters), 0)")"
+    fsql restored -c "SELECT relay_publish('br.a', '{\"n\": 9}', 'k1')" >/dev/null
+    check_eq "a new event of key k1 there gets seq 4" 4 \
+        "$(fsql restored -c "SELECT max(seq) FROM relay.deliveries WHERE key = 'k1'")"
+    fresh_drained() {
+        fsql restored -c "SELECT relay_ack(array_agg(id)) FROM relay_claim('br_pull', 100, per_key => 100)
+                          HAVING count(*) > 0" >/dev/null
+        [[ $(fsql restored -c "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h
+                                ON h.id = d.handler_id WHERE h.name = 'br_pull'") == 0 ]]
+    }
+    check "its pull backlog is claimed and acked" wait_until 20 fresh_drained
+else
+    fail "a fresh cluster starts" "$(tail -n 20 "$TMP/fresh.out")"
+fi
+bash "$RELAYBUS_ROOT/test/cluster.sh" destroy "$fresh" >/dev/null 2>&1
 finish
