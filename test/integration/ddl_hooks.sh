@@ -57,14 +57,22 @@ sleep 1  # a dispatcher signalled by mistake would be gone (and replaced) by now
 check_eq "the dispatcher is the same process after the failed drops" "$pid" "$(dispatcher_pids "$db")"
 
 # ---------------------------------------------------------------- RENAME, SET TABLESPACE, TEMPLATE
+# served_ddl NAME SQL: runs SQL on a served database's behalf; checks that it
+# succeeds (the old code failed after 5 s: "being accessed by other users").
+# Sets rc.
+served_ddl() {
+    local t0 out ms
+    t0=$(date +%s%N)
+    out=$(psql -X -At -v ON_ERROR_STOP=1 -d postgres -c "$2" 2>&1 </dev/null)
+    rc=$?
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    check_eq "$1 ($out)" 0 "$rc"
+    log "took ${ms} ms"
+}
+
 log "ALTER DATABASE RENAME / SET TABLESPACE, CREATE DATABASE TEMPLATE"
 ren="${db}_r"
-t0=$(date +%s%N)
-out=$(psql -X -At -v ON_ERROR_STOP=1 -d postgres -c "ALTER DATABASE \"$db\" RENAME TO \"$ren\"" 2>&1 </dev/null)
-rc=$?
-ms=$((($(date +%s%N) - t0) / 1000000))
-check_eq "ALTER DATABASE RENAME of a served database succeeds ($out)" 0 "$rc"
-log "took ${ms} ms (the old code failed after 5 s: being accessed by other users)"
+served_ddl "ALTER DATABASE RENAME of a served database succeeds" "ALTER DATABASE \"$db\" RENAME TO \"$ren\""
 if ((rc == 0)); then
     DBS=("${DBS[@]/#$db/$ren}")
     db=$ren
@@ -74,12 +82,7 @@ check "the renamed database is served again" wait_until 15 has_dispatcher "$db"
 copy="${db}_copy"
 DBS+=("$copy")
 check "the database is served before CREATE DATABASE TEMPLATE" wait_workers "$db" 1 20
-t0=$(date +%s%N)
-out=$(psql -X -At -v ON_ERROR_STOP=1 -d postgres -c "CREATE DATABASE \"$copy\" TEMPLATE \"$db\"" 2>&1 </dev/null)
-rc=$?
-ms=$((($(date +%s%N) - t0) / 1000000))
-check_eq "CREATE DATABASE ... TEMPLATE a served database succeeds ($out)" 0 "$rc"
-log "took ${ms} ms (the old code failed after 5 s: being accessed by other users)"
+served_ddl "CREATE DATABASE ... TEMPLATE a served database succeeds" "CREATE DATABASE \"$copy\" TEMPLATE \"$db\""
 check "the template is served again" wait_until 15 has_dispatcher "$db"
 check "the copy is served too" wait_until 15 has_dispatcher "$copy"
 
@@ -89,12 +92,7 @@ if [[ $(id -u) == 0 ]]; then
     ts="it_ddl_ts_$$"
     psql_q -d postgres -c "CREATE TABLESPACE $ts LOCATION '$tsdir'" >/dev/null || die "tablespace"
     check "the database is served before SET TABLESPACE" wait_workers "$db" 1 20
-    t0=$(date +%s%N)
-    out=$(psql -X -At -v ON_ERROR_STOP=1 -d postgres -c "ALTER DATABASE \"$db\" SET TABLESPACE $ts" 2>&1 </dev/null)
-    rc=$?
-    ms=$((($(date +%s%N) - t0) / 1000000))
-    check_eq "ALTER DATABASE SET TABLESPACE of a served database succeeds ($out)" 0 "$rc"
-    log "took ${ms} ms (the old code failed after 5 s: being accessed by other users)"
+    served_ddl "ALTER DATABASE SET TABLESPACE of a served database succeeds" "ALTER DATABASE \"$db\" SET TABLESPACE $ts"
     check "the moved database is served again" wait_until 15 has_dispatcher "$db"
     psql_q -d postgres -c "ALTER DATABASE \"$db\" SET TABLESPACE pg_default" >/dev/null 2>&1
     psql_q -d postgres -c "DROP TABLESPACE $ts" >/dev/null 2>&1
