@@ -125,7 +125,9 @@ log "br_pull: pending $(sql "$dst2" "SELECT pending FROM relay.handler_metrics W
 # extension's script creates its roles as the restore installs it).
 log "pg_restore into a fresh cluster"
 fresh=$(mktemp -d /tmp/relaybus-restore.XXXXXX)  # outside $TMP (mode 700): postgres must reach it
-if bash "$RELAYBUS_ROOT/test/cluster.sh" start "$fresh" >"$TMP/fresh.out" 2>&1; then
+# Its dispatchers stay off, so that the notify backlog is still there to count.
+if RELAYBUS_EXTRA_CONF="relaybus.enabled = off" bash "$RELAYBUS_ROOT/test/cluster.sh" start "$fresh" \
+    >"$TMP/fresh.out" 2>&1; then
     fport=$(. "$fresh/env" && echo "$PGPORT")
     fsql() { psql -X -q -At -v ON_ERROR_STOP=1 -h "$fresh" -p "$fport" -U postgres -d "$@" </dev/null; }
     check_eq "the fresh cluster has no relaybus role" 0 \
