@@ -119,7 +119,7 @@ check "a dispatcher serves it" wait_workers "$dx" 1 20
 sql "$dx" "SELECT relay_create_handler('dx', 'notify', 'dx_chan')" "SELECT relay_route('dx.t', 'dx')" >/dev/null
 dpid=$(dispatcher_pids "$dx")
 psql -X -q -d "$dx" -c "BEGIN" -c "LOCK TABLE relay.handlers IN ACCESS EXCLUSIVE MODE" \
-    -c "SELECT pg_sleep(4)" -c "COMMIT" </dev/null >/dev/null 2>&1 &
+    -c "SELECT pg_sleep(8)" -c "COMMIT" </dev/null >/dev/null 2>&1 &
 holder=$!
 bg_track "$holder"
 sleep 0.3
@@ -138,7 +138,7 @@ check "DROP EXTENSION ends the waiting dispatcher before the holder lets go" wai
 wait "$dropper"
 rc=$?
 check_eq "DROP EXTENSION succeeds ($(head -c 300 "$TMP/dropext.out"))" 0 "$rc"
-log "DROP EXTENSION took $((($(date +%s%N) - t0) / 1000000)) ms (the holder kept relay.handlers for 4 s)"
+log "DROP EXTENSION took $((($(date +%s%N) - t0) / 1000000)) ms (the holder kept relay.handlers for 8 s)"
 wait "$holder" 2>/dev/null
 
 cleanup
