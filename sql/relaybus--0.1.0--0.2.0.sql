@@ -118,34 +118,31 @@ ALTER TABLE relay.handlers ADD COLUMN paused boolean NOT NULL DEFAULT false;
 ALTER TABLE relay.dead_letters ADD COLUMN reason text NOT NULL DEFAULT 'failed'
     CONSTRAINT dead_letters_reason CHECK (reason IN ('failed', 'cancelled'));
 
-CREATE FUNCTION relay_pause_handler(name text) RETURNS void
+-- Pausing and resuming share one body: set the flag, or say the handler is unknown.
+CREATE FUNCTION relay._set_paused(name text, paused boolean) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF relay_pause_handler.name IS NULL THEN
+    IF _set_paused.name IS NULL THEN
         RAISE EXCEPTION 'name must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    UPDATE relay.handlers x SET paused = true, updated_at = now()
-     WHERE x.name = relay_pause_handler.name AND NOT x.paused;
-    IF NOT FOUND AND NOT EXISTS (SELECT 1 FROM relay.handlers x WHERE x.name = relay_pause_handler.name) THEN
-        RAISE EXCEPTION 'handler "%" does not exist', relay_pause_handler.name
+    UPDATE relay.handlers x SET paused = _set_paused.paused, updated_at = now()
+     WHERE x.name = _set_paused.name AND x.paused <> _set_paused.paused;
+    IF NOT FOUND AND NOT EXISTS (SELECT 1 FROM relay.handlers x WHERE x.name = _set_paused.name) THEN
+        RAISE EXCEPTION 'handler "%" does not exist', _set_paused.name
             USING ERRCODE = 'undefined_object';
     END IF;
 END
 $$;
+REVOKE EXECUTE ON FUNCTION relay._set_paused(text, boolean) FROM PUBLIC;
+
+CREATE FUNCTION relay_pause_handler(name text) RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT relay._set_paused(relay_pause_handler.name, true)
+$$;
 
 CREATE FUNCTION relay_resume_handler(name text) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    IF relay_resume_handler.name IS NULL THEN
-        RAISE EXCEPTION 'name must not be NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    UPDATE relay.handlers x SET paused = false, updated_at = now()
-     WHERE x.name = relay_resume_handler.name AND x.paused;
-    IF NOT FOUND AND NOT EXISTS (SELECT 1 FROM relay.handlers x WHERE x.name = relay_resume_handler.name) THEN
-        RAISE EXCEPTION 'handler "%" does not exist', relay_resume_handler.name
-            USING ERRCODE = 'undefined_object';
-    END IF;
-END
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT relay._set_paused(relay_resume_handler.name, false)
 $$;
 
 -- Cancels pending deliveries: each moves to relay.dead_letters with reason
