@@ -546,7 +546,10 @@ extern "C" void relay_dispatcher_main(Datum) {
     // when woken, after a completion, or while busy.
     constexpr int64 kCompleteDelayMs = 2;  // the pipeline's batching delay
     bool run_iteration = true;
-    while (!got_sigterm) {
+    // Asked to stop by the launcher: the unlocked read sees it at the latest
+    // on the next wake-up, which the launcher sends after setting it.
+    auto stop_requested = [] { return workers->slots[my_slot].stop_requested_at != 0; };
+    while (!got_sigterm && !stop_requested()) {
         if (ConfigReloadPending) {
             ConfigReloadPending = false;
             ProcessConfigFile(PGC_SIGHUP);
@@ -563,7 +566,7 @@ extern "C" void relay_dispatcher_main(Datum) {
                 run_iteration = true;
             }
             // After an environmental error, the iteration waits for its backoff.
-            if (run_iteration && !got_sigterm && timestamptz_to_epoch_ms(GetCurrentTimestamp()) >= retry_at_ms) {
+            if (run_iteration && !got_sigterm && !stop_requested() && timestamptz_to_epoch_ms(GetCurrentTimestamp()) >= retry_at_ms) {
                 run_iteration = false;
                 busy = iterate();
             }

@@ -51,6 +51,7 @@ PGDLLEXPORT void relay_launcher_main(Datum arg);
 namespace relaybus::pg {
 
 constexpr long kLauncherNaptimeMs = 10000;
+constexpr long kStopGraceMs = 10000;  // a dispatcher asked to stop, before SIGTERM
 constexpr long kRestartDelayMs = 1000;  // a dispatcher that keeps failing restarts once a second
 
 void register_launcher() {
@@ -236,6 +237,8 @@ static void report_started(Oid dboid) {
 static long reconcile() {
     List* dbs = guc_enabled ? list_databases() : NIL;
     reap_stopped();
+    long retry_ms = -1;
+    TimestampTz now = GetCurrentTimestamp();
     uint64 generation;
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     generation = workers->extension_generation;
@@ -244,9 +247,27 @@ static long reconcile() {
         DispatcherSlot& slot = workers->slots[s];
         if (slot.dboid == InvalidOid) continue;
         int d = database_slot(slot.dboid, false);
-        bool keep = is_listed(dbs, slot.dboid) && (d < 0 || workers->databases[d].keep_out == 0) &&
-                    slot.worker_index < guc_workers_per_database;
-        if (keep) continue;
+        bool kept_out = d >= 0 && workers->databases[d].keep_out > 0;
+        bool keep = !kept_out && is_listed(dbs, slot.dboid) && slot.worker_index < guc_workers_per_database;
+        if (keep) {
+            slot.stop_requested_at = 0;
+            continue;
+        }
+        // DDL waits for a kept-out database's dispatchers: SIGTERM at once.
+        // Otherwise ask, so that the dispatcher ends its transaction and its
+        // requests in flight and exits 0; SIGTERM only if it has not after a grace.
+        if (!kept_out && slot.pid != 0) {
+            if (slot.stop_requested_at == 0) {
+                slot.stop_requested_at = now;
+                wake_dispatcher(slot);
+            }
+            TimestampTz force_at = TimestampTzPlusMilliseconds(slot.stop_requested_at, kStopGraceMs);
+            if (now < force_at) {
+                long wait = static_cast<long>((force_at - now) / 1000) + 1;
+                retry_ms = retry_ms < 0 ? wait : Min(retry_ms, wait);
+                continue;
+            }
+        }
         if (handles[s] != nullptr)
             TerminateBackgroundWorker(handles[s]);
         else if (slot.pid != 0)  // started by an earlier launcher
@@ -263,8 +284,6 @@ static long reconcile() {
     LWLockRelease(workers->lock);
 
     // Start the missing ones.
-    long retry_ms = -1;
-    TimestampTz now = GetCurrentTimestamp();
     ListCell* lc;
     foreach (lc, dbs) {
         auto* db = static_cast<ListedDatabase*>(lfirst(lc));

@@ -99,15 +99,17 @@ void wake_launcher() {
     set_latch_of(workers->launcher_procno);
 }
 
+void wake_dispatcher(DispatcherSlot& slot) {
+    pg_atomic_fetch_add_u32(&slot.wakes, 1);
+    set_latch_of(slot.pgprocno);
+}
+
 void wake_dispatchers(Oid dboid) {
     if (workers == nullptr) return;
     // Unlocked read: a slot that changes meanwhile costs at most one spurious wake-up.
     for (int i = 0; i < workers->nslots; i++) {
         DispatcherSlot& s = workers->slots[i];
-        if (s.dboid == dboid && s.pid != 0) {
-            pg_atomic_fetch_add_u32(&s.wakes, 1);
-            set_latch_of(s.pgprocno);
-        }
+        if (s.dboid == dboid && s.pid != 0) wake_dispatcher(s);
     }
 }
 

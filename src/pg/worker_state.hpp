@@ -36,6 +36,10 @@ struct DispatcherSlot {
     // launcher: the extension generation it read before looking.
     bool found_no_extension;
     uint64 generation_seen;
+    // Set by the launcher when this dispatcher should no longer run (fewer
+    // workers per database, relaybus.enabled off, the database unlisted): it
+    // finishes its iteration and in-flight requests and exits 0. 0: none.
+    TimestampTz stop_requested_at;
     // Bumped by every wake-up request before the latch is set. The latch alone
     // can lose a wake: a lock wait inside an iteration (ProcSleep) resets it.
     pg_atomic_uint32 wakes;
@@ -116,6 +120,8 @@ bool database_kept_out(Oid dboid);
 void wake_launcher();
 // Wakes every dispatcher of a database.
 void wake_dispatchers(Oid dboid);
+// One dispatcher (its slot is running).
+void wake_dispatcher(DispatcherSlot& slot);
 
 // Publishers ask for a wake-up; it happens when their transaction commits.
 void wake_dispatchers_at_commit();

@@ -144,7 +144,19 @@ check_eq "pgbench published 600 events" 0 "$?"
 delivered "B with 2 workers" "$B" "$TMP/b3.out" 600
 check_eq "both dispatchers delivered" "$two" "$(cut -f1 "$TMP/b3.out" | sort -un | tr '\n' ' ' | sed 's/ $//')"
 
+# The launcher stops the second dispatcher while both wait on a lock inside
+# an iteration's transaction: it must finish that iteration and exit 0, not
+# be killed by SIGTERM mid-transaction (FATAL, exit code 1).
+psql -X -q -d "$B" -c "BEGIN" -c "LOCK TABLE relay.handlers IN ACCESS EXCLUSIVE MODE" \
+    -c "SELECT pg_sleep(4)" -c "COMMIT" </dev/null >/dev/null 2>&1 &
+holder=$!
+bg_track "$holder"
+sleep 0.3
+sql "$B" "UPDATE relay.routes SET wire_name = wire_name" >/dev/null  # both reload the catalog
+both_wait() { [[ $(sql postgres "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'relaybus dispatcher' AND datname = '$B' AND wait_event_type = 'Lock'") == 2 ]]; }
+check "both dispatchers of B wait on relay.handlers inside their iteration" wait_until 3 both_wait
 reset_conf relaybus.workers_per_database
+wait "$holder" 2>/dev/null
 one() { [[ $(sql "$B" "SELECT count(*), sum(lanes_held) FROM relay.workers") == "1|64" ]]; }
 check "back to 1 worker per database: one dispatcher holds all 64 lanes" wait_until 30 one
 sql "$B" "TRUNCATE pub_log" >/dev/null
