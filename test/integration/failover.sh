@@ -17,8 +17,10 @@
 #     held after the promotion);
 #   - after promotion the new primary's dispatchers start by themselves and
 #     deliver every event whose publish was acknowledged, per key in seq order,
-#     without waiting out a lease; duplicates (deliveries in flight at the crash)
-#     are counted and reported, as is the time from promotion to first delivery.
+#     without waiting out a lease; only deliveries in flight at the crash are
+#     sent again (relaybus.worker_synchronous_commit = on: completions are
+#     replicated before a key's next delivery goes out); the duplicates are
+#     counted and reported, as is the time from promotion to first delivery.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 
@@ -40,6 +42,7 @@ start_receiver r || die "could not start the receiver"
 log "primary"
 RELAYBUS_PRELOAD=relaybus RELAYBUS_EXTRA_CONF="wal_level = replica
 max_wal_senders = 4
+relaybus.worker_synchronous_commit = on
 relaybus.http_allowlist = '127.0.0.1'" \
     bash "$CLUSTER_SH" start "$prim" >"$TMP/primary.out" 2>&1 || die "primary: $(cat "$TMP/primary.out")"
 pport=$(. "$prim/env" && echo "$PGPORT")
@@ -179,8 +182,9 @@ log "committed on the new primary: $committed (acknowledged: $acked)"
 
 # first_order OUT: per key, the first receipt of each seq comes in seq order
 # (first_order_violations); resent_behind counts re-sends of a seq that arrive
-# after a later seq of the key was received (completions the crash forgot:
-# relaybus.worker_synchronous_commit = off, docs/failover.md).
+# after a later seq of the key was received: completions the crash forgot, which
+# relaybus.worker_synchronous_commit = on prevents (docs/failover.md), so only
+# the deliveries in flight at the crash are sent again.
 first_order() {
     py_facts first_order "$1" <<'EOF'
 import json, sys
@@ -216,6 +220,7 @@ notify_dups=${R[dups]}
 first_order "$TMP/client.out"
 check_eq "notify: per key, first receipts in seq order" 0 "${R[first_order_violations]}"
 notify_back=${R[resent_behind]}
+check_eq "notify: re-sent only what was in flight (none behind a later seq of its key)" 0 "$notify_back"
 
 # http: the receiver's records as listen_client lines, through the same analysis.
 PYTHONPATH="$INTEG_DIR" python3 - "$TMP/r.log" >"$TMP/http.out" <<'EOF'
@@ -232,6 +237,7 @@ http_dups=${R[dups]}
 first_order "$TMP/http.out"
 check_eq "http: per key, first receipts in seq order" 0 "${R[first_order_violations]}"
 http_back=${R[resent_behind]}
+check_eq "http: re-sent only what was in flight (none behind a later seq of its key)" 0 "$http_back"
 
 # Promotion to first delivery: the first notification or request after pg_promote().
 first=$(python3 - "$promoted_at" "$TMP/client.out" "$TMP/http.out" <<'EOF'
