@@ -26,6 +26,7 @@
 #include "pg/guard.hpp"
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
+#include "pg/recovery_guard.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi_support.hpp"
 
@@ -496,6 +497,7 @@ using namespace relaybus;
 using namespace relaybus::pg;
 
 RELAYBUS_SQL_FUNCTION(relay_claim) {
+    refuse_during_recovery("relay_claim()");
     if (PG_ARGISNULL(0))
         ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("handler must not be NULL")));
     char* name = text_arg(fcinfo, 0, nullptr);

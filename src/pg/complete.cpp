@@ -19,6 +19,7 @@
 #include "pg/guard.hpp"
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
+#include "pg/recovery_guard.hpp"
 #include "pg/spi_support.hpp"
 #include "pg/complete.hpp"
 #include "pg/worker_state.hpp"
@@ -135,6 +136,7 @@ using namespace relaybus;
 using namespace relaybus::pg;
 
 RELAYBUS_SQL_FUNCTION(relay_ack) {
+    refuse_during_recovery("relay_ack()");
     if (PG_ARGISNULL(0))
         ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("ids must not be NULL")));
     ArrayType* arr = PG_GETARG_ARRAYTYPE_P(0);
@@ -234,6 +236,7 @@ RELAYBUS_SQL_FUNCTION(relay_ack) {
 }
 
 RELAYBUS_SQL_FUNCTION(relay_nack) {
+    refuse_during_recovery("relay_nack()");
     if (PG_ARGISNULL(0))
         ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("id must not be NULL")));
     int64 id = PG_GETARG_INT64(0);

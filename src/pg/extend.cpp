@@ -6,6 +6,7 @@
 #include "pg/catalog_cache.hpp"
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
+#include "pg/recovery_guard.hpp"
 #include "pg/spi_support.hpp"
 
 extern "C" {
@@ -23,6 +24,7 @@ using namespace relaybus::pg;
 
 // relay_extend(id bigint, lease uuid, extend_by interval DEFAULT NULL) RETURNS timestamptz
 RELAYBUS_SQL_FUNCTION(relay_extend) {
+    refuse_during_recovery("relay_extend()");
     if (PG_ARGISNULL(0))
         ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("id must not be NULL")));
     int64 id = PG_GETARG_INT64(0);

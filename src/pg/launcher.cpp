@@ -16,6 +16,11 @@
 // SIGTERM (die), so the postmaster starts it again after bgw_restart_time; a new
 // launcher adopts the dispatchers that are still running.
 //
+// Standbys: the launcher starts when recovery finishes
+// (BgWorkerStart_RecoveryFinished), so the postmaster runs no relaybus process
+// on a hot standby and starts the launcher right after a promotion: no polling
+// of RecoveryInProgress() is needed (test/integration/failover.sh).
+//
 // How many databases: as many as have relaybus. The launcher's own memory
 // holds what it knows per database; shared memory holds one slot per
 // background worker process. When no worker slot is free for a database, it

@@ -18,11 +18,12 @@
 //                         id-only relay_ack(ARRAY[id]))
 //   --ack-ref             call relay_ack only for "ref": true deliveries (what a
 //                         fire-mode consumer does after fetching the payload)
-//   --claim-at-start H    after LISTEN, drain handler H once with relay_claim
-//                         (what a restarted consumer of an ack-mode notify
-//                         handler does); each claimed delivery is printed as a
-//                         line with PID 0 and "claimed": true, and acked with
-//                         its lease under --ack
+//   --claim-at-start H    after LISTEN (and after every reconnect), drain
+//                         handler H once with relay_claim (what a restarted
+//                         consumer of an ack-mode notify handler does); each
+//                         claimed delivery is printed as a line with PID 0
+//                         and "claimed": true, and acked with its lease
+//                         under --ack
 //   --ack-skip N          with --ack/--ack-ref: do not ack the first N notifications
 //   --fetch-ref           for "ref": true deliveries, call relay_payload(id)
 //                         (before acking) and append fetched=<json>
@@ -197,6 +198,33 @@ PGresult* exec1(const char* sql, const std::string& param, const char* what, con
     return r;
 }
 
+// --claim-at-start: drains the handler once with relay_claim (printing each
+// delivery as a line with PID 0 and "claimed": true, acking it under --ack).
+bool claim_pending(const Options& o, long* received) {
+    if (o.claim_handler.empty()) return true;
+    PGresult* r = exec1(
+        "SELECT jsonb_build_object('id', c.id, 'event_id', c.event_id, 'topic', c.topic, 'key', c.key,"
+        " 'seq', c.seq, 'attempt', c.attempt, 'headers', c.headers, 'payload', c.payload,"
+        " 'lease', c.lease, 'claimed', true)::text, c.id::text, c.lease::text"
+        " FROM relay_claim($1, 10000) c",
+        o.claim_handler, "relay_claim");
+    if (r == nullptr) return false;
+    for (int i = 0; i < PQntuples(r); i++) {
+        (*received)++;
+        printf("0\t%s", PQgetvalue(r, i, 0));
+        if (o.timestamps) printf("\trecv=%.6f", now_seconds());
+        printf("\n");
+        fflush(stdout);
+        if (o.ack) {
+            std::string id = PQgetvalue(r, i, 1), lease = PQgetvalue(r, i, 2);
+            PGresult* a = exec1("SELECT relay_ack(ARRAY[$1::bigint], ARRAY[$2::uuid])", id, "relay_ack", &lease);
+            if (a != nullptr) PQclear(a);
+        }
+    }
+    PQclear(r);
+    return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -252,29 +280,9 @@ int main(int argc, char** argv) {
     long received = 0;
     double last = now_seconds();
     // Deliveries NOTIFYed before this consumer listened (or to a consumer that
-    // died) are claimed once, right after LISTEN: no waiting for their leases.
-    if (!o.claim_handler.empty()) {
-        PGresult* r = exec1(
-            "SELECT jsonb_build_object('id', c.id, 'event_id', c.event_id, 'topic', c.topic, 'key', c.key,"
-            " 'seq', c.seq, 'attempt', c.attempt, 'headers', c.headers, 'payload', c.payload,"
-            " 'lease', c.lease, 'claimed', true)::text, c.id::text, c.lease::text"
-            " FROM relay_claim($1, 10000) c",
-            o.claim_handler, "relay_claim");
-        if (r == nullptr) return 1;
-        for (int i = 0; i < PQntuples(r); i++) {
-            received++;
-            printf("0\t%s", PQgetvalue(r, i, 0));
-            if (o.timestamps) printf("\trecv=%.6f", now_seconds());
-            printf("\n");
-            fflush(stdout);
-            if (o.ack) {
-                std::string id = PQgetvalue(r, i, 1), lease = PQgetvalue(r, i, 2);
-                PGresult* a = exec1("SELECT relay_ack(ARRAY[$1::bigint], ARRAY[$2::uuid])", id, "relay_ack", &lease);
-                if (a != nullptr) PQclear(a);
-            }
-        }
-        PQclear(r);
-    }
+    // died, or while it was reconnecting) are claimed right after LISTEN: no
+    // waiting for their leases.
+    if (!claim_pending(o, &received)) return 1;
     for (;;) {
         // Drain what libpq already has (also what arrived during an ack).
         PGnotify* n;
@@ -320,6 +328,7 @@ int main(int argc, char** argv) {
         }
         if (connection_lost()) {
             if (!reconnect(o)) return 2;
+            claim_pending(o, &received);  // a failed claim is reported on stderr
             continue;
         }
 
@@ -348,6 +357,7 @@ int main(int argc, char** argv) {
         if (rc > 0 && !PQconsumeInput(conn)) {
             fprintf(stderr, "listen_client: %s", PQerrorMessage(conn));
             if (!reconnect(o)) return 2;
+            claim_pending(o, &received);
         }
     }
 }
