@@ -335,7 +335,10 @@ public:
     // far for this cell (or its kind), or a generous default for the kind.
     long long backlog_for(const Cell& c, double factor) {
         double est = 0;
-        auto it = seen_cell_.find(c.name);
+        // A burst after idle is as large as its analyzed cell's backlog, however
+        // slowly it drains: the two rates then compare like with like.
+        const std::string suffix = ".after_idle";
+        auto it = seen_cell_.find(c.after_idle ? c.name.substr(0, c.name.size() - suffix.size()) : c.name);
         if (it != seen_cell_.end()) est = it->second;
         else {
             std::string kind = c.system + "/" + c.variant;
