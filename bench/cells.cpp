@@ -95,6 +95,16 @@ Cell disp_notify(bool ack, int dispatchers, bool tuned, int fanout, Keys k) {
     return c;
 }
 
+// The same notify cell, but the dispatchers plan their statements while idle on an
+// empty, vacuumed, never-analyzed relay.deliveries, and the backlog arrives as one
+// committed burst that nothing analyzes: compared with the preloaded, analyzed cell.
+Cell disp_notify_after_idle(int dispatchers, bool tuned, Keys k) {
+    Cell c = disp_notify(false, dispatchers, tuned, 1, k);
+    c.after_idle = true;
+    c.name += ".after_idle";
+    return c;
+}
+
 // HTTP: the receiver's own ceiling, wrk at `conns` connections with the same request.
 Cell http_floor(int conns) {
     Cell c;
@@ -258,6 +268,8 @@ std::vector<Cell> all_cells(bool full_matrix) {
     add_with_floor(b, disp_notify(false, 1, true, 1, Keys::Distinct1000), floors, false);
     add_with_floor(b, disp_notify(false, 4, true, 1, Keys::Distinct1000), floors, false);
     add_with_floor(b, disp_notify(false, 1, true, 1, Keys::Hot10), floors, false);
+    add_with_floor(b, disp_notify_after_idle(1, false, Keys::None), floors, true);
+    add_with_floor(b, disp_notify_after_idle(1, true, Keys::Distinct1000), floors, false);
     add_with_floor(b, disp_notify(true, 1, false, 1, Keys::None), floors, true);
     add_with_floor(b, disp_notify(true, 1, true, 1, Keys::None), floors, false);
     add_with_floor(b, disp_notify(true, 1, true, 1, Keys::Distinct1000), floors, false);

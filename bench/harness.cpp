@@ -335,7 +335,10 @@ public:
     // far for this cell (or its kind), or a generous default for the kind.
     long long backlog_for(const Cell& c, double factor) {
         double est = 0;
-        auto it = seen_cell_.find(c.name);
+        // A burst after idle is as large as its analyzed cell's backlog, however
+        // slowly it drains: the two rates then compare like with like.
+        const std::string suffix = ".after_idle";
+        auto it = seen_cell_.find(c.after_idle ? c.name.substr(0, c.name.size() - suffix.size()) : c.name);
         if (it != seen_cell_.end()) est = it->second;
         else {
             std::string kind = c.system + "/" + c.variant;
@@ -561,7 +564,13 @@ private:
         try {
             sys.prepare(setup_, admin_, c);
             long long preloaded = -1;
-            if (c.group == Group::Dispatch) {
+            if (c.after_idle) {
+                // As after a quiet period: the table empty and vacuumed, and no
+                // statistics from the cells before (TRUNCATE keeps pg_statistic).
+                setup_.exec("DELETE FROM pg_catalog.pg_statistic WHERE starelid = " + sql_lit(sys.main_table(c)) +
+                            "::regclass");
+                setup_.exec("VACUUM " + sys.main_table(c));
+            } else if (c.group == Group::Dispatch) {
                 long long want = backlog_for(c, backlog_factor);
                 int64_t t = mono_ns();
                 bool parallel = false;
@@ -574,7 +583,7 @@ private:
             m["preloaded"] = double(preloaded);
             std::vector<uint64_t> expected;
             bool exact = sys.checks_exactness(c);
-            if (exact && c.group == Group::Dispatch) sys.expected(setup_, c, &expected);
+            if (exact && c.group == Group::Dispatch && !c.after_idle) sys.expected(setup_, c, &expected);
             admin_.exec("CHECKPOINT");
             j["settings"] = sys.settings(admin_);
 
@@ -590,6 +599,25 @@ private:
             std::string err = wait_ready(kids);
             if (!err.empty()) throw std::runtime_error("child setup failed: " + err);
             sys.start_delivery(admin_, c);
+            if (c.after_idle) {
+                // The dispatchers idle (each poll plans its claim on the empty
+                // table) while the burst is written in one transaction; it
+                // commits at once, and the expected deliveries are read inside it.
+                const double idle_s = 3;  // three polls at relaybus.poll_interval's default
+                int64_t t = mono_ns();
+                int64_t idle_until = t + int64_t(idle_s * 1e9);
+                long long want = backlog_for(c, backlog_factor);
+                bool parallel = false;
+                setup_.exec("BEGIN");
+                for (const std::string& q : sys.preload_sql(c, want, &parallel)) setup_.exec(q);
+                if (exact) sys.expected(setup_, c, &expected);
+                preloaded = sys.backlog(setup_, c);
+                sleep_until_mono(idle_until);
+                setup_.exec("COMMIT");
+                m["preloaded"] = double(preloaded);
+                j["preload_s"] = double(mono_ns() - t) / 1e9;
+                j["idle_s"] = idle_s;
+            }
 
             Go go;
             go.t_warm = mono_ns();

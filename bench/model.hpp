@@ -56,6 +56,9 @@ struct Cell {
     int per_key = 1;      // relay_claim per_key
     int rate = 0;         // mixed: target events per second (all publishers together)
     int concurrency = 0;  // graphile: concurrentJobs per worker; http: the handler's concurrency (relaybus) / wrk connections (floor)
+    // Dispatch: instead of a preloaded, analyzed backlog, the dispatchers idle on an
+    // empty, vacuumed, never-analyzed table, then the backlog commits at once (a burst).
+    bool after_idle = false;
     std::string floor;    // the floor cell this one is compared with ("" = none)
     bool quick = false;   // part of --quick
 };

@@ -359,6 +359,17 @@ std::string write_reports(const ReportInput& in) {
         goal_ratio(n, 0.5, a.cell.variant == "http" ? "HTTP >= 0.5x the receiver's load-generator rate (wrk)"
                                                     : "dispatch >= 0.5x the dispatch floor");
     }
+    // Issue 14: a burst after idle (plans made on an empty, never-analyzed table)
+    // against the same backlog preloaded and analyzed.
+    for (auto& n : order) {
+        const Agg& a = agg[n];
+        if (!a.cell.after_idle) continue;
+        std::string base = n.substr(0, n.size() - std::string(".after_idle").size());
+        double r = get(a.m, "rate") / rate_of(base);
+        md += strf("| burst after idle >= 0.8x the analyzed backlog | %s (%s / %s) | %s |\n",
+                   std::isfinite(r) ? strf("%.2fx", r).c_str() : "–", n.c_str(), base.c_str(),
+                   !std::isfinite(r) ? "?" : (r >= 0.8 ? "yes" : "**no**"));
+    }
     if (const Agg* a = find("mixed.relay.fire.r1000.defaults")) {
         double p = get(a->m, "lat_p99_ms");
         md += strf("| commit-to-handler p99 < 5 ms at 1,000 events/s | %s ms | %s |\n", num(p, 2).c_str(),

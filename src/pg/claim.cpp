@@ -36,16 +36,23 @@ PG_FUNCTION_INFO_V1(relay_claim);
 
 namespace relaybus::pg {
 
+// Every statement here runs with PlanShape::IndexScans (no sequential or
+// bitmap scan, no sort: plan_settings.hpp) and is written so that exactly one
+// index returns its rows in the order it asks for; that index scan is its only
+// plan, whatever the statistics. A class is a range on priority, not an
+// equality, and is ordered by (priority, id): deliveries_claim returns that
+// order, while deliveries_pkey (id order, with a filter) would need a sort.
 #define CLASS_SCAN(p, lanes)                                                          \
     "(SELECT id, priority, key, not_before FROM relay.deliveries"                     \
-    " WHERE handler_id = $1 AND priority = " #p lanes " ORDER BY id LIMIT $2)"
+    " WHERE handler_id = $1 AND priority >= " #p " AND priority <= " #p lanes          \
+    " ORDER BY priority, id LIMIT $2)"
 #define ALL_CLASSES(lanes)                                                                  \
     "SELECT id, priority, key, not_before FROM (" CLASS_SCAN(3, lanes) " UNION ALL "        \
     CLASS_SCAN(2, lanes) " UNION ALL " CLASS_SCAN(1, lanes) " UNION ALL " CLASS_SCAN(0, lanes) ") s"
 
-static SavedPlan scan_plan = {ALL_CLASSES(""), 2, {INT4OID, INT4OID}, nullptr};
+static SavedPlan scan_plan = {ALL_CLASSES(""), 2, {INT4OID, INT4OID}, nullptr, PlanShape::IndexScans};
 static SavedPlan scan_lanes_plan = {ALL_CLASSES(" AND lane = ANY ($3)"), 3,
-                                    {INT4OID, INT4OID, INT2ARRAYOID}, nullptr};
+                                    {INT4OID, INT4OID, INT2ARRAYOID}, nullptr, PlanShape::IndexScans};
 
 // Key heads: the first per_key deliveries (by seq) of up to $2 keys, found by
 // walking deliveries_key one key at a time (one index descent per key) instead
@@ -62,9 +69,9 @@ static SavedPlan scan_lanes_plan = {ALL_CLASSES(" AND lane = ANY ($3)"), 3,
     "   FROM (SELECT k.key FROM k WHERE k.key IS NOT NULL LIMIT $2) kk,"                          \
     "   LATERAL (SELECT id, priority, key, not_before FROM relay.deliveries"                      \
     "             WHERE handler_id = $1 AND key = kk.key" lanes " ORDER BY seq LIMIT $3) r"
-static SavedPlan heads_plan = {KEY_HEADS(""), 3, {INT4OID, INT4OID, INT4OID}, nullptr};
+static SavedPlan heads_plan = {KEY_HEADS(""), 3, {INT4OID, INT4OID, INT4OID}, nullptr, PlanShape::IndexScans};
 static SavedPlan heads_lanes_plan = {KEY_HEADS(" AND lane = ANY ($4)"), 4,
-                                     {INT4OID, INT4OID, INT4OID, INT2ARRAYOID}, nullptr};
+                                     {INT4OID, INT4OID, INT4OID, INT2ARRAYOID}, nullptr, PlanShape::IndexScans};
 
 // A keyed row is valid only if every delivery of its (handler, key) up to the
 // highest seq taken is in this claim: the head and no gap. One count per key
@@ -73,14 +80,16 @@ static SavedPlan heads_lanes_plan = {KEY_HEADS(" AND lane = ANY ($4)"), 4,
 // The fetch finds its rows by primary key only: `handler_id + 0` keeps the
 // planner from reading the handler's whole backlog through deliveries_claim
 // and filtering the ids (a custom plan did that with stale statistics: 36,000
-// rows read for 100 fetched).
+// rows read for 100 fetched). The count of a key's rows is taken over rows in
+// seq order, which only deliveries_key returns without a sort.
 #define FETCH_WITH                                                                               \
     "WITH d AS MATERIALIZED (SELECT * FROM relay.deliveries x"                                    \
     "                         WHERE x.id = ANY ($1) AND x.handler_id + 0 = $2),"                  \
     " k AS (SELECT d.key, max(d.seq) AS hi, count(*) AS n FROM d WHERE d.key IS NOT NULL"       \
     "       GROUP BY d.key),"                                                                     \
-    " whole AS (SELECT k.key FROM k WHERE (SELECT count(*) FROM relay.deliveries p"              \
-    "             WHERE p.handler_id = $2 AND p.key = k.key AND p.seq <= k.hi) = k.n) "
+    " whole AS (SELECT k.key FROM k WHERE (SELECT count(*) FROM (SELECT FROM relay.deliveries p"  \
+    "             WHERE p.handler_id = $2 AND p.key = k.key AND p.seq <= k.hi"                    \
+    "             ORDER BY p.seq) run) = k.n) "
 #define FETCH_COLUMNS                                                                          \
     FETCH_WITH                                                                                 \
     "SELECT d.id, d.event_id, coalesce(d.wire_topic, d.topic) AS topic, d.key, d.seq, d.payload," \
@@ -88,7 +97,8 @@ static SavedPlan heads_lanes_plan = {KEY_HEADS(" AND lane = ANY ($4)"), 4,
     "       (d.not_before <= $3 AND (d.key IS NULL OR d.key IN (SELECT w.key FROM whole w))) AS valid"
 #define FETCH_FROM " FROM d"
 
-static SavedPlan fetch_plan = {FETCH_COLUMNS FETCH_FROM, 3, {INT8ARRAYOID, INT4OID, TIMESTAMPTZOID}, nullptr};
+static SavedPlan fetch_plan = {FETCH_COLUMNS FETCH_FROM, 3, {INT8ARRAYOID, INT4OID, TIMESTAMPTZOID}, nullptr,
+                               PlanShape::IndexScans};
 // The dispatcher's variant adds the NOTIFY payload, built by PostgreSQL's JSON code.
 static SavedPlan fetch_notify_plan = {
     FETCH_COLUMNS ", pg_catalog.jsonb_build_object('id', d.id, 'event_id', d.event_id,"
@@ -97,7 +107,8 @@ static SavedPlan fetch_notify_plan = {
                   FETCH_FROM,
     3,
     {INT8ARRAYOID, INT4OID, TIMESTAMPTZOID},
-    nullptr};
+    nullptr,
+    PlanShape::IndexScans};
 
 
 

@@ -33,19 +33,21 @@ PG_FUNCTION_INFO_V1(relay_nack);
 namespace relaybus::pg {
 
 static SavedPlan ack_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1) RETURNING id, handler_id, published_at", 1,
-                             {INT8ARRAYOID}, nullptr};
+                             {INT8ARRAYOID}, nullptr, PlanShape::IndexScans};
 
-static SavedPlan exists_plan = {"SELECT id FROM relay.deliveries WHERE id = ANY ($1)", 1, {INT8ARRAYOID}, nullptr};
+static SavedPlan exists_plan = {"SELECT id FROM relay.deliveries WHERE id = ANY ($1)", 1, {INT8ARRAYOID}, nullptr,
+                               PlanShape::IndexScans};
 
 static SavedPlan attempt_plan = {
-    "SELECT handler_id, attempt FROM relay.deliveries WHERE id = $1", 1, {INT8OID}, nullptr};
+    "SELECT handler_id, attempt FROM relay.deliveries WHERE id = $1", 1, {INT8OID}, nullptr,
+    PlanShape::IndexScans};
 
 static SavedPlan retry_plan = {
     "UPDATE relay.deliveries SET attempt = attempt + 1, last_error = $2, not_before = $3"
     " WHERE id = $1",
     3,
     {INT8OID, TEXTOID, TIMESTAMPTZOID},
-    nullptr};
+    nullptr, PlanShape::IndexScans};
 
 static SavedPlan dead_plan = {
     "WITH d AS (DELETE FROM relay.deliveries WHERE id = $1 RETURNING *)"
@@ -55,7 +57,7 @@ static SavedPlan dead_plan = {
     "        d.priority, $2, d.topic, d.wire_topic, d.key, d.payload, d.headers, $3, $4 FROM d",
     4,
     {INT8OID, TEXTOID, TEXTOID, INT4OID},
-    nullptr};
+    nullptr, PlanShape::IndexScans};
 
 static const core::HandlerOptions kDefaultOptions;
 

@@ -93,7 +93,7 @@ static void note_next_ready(const ClaimResult* res) {
 static MemoryContext loop_cxt = nullptr;  // reset after every loop
 
 static SavedPlan complete_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1)", 1,
-                                  {INT8ARRAYOID}, nullptr};
+                                  {INT8ARRAYOID}, nullptr, PlanShape::IndexScans};
 
 static void remember_inflight(int64 id, const LeaseToken& token) {
     if (ninflight == inflight_cap) {

@@ -44,7 +44,8 @@ std::vector<Staged> staged;
 
 static_assert(sizeof(LeaseToken) == sizeof(core::Receipt), "a receipt carries a lease token");
 
-SavedPlan delete_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1)", 1, {INT8ARRAYOID}, nullptr};
+SavedPlan delete_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1)", 1, {INT8ARRAYOID}, nullptr,
+                         PlanShape::IndexScans};
 
 int64 now_ms() { return timestamptz_to_epoch_ms(GetCurrentTimestamp()); }
 

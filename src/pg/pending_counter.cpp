@@ -17,7 +17,9 @@ namespace relaybus::pg {
 
 namespace {
 
-SavedPlan count_plan = {"SELECT handler_id, count(*) FROM relay.deliveries GROUP BY handler_id", 0, {}, nullptr};
+// One pass over the table, whatever its statistics say (plan_settings.hpp).
+SavedPlan count_plan = {"SELECT handler_id, count(*) FROM relay.deliveries GROUP BY handler_id", 0, {}, nullptr,
+                        PlanShape::FullScan};
 
 // Counts with ShareLock on relay.deliveries held (taken by the caller): every
 // transaction that wrote it has committed, and its counts were applied at its

@@ -52,14 +52,38 @@ static int check(int rc, const SavedPlan* p) {
     return rc;
 }
 
+// Executes p (with snapshot, or the caller's statement snapshot when
+// InvalidSnapshot) under its plan settings, which also apply to any planning
+// this execution does.
+static int execute(SavedPlan* p, Snapshot snapshot, Datum* values, const char* nulls, bool read_only,
+                   long tcount) {
+    SPIPlanPtr plan = plan_of(p);
+    const int level = plan_settings_push(p->shape);
+    int rc = 0;
+    PG_TRY();
+    {
+        rc = snapshot != InvalidSnapshot
+                 ? SPI_execute_snapshot(plan, values, nulls, snapshot, InvalidSnapshot, read_only, true, tcount)
+                 : SPI_execute_plan(plan, values, nulls, read_only, tcount);
+    }
+    PG_CATCH();
+    {
+        // A caller that catches the error (pg_guard) goes on in this
+        // transaction: its own statements must not run under these settings.
+        plan_settings_pop(level, false);
+        PG_RE_THROW();
+    }
+    PG_END_TRY();
+    plan_settings_pop(level, true);
+    return check(rc, p);
+}
+
 int spi_exec_latest(SavedPlan* p, Datum* values, const char* nulls, bool read_only, long tcount) {
-    return check(SPI_execute_snapshot(plan_of(p), values, nulls, GetLatestSnapshot(),
-                                      InvalidSnapshot, read_only, true, tcount),
-                 p);
+    return execute(p, GetLatestSnapshot(), values, nulls, read_only, tcount);
 }
 
 int spi_exec(SavedPlan* p, Datum* values, const char* nulls, bool read_only, long tcount) {
-    return check(SPI_execute_plan(plan_of(p), values, nulls, read_only, tcount), p);
+    return execute(p, InvalidSnapshot, values, nulls, read_only, tcount);
 }
 
 Datum spi_col(int row, int col, bool* isnull) {

@@ -4,15 +4,19 @@
 #pragma once
 
 #include "pg/pg_includes.hpp"
+#include "pg/plan_settings.hpp"
 
 namespace relaybus::pg {
 
 // A statement prepared on first use and kept for the life of the backend.
+// shape: the planner settings every execution runs under (plan_settings.hpp),
+// so that a re-plan after an invalidation keeps the same shape.
 struct SavedPlan {
     const char* sql;
     int nargs;
     Oid argtypes[16];
     SPIPlanPtr plan;
+    PlanShape shape = PlanShape::Any;
 };
 
 // Opens SPI and switches to the owner of schema relay until spi_end().

@@ -1,0 +1,36 @@
+// Planner settings under which relaybus's hot statements are planned, so that
+// their plan shape does not depend on relay.deliveries' statistics.
+//
+// A plan cached on an empty or tiny table (a quiet system) used to stay a
+// sequential scan plus sort until the next ANALYZE, whatever the backlog grew
+// to. The settings are in force around every execution, not only the first:
+// PostgreSQL re-plans a cached statement whenever an ANALYZE, a VACUUM or DDL
+// invalidates it, and it does so inside the execution, with the settings of
+// that moment. See docs/performance.md, "Plans after idle".
+#pragma once
+
+#include "pg/pg_includes.hpp"
+
+namespace relaybus::pg {
+
+enum class PlanShape : uint8 {
+    // Planned with the caller's settings (catalog reads and the like).
+    Any = 0,
+    // Generic plan, index scans only: no sequential or bitmap scan and no
+    // sort. Each statement is written so that one index alone provides its
+    // rows in the order it needs (see claim.cpp): that index scan is then the
+    // only plan left, for 0 rows as for 10 million.
+    IndexScans,
+    // Generic plan, a sequential scan and hash aggregation (counts over the
+    // whole table).
+    FullScan,
+};
+
+// Opens a GUC nest level with the settings of shape; returns it, or 0 when
+// nothing was set (PlanShape::Any, or in parallel mode, where settings cannot
+// change). plan_settings_pop restores the settings before it; an error that
+// nobody pops for leaves them to the (sub)transaction's end.
+int plan_settings_push(PlanShape shape);
+void plan_settings_pop(int level, bool ok);
+
+}  // namespace relaybus::pg
