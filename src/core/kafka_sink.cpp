@@ -9,6 +9,7 @@
 #include <exception>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string_view>
 
 #include "webhook_delivery.hpp"
 
@@ -37,7 +38,9 @@ void dr_msg_cb(rd_kafka_t*, const rd_kafka_message_t* m, void* opaque) {
 
 void log_cb(const rd_kafka_t* rk, int level, const char* fac, const char* buf) {
   try {
-    if (level > 5) return;  // notice and above: debug chatter stays out of the server log
+    // Notice and above (debug chatter stays out of the server log); FAIL
+    // lines repeat what error_cb reports.
+    if (level > 5 || std::string_view(fac) == "FAIL") return;
     sink_of(rd_kafka_opaque(rk))->on_log(std::string("kafka ") + rd_kafka_name(rk) + " " + fac + ": " + buf);
   } catch (...) {
   }
