@@ -75,6 +75,7 @@ void complete_in_xact(const core::Completion* c, int n) {
     }
     int ndone = 0;
     int lost = 0;
+    bool kafka_key_freed = false;
     worker_xact_begin();
     SpiScope scope;
     spi_begin(&scope);
@@ -94,6 +95,8 @@ void complete_in_xact(const core::Completion* c, int n) {
         int64 open_until = c[i].breaker_open_until_ms;
         const HandlerEntry* h = catalog_handler_by_id(c[i].handler_key);
         bool kafka = h != nullptr && h->kind == core::HandlerKind::Kafka;
+        if (kafka && checks[i] == LeaseCheck::Held && c[i].outcome != core::CompletionOutcome::Retry)
+            kafka_key_freed = true;
         count_http(MyDatabaseId, c[i].handler_key, kafka ? -1 : c[i].status,
                    open_until != 0 ? TimestampTzPlusMilliseconds(now, open_until - nowms) : 0);
     }
@@ -102,6 +105,14 @@ void complete_in_xact(const core::Completion* c, int n) {
         spi_exec(&delete_plan, &arg, nullptr, false, 0);
     }
     spi_end(&scope);
+    // A kafka delivery that ended frees its key: the key's next message goes
+    // to the same partition right after. Were this commit forgotten by a
+    // crash (relaybus.worker_synchronous_commit = off), the ended one would be
+    // produced again after its successor and the partition would rewind the
+    // key; so this commit waits for the local WAL flush.
+    if (kafka_key_freed)
+        (void)set_config_option("synchronous_commit", "local", PGC_SUSET, PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0,
+                                false);
     worker_xact_commit();
     count_delivered(MyDatabaseId, done_handler, done_latency, ndone);
     if (lost > 0)
