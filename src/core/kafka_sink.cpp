@@ -196,8 +196,24 @@ void KafkaSink::retire(Producer p) {
 }
 
 bool KafkaSink::submit(const PipelineHandler& h, const WebhookMessage& m, int64_t now_ms, std::string* why) {
-  Producer* p = producer_for(h, why);
-  if (!p) return false;
+  (void)why;
+  std::string no_producer;
+  Producer* p = producer_for(h, &no_producer);
+  if (!p) {
+    // The handler's configuration passed its checks but librdkafka would not
+    // make a producer of it (a TLS file missing, say): an attempt that failed
+    // and is retried with backoff, not a dead letter, so that fixing the
+    // handler (or the file) lets its deliveries go on.
+    const uint64_t serial = next_serial_++;
+    pending_[serial] = Pending{static_cast<uint64_t>(m.id), h.key, steady_ms()};
+    in_flight_of_[h.key]++;
+    HttpResult r;
+    r.outcome = HttpOutcome::Retry;
+    r.error = no_producer;
+    complete(serial, std::move(r));
+    wake();
+    return true;
+  }
   std::string value;
   if (h.options.envelope) {
     value = webhook_envelope_json(m.id, m.event_id, m.topic, m.has_key ? &m.key : nullptr,

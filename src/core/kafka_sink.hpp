@@ -52,10 +52,10 @@ class KafkaSink final : public DeliverySink {
   size_t in_flight() const override { return pending_.size(); }
   size_t in_flight(int key) const override;
   // Produces the message now. The producer of the handler is made on its
-  // first message, and again when its target or options changed. A message
-  // librdkafka refuses at once (too large, queue full) still comes back as a
-  // result, so every accepted submit has one; false only when no producer can
-  // be made (bad target or property: *why).
+  // first message, and again when its target or options changed. Always
+  // true: a message librdkafka refuses at once (too large, queue full) still
+  // comes back as a result, and so does one whose producer could not be made
+  // (a Retry with librdkafka's reason).
   bool submit(const PipelineHandler& handler, const WebhookMessage& message, int64_t now_ms,
               std::string* why) override;
   std::vector<HttpResult> take_results() override;

@@ -326,15 +326,23 @@ TEST(KafkaSinkNoBroker, DestroyWithMessagesInFlightIsQuick) {
   EXPECT_LT(now_ms() - t0, 3000);
 }
 
-TEST(KafkaSinkNoBroker, ABadProducerPropertyRefusesTheSubmit) {
+TEST(KafkaSinkNoBroker, AProducerThatCannotBeMadeIsARetryNotADeadLetter) {
   KafkaSink sink;
   PipelineHandler h;
   h.key = 3;
   h.name = "bad";
   h.target = "kafka://127.0.0.1:1/t";
-  h.options.producer = {{"linger.ms", "-5"}};
+  // Valid for librdkafka's conf_set, refused when the producer is made.
+  h.options.producer = {{"security.protocol", "ssl"}, {"ssl.ca.location", "/nonexistent/ca.pem"}};
   std::string why;
-  EXPECT_FALSE(sink.submit(h, message(1, "k", 1, "1"), 0, &why));
-  EXPECT_NE(why.find("linger.ms"), std::string::npos) << why;
+  EXPECT_TRUE(sink.submit(h, message(1, "k", 1, "1"), 0, &why));
+  struct pollfd p = {sink.wait_fd(), POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 1000), 1) << "the result wakes the loop";
+  auto r = sink.take_results();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].outcome, HttpOutcome::Retry);
+  EXPECT_NE(r[0].error.find("kafka producer could not be created"), std::string::npos) << r[0].error;
   EXPECT_EQ(sink.in_flight(), 0u);
+  const Completion c = classify_result(h, r[0], 1, 7);
+  EXPECT_EQ(c.outcome, CompletionOutcome::Retry);
 }
