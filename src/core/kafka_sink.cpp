@@ -152,8 +152,11 @@ KafkaSink::Producer* KafkaSink::producer_for(const PipelineHandler& h, std::stri
   KafkaTarget target;
   if (!parse_kafka_target(h.target, &target, why)) return nullptr;
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
-  bool ok = true;
+  // A key has one message in flight at a time, so waiting to fill a batch
+  // (librdkafka's 5 ms) only delays it; the handler may say otherwise.
+  bool ok = conf_set(conf, "linger.ms", "0", why) && conf_set(conf, "client.id", "relaybus-" + h.name, why);
   for (const auto& kv : h.options.producer) {
+    if (!ok) break;
     if (!validate_kafka_property(kv.first, kv.second, why) || !conf_set(conf, kv.first, kv.second, why)) {
       ok = false;
       break;
@@ -162,8 +165,7 @@ KafkaSink::Producer* KafkaSink::producer_for(const PipelineHandler& h, std::stri
   ok = ok && conf_set(conf, "bootstrap.servers", target.bootstrap, why) &&
        conf_set(conf, "enable.idempotence", "true", why) && conf_set(conf, "acks", "all", why) &&
        conf_set(conf, "message.timeout.ms", std::to_string(std::max<int64_t>(1, h.options.timeout_ms)), why) &&
-       conf_set(conf, "log.queue", "true", why) &&
-       conf_set(conf, "client.id", "relaybus-" + h.name, why);
+       conf_set(conf, "log.queue", "true", why);
   if (!ok) {
     rd_kafka_conf_destroy(conf);
     return nullptr;
