@@ -17,7 +17,7 @@ OBJS        = $(CORE_SRCS:.cpp=.o) $(PG_SRCS:.cpp=.o)
 
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-register \
               -fno-omit-frame-pointer -Isrc -MMD -MP
-SHLIB_LINK  = -lstdc++ -lcurl -lssl -lcrypto
+SHLIB_LINK  = -lstdc++ -lcurl -lssl -lcrypto -lrdkafka
 
 # pg_regress tests: sql/<name>.sql with expected/<name>.out (the install script excluded).
 REGRESS      = $(sort $(filter-out relaybus--%,$(notdir $(basename $(wildcard sql/*.sql)))))

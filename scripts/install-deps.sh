@@ -33,6 +33,10 @@ PACKAGES=(
     pgqd                                     # PgQ's ticker daemon
     prometheus-postgres-exporter             # the monitoring test scrapes docs/postgres_exporter.yml with it
     prometheus                               # promtool checks the exporter's /metrics
+    librdkafka-dev                           # the kafka handler kind's producer (src/core/kafka_sink)
+    kcat                                     # the Kafka tests' consumer
+    openjdk-17-jre-headless                  # the Kafka tests' broker (scripts/kafka-broker.sh)
+    maven                                    # fetches the broker's jars from Maven Central
 )
 # Extra packages can be asked for by the caller (space separated).
 if [[ -n "${RELAYBUS_EXTRA_PACKAGES:-}" ]]; then

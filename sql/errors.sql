@@ -178,7 +178,7 @@ SELECT label, pg_temp.try(sql) AS result FROM (VALUES
     ('name 64 bytes',         $$SELECT relay_create_handler(repeat('e', 64), 'pull')$$),
     ('name exists',           $$SELECT relay_create_handler('err_pull', 'pull')$$),
     ('name exists, other kind', $$SELECT relay_create_handler('err_pull', 'notify', 'ch')$$),
-    ('kind unknown',          $$SELECT relay_create_handler('err_x', 'kafka')$$),
+    ('kind unknown',          $$SELECT relay_create_handler('err_x', 'amqp')$$),
     ('kind upper case',       $$SELECT relay_create_handler('err_x', 'PULL')$$),
     ('pull with a target',    $$SELECT relay_create_handler('err_x', 'pull', 'err_channel')$$),
     ('notify, no target',     $$SELECT relay_create_handler('err_x', 'notify')$$),

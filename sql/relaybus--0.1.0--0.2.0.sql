@@ -437,3 +437,16 @@ BEGIN
     RETURN n;
 END
 $$;
+
+-- ================================================================================
+-- Kafka (issue 12): the kafka handler kind
+-- ================================================================================
+
+-- kafka handlers: target kafka://host:port[,host:port...]/topic, delivered by
+-- the dispatchers through librdkafka (docs/kafka.md). relay._validate_handler
+-- (C) checks target and options. Their SASL/TLS credentials live in
+-- options->'producer', readable like the webhook secrets only by relay_admin
+-- (relay.handlers is granted to nobody else; the views do not show options).
+ALTER TABLE relay.handlers DROP CONSTRAINT handlers_kind_check;
+ALTER TABLE relay.handlers ADD CONSTRAINT handlers_kind_check
+    CHECK (kind IN ('notify', 'http', 'pull', 'kafka'));

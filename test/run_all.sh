@@ -6,7 +6,8 @@
 #
 # Steps: install deps, make + make install (top-level PGXS Makefile), core unit
 # tests (make -C test/core check, GoogleTest; again as suite core-asan under
-# AddressSanitizer + UBSan: make -C test/core check-asan), a throwaway cluster
+# AddressSanitizer + UBSan: make -C test/core check-asan; the Kafka producer
+# against a real broker as suite core-kafka: test/core/kafka/run.sh), a throwaway cluster
 # (test/cluster.sh), pg_regress + isolation (make installcheck), pgTAP
 # (pg_prove in database relay_tap), and every executable test/integration/*.sh.
 #
@@ -271,9 +272,12 @@ if [[ -f test/core/Makefile ]]; then
     # (leak detection on): a memory error or UB aborts the binary, which fails
     # the suite.
     run_suite core-asan gtest "$SUITE_TIMEOUT" make -C test/core -j"$JOBS" check-asan
+    # KafkaSink against a real single-node broker that the suite starts.
+    run_suite core-kafka gtest "$SUITE_TIMEOUT" bash test/core/kafka/run.sh
 else
     record core 0 1 "test/core/Makefile missing"
     record core-asan 0 1 "test/core/Makefile missing"
+    record core-kafka 0 1 "test/core/Makefile missing"
 fi
 
 # ---------------------------------------------------------------- (d) cluster

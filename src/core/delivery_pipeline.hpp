@@ -53,6 +53,7 @@ struct Receipt {
 // concurrency group and the results' handler_key).
 struct PipelineHandler {
   int key = 0;
+  HandlerKind kind = HandlerKind::Http;  // which sink a RoutingSink gives it to
   std::string name;
   std::string target;
   HandlerOptions options;

@@ -8,6 +8,7 @@
 
 #include "base64.hpp"
 #include "duration.hpp"
+#include "kafka_config.hpp"
 #include "text_util.hpp"
 
 namespace relaybus::core {
@@ -29,6 +30,7 @@ constexpr size_t kMaxHeaders = 100;
 constexpr size_t kMaxHeaderNameBytes = 256;
 constexpr size_t kMaxHeaderValueBytes = 8192;
 constexpr std::string_view kSecretPrefix = "whsec_";
+constexpr size_t kMaxProducerProperties = 200;
 
 bool is_lower_alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
 bool is_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
@@ -250,6 +252,33 @@ bool parse_headers_option(const json& v, std::vector<std::pair<std::string, std:
   return true;
 }
 
+bool parse_producer_option(const json& v, std::vector<std::pair<std::string, std::string>>* out,
+                           std::string* why) {
+  static const std::string kShape =
+      "option \"producer\" must be a JSON object of librdkafka properties with string values";
+  if (!v.is_object()) {
+    set_why(why, kShape);
+    return false;
+  }
+  if (v.size() > kMaxProducerProperties) {
+    set_why(why, "option \"producer\" has more than " + std::to_string(kMaxProducerProperties) +
+                     " properties");
+    return false;
+  }
+  std::vector<std::pair<std::string, std::string>> props;
+  for (const auto& item : v.items()) {
+    if (!item.value().is_string()) {
+      set_why(why, kShape + " (property " + quote(item.key()) + ")");
+      return false;
+    }
+    const std::string& value = item.value().get_ref<const std::string&>();
+    if (!validate_kafka_property(item.key(), value, why)) return false;
+    props.emplace_back(item.key(), value);
+  }
+  *out = std::move(props);
+  return true;
+}
+
 unsigned kind_bit(HandlerKind k) { return 1u << static_cast<unsigned>(k); }
 
 struct OptionRule {
@@ -260,19 +289,22 @@ struct OptionRule {
 
 const OptionRule* find_rule(std::string_view name) {
   static const unsigned kAll = kind_bit(HandlerKind::Notify) | kind_bit(HandlerKind::Http) |
-                               kind_bit(HandlerKind::Pull);
+                               kind_bit(HandlerKind::Pull) | kind_bit(HandlerKind::Kafka);
   static const unsigned kHttp = kind_bit(HandlerKind::Http);
+  static const unsigned kKafka = kind_bit(HandlerKind::Kafka);
   static const OptionRule kRules[] = {
       {"max_attempts", kAll, ""},
       {"backoff_base", kAll, ""},
       {"backoff_max", kAll, ""},
-      {"timeout", kHttp, "http handlers"},
-      {"concurrency", kind_bit(HandlerKind::Notify) | kHttp, "notify and http handlers"},
+      {"timeout", kHttp | kKafka, "http and kafka handlers"},
+      {"concurrency", kind_bit(HandlerKind::Notify) | kHttp | kKafka,
+       "notify, http and kafka handlers"},
       {"secret", kHttp, "http handlers"},
       {"headers", kHttp, "http handlers"},
       {"ack", kind_bit(HandlerKind::Notify), "notify handlers"},
       {"inline_payload", kind_bit(HandlerKind::Notify), "notify handlers"},
-      {"envelope", kHttp, "http handlers"},
+      {"envelope", kHttp | kKafka, "http and kafka handlers"},
+      {"producer", kKafka, "kafka handlers"},
       {"retry_4xx", kHttp, "http handlers"},
       {"follow_redirects", kHttp, "http handlers"},
       {"lease", kAll, ""},
@@ -290,6 +322,8 @@ bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOpt
     return false;
   }
   HandlerOptions o;
+  // A Kafka message's headers carry the envelope's fields already.
+  if (kind == HandlerKind::Kafka) o.envelope = false;
   for (const auto& item : j.items()) {
     const std::string& name = item.key();
     const json& v = item.value();
@@ -340,6 +374,8 @@ bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOpt
       ok = parse_secret_option(v, &o.secrets, why);
     } else if (name == "headers") {
       ok = parse_headers_option(v, &o.headers, why);
+    } else if (name == "producer") {
+      ok = parse_producer_option(v, &o.producer, why);
     }
     if (!ok) return false;
   }
@@ -360,8 +396,9 @@ bool parse_handler_kind(std::string_view s, HandlerKind* out, std::string* why) 
   if (s == "notify") k = HandlerKind::Notify;
   else if (s == "http") k = HandlerKind::Http;
   else if (s == "pull") k = HandlerKind::Pull;
+  else if (s == "kafka") k = HandlerKind::Kafka;
   else {
-    set_why(why, "expected notify, http or pull (got " + quote(s) + ")");
+    set_why(why, "expected notify, http, pull or kafka (got " + quote(s) + ")");
     return false;
   }
   if (out) *out = k;
@@ -373,6 +410,7 @@ const char* handler_kind_name(HandlerKind k) {
     case HandlerKind::Notify: return "notify";
     case HandlerKind::Http: return "http";
     case HandlerKind::Pull: return "pull";
+    case HandlerKind::Kafka: return "kafka";
   }
   return "unknown";  // only for values cast from out-of-range integers
 }
@@ -564,6 +602,12 @@ bool validate_target(HandlerKind kind, std::string_view target, bool target_is_n
         return false;
       }
       return true;
+    case HandlerKind::Kafka:
+      if (missing) {
+        set_why(why, "a kafka handler needs kafka://host:port/topic as target");
+        return false;
+      }
+      return parse_kafka_target(target, nullptr, why);
   }
   set_why(why, "unknown handler kind");
   return false;
@@ -611,7 +655,8 @@ std::string options_public_json(HandlerKind kind, const HandlerOptions& o) {
     j["backoff_base"] = format_duration_ms(o.backoff_base_ms);
     j["backoff_max"] = format_duration_ms(o.backoff_max_ms);
     j["lease"] = format_duration_ms(o.lease_ms);
-    if (kind == HandlerKind::Notify || kind == HandlerKind::Http) j["concurrency"] = o.concurrency;
+    if (kind == HandlerKind::Notify || kind == HandlerKind::Http || kind == HandlerKind::Kafka)
+      j["concurrency"] = o.concurrency;
     if (kind == HandlerKind::Notify) {
       j["ack"] = o.ack;
       j["inline_payload"] = o.inline_payload;
@@ -624,6 +669,14 @@ std::string options_public_json(HandlerKind kind, const HandlerOptions& o) {
       json h = json::object();
       for (const auto& kv : o.headers) h[kv.first] = "[redacted]";
       j["headers"] = std::move(h);
+    }
+    if (kind == HandlerKind::Kafka) {
+      j["timeout"] = format_duration_ms(o.timeout_ms);
+      j["envelope"] = o.envelope;
+      json p = json::object();
+      for (const auto& kv : o.producer)
+        p[kv.first] = kafka_property_is_secret(kv.first) ? std::string("[redacted]") : kv.second;
+      j["producer"] = std::move(p);
     }
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
   } catch (const std::exception&) {

@@ -10,9 +10,9 @@
 
 namespace relaybus::core {
 
-enum class HandlerKind { Notify, Http, Pull };
+enum class HandlerKind { Notify, Http, Pull, Kafka };
 
-// "notify" | "http" | "pull" (exact, lower case).
+// "notify" | "http" | "pull" | "kafka" (exact, lower case).
 bool parse_handler_kind(std::string_view text, HandlerKind* out, std::string* why);
 const char* handler_kind_name(HandlerKind k);
 
@@ -39,7 +39,8 @@ struct HttpUrl {
 // digits, <= 2048 bytes. *out is written only on success.
 bool parse_http_url(std::string_view url, HttpUrl* out, std::string* why);
 
-// notify: a valid channel; http: a valid URL; pull: null or empty.
+// notify: a valid channel; http: a valid URL; pull: null or empty; kafka:
+// kafka://host:port[,host:port...]/topic (parse_kafka_target).
 bool validate_target(HandlerKind kind, std::string_view target, bool target_is_null,
                      std::string* why);
 
@@ -47,8 +48,8 @@ struct HandlerOptions {
   int max_attempts = 10;            // 1..1000
   int64_t backoff_base_ms = 1000;   // 1ms..1d
   int64_t backoff_max_ms = 600000;  // >= backoff_base, <= 7d
-  int64_t timeout_ms = 30000;       // http only; 1ms..1h
-  int concurrency = 16;             // notify, http; 1..1024
+  int64_t timeout_ms = 30000;       // http, kafka (message.timeout.ms); 1ms..1h
+  int concurrency = 16;             // notify, http, kafka; 1..1024
   // http only: the "whsec_..." strings exactly as given (option "secret": a
   // string or an array of 1..10 strings, more than one during rotation).
   std::vector<std::string> secrets;
@@ -56,9 +57,14 @@ struct HandlerOptions {
   std::vector<std::pair<std::string, std::string>> headers;
   bool ack = false;                 // notify only
   bool inline_payload = true;       // notify only: the payload in the NOTIFY, or only the reference
-  bool envelope = true;             // http only: POST the envelope (id, topic, key, seq, ...) or just the payload
+  // http, kafka: send the envelope (id, topic, key, seq, ...) or just the
+  // payload. Default true for http, false for kafka (its headers carry the rest).
+  bool envelope = true;
   bool retry_4xx = false;           // http only: retry 4xx other than 408/429 instead of dead-lettering
   bool follow_redirects = false;    // http only
+  // kafka only: librdkafka properties (option "producer"), names as given,
+  // each checked by validate_kafka_property.
+  std::vector<std::pair<std::string, std::string>> producer;
   int64_t lease_ms = 30000;         // all; 1s..1d
   // Not an option: set by the host that loads the handler, so a webhook-id is
   // unique across databases (PostgreSQL: "msg_<system identifier>_<database
@@ -83,7 +89,9 @@ bool check_secret_strength(const HandlerOptions& o, std::string* why);
 // Compact JSON object, keys sorted, of every option that applies to `kind`
 // with defaults filled in; intervals as format_duration_ms text. Without the
 // secrets, and with header values replaced by "[redacted]" (they commonly
-// carry credentials such as Authorization), so it is safe for non-admins.
+// carry credentials such as Authorization), and likewise the kafka producer
+// properties that hold credentials (kafka_property_is_secret), so it is safe
+// for non-admins.
 std::string options_public_json(HandlerKind kind, const HandlerOptions& o);
 
 }  // namespace relaybus::core

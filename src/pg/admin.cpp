@@ -48,7 +48,7 @@ static char* check_handler(std::string_view name, std::string_view kind_text, bo
     core::HandlerKind kind = core::HandlerKind::Pull;
     if (!core::parse_handler_kind(kind_text, &kind, &why))
         throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid handler kind \"" + std::string(kind_text) + "\"",
-                       "", "The kinds are notify, http and pull.");
+                       "", "The kinds are notify, http, pull and kafka.");
     if (!core::validate_target(kind, target_null ? std::string_view() : target, target_null, &why))
         throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE,
                        "invalid target for a " + std::string(kind_text) + " handler", detail());

@@ -335,18 +335,25 @@ static bool iterate() {
     pgstat_report_activity(STATE_RUNNING, "relaybus: dispatching");
     balance_lanes();
 
-    // The handlers served here (a paused one waits): notify ones first, then http.
+    // The handlers served here (a paused one waits): notify ones first, then http and kafka.
     int nh = catalog_handler_count();
     int32* ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
     int nserved = 0, nnotify = 0;
+    // kafka handlers go with the http ones: the same pipeline sends both.
+    int nkafka = 0;
+    int32* kafka_ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
     for (int pass = 0; pass < 2; pass++) {
-        core::HandlerKind kind = pass == 0 ? core::HandlerKind::Notify : core::HandlerKind::Http;
         for (int i = 0; i < nh; i++) {
             const HandlerEntry* h = catalog_handler_at(i);
-            if (h->kind == kind && !h->paused) ids[nserved++] = h->id;
+            if (h->paused) continue;
+            bool notify = h->kind == core::HandlerKind::Notify;
+            bool callout = h->kind == core::HandlerKind::Http || h->kind == core::HandlerKind::Kafka;
+            if (pass == 0 ? notify : callout) ids[nserved++] = h->id;
+            if (pass == 1 && h->kind == core::HandlerKind::Kafka) kafka_ids[nkafka++] = h->id;
         }
         if (pass == 0) nnotify = nserved;
     }
+    http_retain_kafka(kafka_ids, nkafka);
     bool isolating = isolation_left > 0;
     int cap = (isolating ? 1 : guc_batch_size) * (nnotify + 1);
     // Read after commit, so not in the transaction's memory.

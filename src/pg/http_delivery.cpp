@@ -9,7 +9,9 @@
 
 #include "core/delivery_pipeline.hpp"
 #include "core/http_engine.hpp"
+#include "core/kafka_sink.hpp"
 #include "core/outbound_policy.hpp"
+#include "core/routing_sink.hpp"
 #include "pg/boundary.hpp"
 #include "pg/complete.hpp"
 #include "pg/leases.hpp"
@@ -32,6 +34,10 @@ namespace {
 // nothing here lives on a stack frame that a PostgreSQL error could unwind.
 std::unique_ptr<core::HttpEngine> engine;
 std::unique_ptr<core::HttpSink> sink;
+// kafka handlers' deliveries: the same pipeline, routed to the producers.
+std::unique_ptr<core::KafkaSink> kafka_sink;
+std::unique_ptr<core::RoutingSink> router;
+std::vector<std::string> kafka_log_lines;  // librdkafka's, logged after each wait
 std::unique_ptr<core::DeliveryPipeline> pipeline;
 std::string engine_allowlist;
 // Claimed in the open transaction: enqueued once it committed.
@@ -70,6 +76,7 @@ void complete_in_xact(const core::Completion* c, int n) {
     }
     int ndone = 0;
     int lost = 0;
+    bool kafka_key_freed = false;
     worker_xact_begin();
     SpiScope scope;
     spi_begin(&scope);
@@ -87,7 +94,11 @@ void complete_in_xact(const core::Completion* c, int n) {
                                 c[i].status, dead, true);
         }
         int64 open_until = c[i].breaker_open_until_ms;
-        count_http(MyDatabaseId, c[i].handler_key, c[i].status,
+        const HandlerEntry* h = catalog_handler_by_id(c[i].handler_key);
+        bool kafka = h != nullptr && h->kind == core::HandlerKind::Kafka;
+        if (kafka && checks[i] == LeaseCheck::Held && c[i].outcome != core::CompletionOutcome::Retry)
+            kafka_key_freed = true;
+        count_http(MyDatabaseId, c[i].handler_key, kafka ? -1 : c[i].status,
                    open_until != 0 ? TimestampTzPlusMilliseconds(now, open_until - nowms) : 0);
     }
     if (ndone > 0) {
@@ -95,6 +106,14 @@ void complete_in_xact(const core::Completion* c, int n) {
         spi_exec(&delete_plan, &arg, nullptr, false, 0);
     }
     spi_end(&scope);
+    // A kafka delivery that ended frees its key: the key's next message goes
+    // to the same partition right after. Were this commit forgotten by a
+    // crash (relaybus.worker_synchronous_commit = off), the ended one would be
+    // produced again after its successor and the partition would rewind the
+    // key; so this commit waits for the local WAL flush.
+    if (kafka_key_freed)
+        (void)set_config_option("synchronous_commit", "local", PGC_SUSET, PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0,
+                                false);
     worker_xact_commit();
     count_delivered(MyDatabaseId, done_handler, done_latency, ndone);
     if (lost > 0)
@@ -180,9 +199,18 @@ bool ensure_engine() {
                 return false;
             }
             sink = std::make_unique<core::HttpSink>(*engine);
+            kafka_sink = std::make_unique<core::KafkaSink>();
+            if (!kafka_sink->ok()) {
+                *why = "the kafka producers' wake-up pipe could not be made";
+                kafka_sink.reset();
+                sink.reset();
+                engine.reset();
+                return false;
+            }
+            router = std::make_unique<core::RoutingSink>(*sink, *kafka_sink);
             core::PipelineOptions po;
             po.max_in_flight = opts.max_total;
-            pipeline = std::make_unique<core::DeliveryPipeline>(*sink, po, std::random_device{}());
+            pipeline = std::make_unique<core::DeliveryPipeline>(*router, po, std::random_device{}());
             return true;
         },
         err);
@@ -203,6 +231,7 @@ int http_capacity(const HandlerEntry* h) {
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {
+            router->set_kind(h->id, h->kind);
             capacity = pipeline->room(h->id, h->options.concurrency, now);
             return true;
         },
@@ -248,6 +277,7 @@ void http_stage(const HandlerEntry* h, const ClaimResult* res) {
             [&](std::string*) {
                 auto handler = std::make_shared<core::PipelineHandler>();
                 handler->key = h->id;
+                handler->kind = h->kind;
                 handler->name = h->name;
                 handler->target = h->target;
                 handler->options = h->options;
@@ -316,7 +346,18 @@ void http_drop_staged() {
         err);
 }
 
-size_t http_in_flight() { return engine ? engine->in_flight() : 0; }
+size_t http_in_flight() { return router ? router->in_flight() : 0; }
+
+void http_retain_kafka(const int32* ids, int n) {
+    if (!kafka_sink) return;
+    char err[kErrLen];
+    (void)run_core(
+        [&](std::string*) {
+            kafka_sink->retain_handlers(std::vector<int>(ids, ids + n));
+            return true;
+        },
+        err);
+}
 
 int http_collect() {
     if (!pipeline) return 0;
@@ -401,9 +442,12 @@ bool http_wait(long timeout_ms) {
         engine_timer = false;
     }
 
-    WaitEventSet* set = CreateWaitEventSet(CurrentMemoryContext, nsock + 2);
+    // The kafka producers' delivery reports (and errors) make this fd readable.
+    int kafka_fd = kafka_sink ? kafka_sink->wait_fd() : -1;
+    WaitEventSet* set = CreateWaitEventSet(CurrentMemoryContext, nsock + 3);
     AddWaitEventToSet(set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
     AddWaitEventToSet(set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
+    if (kafka_fd >= 0) AddWaitEventToSet(set, WL_SOCKET_READABLE, kafka_fd, nullptr, nullptr);
     for (int i = 0; i < nsock; i++) AddWaitEventToSet(set, events[i], fds[i], nullptr, nullptr);
     WaitEvent occurred[64];
     int n = WaitEventSetWait(set, timeout_ms, occurred, lengthof(occurred), PG_WAIT_EXTENSION);
@@ -414,12 +458,22 @@ bool http_wait(long timeout_ms) {
     if (latch) ResetLatch(MyLatch);
     bool woken = latch || (n == 0 && !engine_timer);  // n == 0: the timeout passed
     if (!engine) return woken;
+    bool kafka_ready = false;
+    for (int i = 0; i < n; i++)
+        if (occurred[i].fd == kafka_fd && (occurred[i].events & WL_SOCKET_READABLE)) kafka_ready = true;
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {
+            // Served here, on this thread: the reports become results that
+            // the loop collects next; librdkafka's lines go to the server log.
+            if (kafka_ready) {
+                kafka_sink->poll();
+                kafka_log_lines = kafka_sink->take_log();
+            }
             core::HttpEngine::Batch batch;
             for (int i = 0; i < n; i++) {
                 const WaitEvent& e = occurred[i];
+                if (e.fd == kafka_fd) continue;
                 if (e.events & (WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE))
                     engine->on_socket(e.fd, (e.events & WL_SOCKET_READABLE) != 0,
                                       (e.events & WL_SOCKET_WRITEABLE) != 0);
@@ -428,6 +482,8 @@ bool http_wait(long timeout_ms) {
             return true;
         },
         err);
+    for (const std::string& line : kafka_log_lines) ereport(LOG, (errmsg("relaybus dispatcher: %s", line.c_str())));
+    kafka_log_lines.clear();
     return woken;
 }
 
@@ -437,6 +493,8 @@ void http_shutdown() {
     (void)run_core(
         [&](std::string*) {
             pipeline.reset();
+            router.reset();
+            kafka_sink.reset();
             sink.reset();
             engine.reset();
             return true;

@@ -1,5 +1,8 @@
-// Webhook callouts from a dispatcher: the PostgreSQL side of the core's
-// delivery pipeline (core/delivery_pipeline.hpp), over its HTTP engine.
+// Webhook callouts and Kafka messages from a dispatcher: the PostgreSQL side
+// of the core's delivery pipeline (core/delivery_pipeline.hpp), over its HTTP
+// engine and its Kafka producers (core/kafka_sink.hpp) behind one
+// core::RoutingSink: a kafka handler is claimed, leased, retried,
+// dead-lettered and completed exactly as an http one.
 //
 // Claiming happens in the dispatcher's transaction (leases in shared memory,
 // no row written); the requests are sent after that transaction committed and
@@ -45,7 +48,10 @@ int http_complete();
 // to timeout_ms, and lets the engine work. True if the latch was set or the
 // timeout passed; false if only sockets or the engine's own timer had activity.
 bool http_wait(long timeout_ms);
-size_t http_in_flight();
+size_t http_in_flight();  // http requests and kafka messages
+// Closes the kafka producers of handlers not among ids (dropped, paused or
+// no longer kafka); their messages in flight still complete.
+void http_retain_kafka(const int32* ids, int n);
 void http_shutdown();
 
 }  // namespace relaybus::pg

@@ -315,7 +315,7 @@ void count_http(Oid dboid, int32 handler_id, int status, TimestampTz breaker_unt
     HandlerCounters* c = counters_of(dboid, handler_id);
     if (c != nullptr) {
         int cls = status >= 100 && status < 600 ? status / 100 : 0;
-        c->http_status[cls]++;
+        if (status >= 0) c->http_status[cls]++;
         if (c->breaker_until == 0 && breaker_until != 0)
             alert_event(c, kAlertBreakerOpened, status, breaker_until, &alert);
         else if (c->breaker_until != 0 && breaker_until == 0)

@@ -130,6 +130,7 @@ void workers_at_xact_end(bool commit);
 // Delivery counters of the workers, for relay.handler_stats.
 void count_delivered(Oid dboid, const int32* handler_ids, const int64* latency_us, int n);
 void count_retried(Oid dboid, int32 handler_id, bool dead);
+// status < 0: not an HTTP result (a kafka handler's): only the breaker is recorded.
 void count_http(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until);
 
 // Deliveries created for handler_id by this transaction's publishes: added to

@@ -22,7 +22,9 @@ TEST(HandlerKind, ParseAndName) {
   EXPECT_EQ(k, K::Http);
   ASSERT_TRUE(parse_handler_kind("pull", &k, nullptr));
   EXPECT_EQ(k, K::Pull);
-  for (K x : {K::Notify, K::Http, K::Pull}) {
+  ASSERT_TRUE(parse_handler_kind("kafka", &k, nullptr));
+  EXPECT_EQ(k, K::Kafka);
+  for (K x : {K::Notify, K::Http, K::Pull, K::Kafka}) {
     HandlerKind back = K::Notify;
     ASSERT_TRUE(parse_handler_kind(handler_kind_name(x), &back, nullptr));
     EXPECT_EQ(back, x);
@@ -35,7 +37,7 @@ TEST(HandlerKind, RejectsAnythingElse) {
     HandlerKind k = K::Http;
     EXPECT_FALSE(parse_handler_kind(s, &k, &why)) << s;
     EXPECT_EQ(k, K::Http) << "out must not change on failure";
-    EXPECT_EQ(why, std::string("expected notify, http or pull (got \"") + s + "\")");
+    EXPECT_EQ(why, std::string("expected notify, http, pull or kafka (got \"") + s + "\")");
   }
 }
 
@@ -361,13 +363,13 @@ TEST(Options, OptionNotForThisKind) {
   EXPECT_EQ(opts_bad(K::Http, R"({"ack": true})"), "option \"ack\" is only valid for notify handlers");
   EXPECT_EQ(opts_bad(K::Pull, R"({"ack": false})"), "option \"ack\" is only valid for notify handlers");
   EXPECT_EQ(opts_bad(K::Notify, R"({"timeout": "1s"})"),
-            "option \"timeout\" is only valid for http handlers");
+            "option \"timeout\" is only valid for http and kafka handlers");
   EXPECT_EQ(opts_bad(K::Pull, R"({"headers": {}})"),
             "option \"headers\" is only valid for http handlers");
   EXPECT_EQ(opts_bad(K::Notify, R"({"secret": ")" + kSecret1 + R"("})"),
             "option \"secret\" is only valid for http handlers");
   EXPECT_EQ(opts_bad(K::Pull, R"({"concurrency": 2})"),
-            "option \"concurrency\" is only valid for notify and http handlers");
+            "option \"concurrency\" is only valid for notify, http and kafka handlers");
 }
 
 TEST(Options, IntegerRanges) {
@@ -612,7 +614,7 @@ TEST(HandlerOptionsHttpFlags, ParsedForHttpAndRejectedElsewhere) {
   EXPECT_FALSE(d.retry_4xx);
   EXPECT_FALSE(d.follow_redirects);
   EXPECT_FALSE(parse_handler_options(HandlerKind::Pull, R"({"envelope": true})", &o, &why));
-  EXPECT_EQ(why, "option \"envelope\" is only valid for http handlers");
+  EXPECT_EQ(why, "option \"envelope\" is only valid for http and kafka handlers");
   EXPECT_FALSE(parse_handler_options(HandlerKind::Http, R"({"retry_4xx": "yes"})", &o, &why));
   EXPECT_EQ(why, "option \"retry_4xx\" must be true or false");
 }

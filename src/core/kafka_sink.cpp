@@ -1,0 +1,374 @@
+#include "kafka_sink.hpp"
+
+#include <fcntl.h>
+#include <librdkafka/rdkafka.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
+
+#include "webhook_delivery.hpp"
+
+namespace relaybus::core {
+
+namespace {
+
+constexpr size_t kMaxLogLines = 200;
+constexpr int kDestroyFlushMs = 200;
+
+int64_t steady_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+KafkaSink* sink_of(void* opaque) { return static_cast<KafkaSink*>(opaque); }
+
+void dr_msg_cb(rd_kafka_t*, const rd_kafka_message_t* m, void* opaque) {
+  try {
+    sink_of(opaque)->on_delivery(m);
+  } catch (...) {
+    // Nothing may unwind into librdkafka; a lost report is a retry later
+    // (the delivery's lease runs out).
+  }
+}
+
+void log_cb(const rd_kafka_t* rk, int level, const char* fac, const char* buf) {
+  try {
+    // Notice and above (debug chatter stays out of the server log); FAIL
+    // lines repeat what error_cb reports.
+    if (level > 5 || std::string_view(fac) == "FAIL") return;
+    sink_of(rd_kafka_opaque(rk))->on_log(std::string("kafka ") + rd_kafka_name(rk) + " " + fac + ": " + buf);
+  } catch (...) {
+  }
+}
+
+void error_cb(rd_kafka_t* rk, int err, const char* reason, void* opaque) {
+  try {
+    sink_of(opaque)->on_log(std::string("kafka ") + rd_kafka_name(rk) + " error " +
+                            rd_kafka_err2name(static_cast<rd_kafka_resp_err_t>(err)) + ": " + reason);
+  } catch (...) {
+  }
+}
+
+std::string kafka_error_text(rd_kafka_resp_err_t err) {
+  return std::string("kafka: ") + rd_kafka_err2str(err) + " (" + rd_kafka_err2name(err) + ")";
+}
+
+std::string fingerprint_of(const PipelineHandler& h) {
+  std::string f = h.target;
+  f += '\n';
+  f += std::to_string(h.options.timeout_ms);
+  for (const auto& kv : h.options.producer) {
+    f += '\n';
+    f += kv.first;
+    f += '=';
+    f += kv.second;
+  }
+  return f;
+}
+
+bool conf_set(rd_kafka_conf_t* conf, const std::string& name, const std::string& value, std::string* why) {
+  char err[512] = "";
+  if (rd_kafka_conf_set(conf, name.c_str(), value.c_str(), err, sizeof err) == RD_KAFKA_CONF_OK) return true;
+  if (why) *why = "kafka producer property \"" + name + "\": " + err;
+  return false;
+}
+
+void add_header(rd_kafka_headers_t* hdrs, const char* name, const std::string& value) {
+  rd_kafka_header_add(hdrs, name, -1, value.data(), static_cast<ssize_t>(value.size()));
+}
+
+}  // namespace
+
+bool kafka_error_is_permanent(int code) {
+  switch (static_cast<rd_kafka_resp_err_t>(code)) {
+    case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+    case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
+    case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+    case RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP:
+    case RD_KAFKA_RESP_ERR_INVALID_REQUIRED_ACKS:
+    case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
+    case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+    case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+    case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+    case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
+    case RD_KAFKA_RESP_ERR__INVALID_ARG:
+    case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+    case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+KafkaSink::KafkaSink() {
+  if (pipe2(pipe_, O_NONBLOCK | O_CLOEXEC) != 0) pipe_[0] = pipe_[1] = -1;
+}
+
+KafkaSink::~KafkaSink() {
+  pending_.clear();  // reports served while closing find nothing to complete
+  for (auto& kv : producers_) destroy(kv.second.rk);
+  for (rd_kafka_t* rk : retired_) destroy(rk);
+  if (pipe_[0] >= 0) close(pipe_[0]);
+  if (pipe_[1] >= 0) close(pipe_[1]);
+}
+
+void KafkaSink::destroy(rd_kafka_t* rk) {
+  // Bounded: what is still queued or in flight is purged (its deliveries are
+  // sent again by whoever holds them next), then librdkafka gets a moment to
+  // hand the purge reports back before it is torn down.
+  rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT | RD_KAFKA_PURGE_F_NON_BLOCKING);
+  rd_kafka_flush(rk, kDestroyFlushMs);
+  rd_kafka_destroy(rk);
+}
+
+void KafkaSink::set_handler_limit(int key, int concurrency) { limit_[key] = std::max(1, concurrency); }
+
+bool KafkaSink::can_submit(int key) const {
+  auto l = limit_.find(key);
+  const int limit = l == limit_.end() ? 1 : l->second;
+  return static_cast<int>(in_flight(key)) < limit;
+}
+
+size_t KafkaSink::in_flight(int key) const {
+  auto it = in_flight_of_.find(key);
+  return it == in_flight_of_.end() ? 0 : static_cast<size_t>(it->second);
+}
+
+KafkaSink::Producer* KafkaSink::producer_for(const PipelineHandler& h, std::string* why) {
+  const std::string fp = fingerprint_of(h);
+  auto it = producers_.find(h.key);
+  if (it != producers_.end()) {
+    if (it->second.fingerprint == fp) return &it->second;
+    // The handler changed: the old producer finishes what it has in flight
+    // (poll() serves it until then) and a new one takes the next messages.
+    retire(std::move(it->second));
+    producers_.erase(it);
+  }
+  KafkaTarget target;
+  if (!parse_kafka_target(h.target, &target, why)) return nullptr;
+  rd_kafka_conf_t* conf = rd_kafka_conf_new();
+  // A key has one message in flight at a time, so waiting to fill a batch
+  // (librdkafka's 5 ms) only delays it; the handler may say otherwise.
+  bool ok = conf_set(conf, "linger.ms", "0", why) && conf_set(conf, "client.id", "relaybus-" + h.name, why);
+  for (const auto& kv : h.options.producer) {
+    if (!ok) break;
+    if (!validate_kafka_property(kv.first, kv.second, why) || !conf_set(conf, kv.first, kv.second, why)) {
+      ok = false;
+      break;
+    }
+  }
+  ok = ok && conf_set(conf, "bootstrap.servers", target.bootstrap, why) &&
+       conf_set(conf, "enable.idempotence", "true", why) && conf_set(conf, "acks", "all", why) &&
+       conf_set(conf, "message.timeout.ms", std::to_string(std::max<int64_t>(1, h.options.timeout_ms)), why) &&
+       conf_set(conf, "log.queue", "true", why);
+  if (!ok) {
+    rd_kafka_conf_destroy(conf);
+    return nullptr;
+  }
+  rd_kafka_conf_set_opaque(conf, this);
+  rd_kafka_conf_set_dr_msg_cb(conf, dr_msg_cb);
+  rd_kafka_conf_set_log_cb(conf, log_cb);
+  rd_kafka_conf_set_error_cb(conf, error_cb);
+  char err[512] = "";
+  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+  if (!rk) {
+    rd_kafka_conf_destroy(conf);  // still ours when rd_kafka_new fails
+    if (why) *why = std::string("kafka producer could not be created: ") + err;
+    return nullptr;
+  }
+  rd_kafka_set_log_queue(rk, nullptr);  // logs are served by poll(), on the loop's thread
+  rd_kafka_queue_t* main_queue = rd_kafka_queue_get_main(rk);
+  static const char kByte[1] = {'k'};
+  rd_kafka_queue_io_event_enable(main_queue, pipe_[1], kByte, 1);
+  rd_kafka_queue_destroy(main_queue);
+  Producer p;
+  p.rk = rk;
+  p.fingerprint = fp;
+  p.topic = target.topic;
+  return &(producers_[h.key] = std::move(p));
+}
+
+void KafkaSink::retire(Producer p) {
+  if (p.rk) retired_.push_back(p.rk);
+}
+
+bool KafkaSink::submit(const PipelineHandler& h, const WebhookMessage& m, int64_t now_ms, std::string* why) {
+  (void)why;
+  std::string no_producer;
+  Producer* p = producer_for(h, &no_producer);
+  if (!p) {
+    // The handler's configuration passed its checks but librdkafka would not
+    // make a producer of it (a TLS file missing, say): an attempt that failed
+    // and is retried with backoff, not a dead letter, so that fixing the
+    // handler (or the file) lets its deliveries go on.
+    const uint64_t serial = next_serial_++;
+    pending_[serial] = Pending{static_cast<uint64_t>(m.id), h.key, steady_ms()};
+    in_flight_of_[h.key]++;
+    HttpResult r;
+    r.outcome = HttpOutcome::Retry;
+    r.error = no_producer;
+    complete(serial, std::move(r));
+    wake();
+    return true;
+  }
+  std::string value;
+  if (h.options.envelope) {
+    value = webhook_envelope_json(m.id, m.event_id, m.topic, m.has_key ? &m.key : nullptr,
+                                  m.has_key ? std::optional<int64_t>(m.seq) : std::nullopt, m.published_at_ms,
+                                  m.attempt, m.headers_json, m.payload_json);
+  }
+  const std::string& body = h.options.envelope ? value : m.payload_json;
+
+  rd_kafka_headers_t* hdrs = rd_kafka_headers_new(8);
+  add_header(hdrs, "relay-id", std::to_string(m.id));
+  add_header(hdrs, "relay-event-id", std::to_string(m.event_id));
+  add_header(hdrs, "relay-topic", m.topic);
+  if (m.has_key) {
+    add_header(hdrs, "relay-key", m.key);
+    add_header(hdrs, "relay-seq", std::to_string(m.seq));
+  }
+  add_header(hdrs, "relay-attempt", std::to_string(m.attempt));
+  if (m.published_at_ms > 0) add_header(hdrs, "relay-published-at", format_rfc3339_ms(m.published_at_ms));
+  if (!m.headers_json.empty()) {
+    const auto j = nlohmann::json::parse(m.headers_json, nullptr, false);
+    if (j.is_object()) {
+      for (const auto& item : j.items()) {
+        // relay-* are relaybus's: a publisher cannot forge a delivery id.
+        if (!item.value().is_string() || item.key().rfind("relay-", 0) == 0) continue;
+        const std::string& v = item.value().get_ref<const std::string&>();
+        rd_kafka_header_add(hdrs, item.key().data(), static_cast<ssize_t>(item.key().size()), v.data(),
+                            static_cast<ssize_t>(v.size()));
+      }
+    }
+  }
+
+  const uint64_t serial = next_serial_++;
+  pending_[serial] = Pending{static_cast<uint64_t>(m.id), h.key, steady_ms()};
+  (void)now_ms;
+  in_flight_of_[h.key]++;
+  const rd_kafka_resp_err_t err = rd_kafka_producev(
+      p->rk, RD_KAFKA_V_TOPIC(p->topic.c_str()), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+      RD_KAFKA_V_KEY(m.has_key ? m.key.data() : nullptr, m.has_key ? m.key.size() : 0),
+      RD_KAFKA_V_VALUE(const_cast<char*>(body.data()), body.size()), RD_KAFKA_V_HEADERS(hdrs),
+      RD_KAFKA_V_OPAQUE(reinterpret_cast<void*>(serial)), RD_KAFKA_V_END);
+  if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    rd_kafka_headers_destroy(hdrs);  // not taken over on failure
+    // Refused at once (too large for message.max.bytes, local queue full):
+    // a result like any other, classified the same way.
+    HttpResult r;
+    r.outcome = kafka_error_is_permanent(err) ? HttpOutcome::Fail : HttpOutcome::Retry;
+    r.error = kafka_error_text(err);
+    complete(serial, std::move(r));
+    wake();
+  }
+  return true;
+}
+
+void KafkaSink::complete(uint64_t serial, HttpResult r) {
+  auto it = pending_.find(serial);
+  if (it == pending_.end()) return;  // cancelled meanwhile
+  r.tag = it->second.tag;
+  r.handler_key = it->second.key;
+  r.elapsed_ms = steady_ms() - it->second.sent_ms;
+  r.status = 0;
+  auto f = in_flight_of_.find(it->second.key);
+  if (f != in_flight_of_.end() && --f->second <= 0) in_flight_of_.erase(f);
+  pending_.erase(it);
+  results_.push_back(std::move(r));
+}
+
+void KafkaSink::on_delivery(const rd_kafka_message_t* m) {
+  const auto serial = reinterpret_cast<uint64_t>(m->_private);
+  HttpResult r;
+  if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+    r.outcome = HttpOutcome::Success;
+  } else {
+    r.outcome = kafka_error_is_permanent(m->err) ? HttpOutcome::Fail : HttpOutcome::Retry;
+    r.error = kafka_error_text(m->err);
+  }
+  complete(serial, std::move(r));
+}
+
+void KafkaSink::on_log(std::string line) {
+  if (log_.size() < kMaxLogLines) log_.push_back(std::move(line));
+}
+
+std::vector<std::string> KafkaSink::take_log() {
+  std::vector<std::string> out;
+  out.swap(log_);
+  return out;
+}
+
+void KafkaSink::wake() {
+  if (pipe_[1] >= 0) {
+    const char b = 's';
+    (void)!write(pipe_[1], &b, 1);
+  }
+}
+
+void KafkaSink::poll() {
+  // Drained first: a report that arrives while the queues are served writes
+  // the fd again.
+  if (pipe_[0] >= 0) {
+    char buf[256];
+    while (read(pipe_[0], buf, sizeof buf) > 0) {
+    }
+  }
+  for (auto it = producers_.begin(); it != producers_.end();) {
+    rd_kafka_poll(it->second.rk, 0);
+    char err[512] = "";
+    const rd_kafka_resp_err_t fatal = rd_kafka_fatal_error(it->second.rk, err, sizeof err);
+    if (fatal != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      // An idempotent producer that hit a fatal error cannot go on: its
+      // messages fail (purged: retried later) and the next one makes a new producer.
+      on_log(std::string("kafka producer of handler ") + std::to_string(it->first) +
+             " failed fatally, it is replaced: " + err);
+      retire(std::move(it->second));
+      it = producers_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    rd_kafka_poll(*it, 0);
+    char err[8];
+    if (rd_kafka_outq_len(*it) == 0 || rd_kafka_fatal_error(*it, err, sizeof err) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      destroy(*it);
+      it = retired_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::vector<HttpResult> KafkaSink::take_results() {
+  poll();
+  std::vector<HttpResult> out;
+  out.swap(results_);
+  return out;
+}
+
+void KafkaSink::cancel_all() {
+  pending_.clear();
+  in_flight_of_.clear();
+  for (auto& kv : producers_)
+    rd_kafka_purge(kv.second.rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT | RD_KAFKA_PURGE_F_NON_BLOCKING);
+}
+
+void KafkaSink::retain_handlers(const std::vector<int>& keys) {
+  for (auto it = producers_.begin(); it != producers_.end();) {
+    if (std::find(keys.begin(), keys.end(), it->first) == keys.end()) {
+      retire(std::move(it->second));
+      it = producers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace relaybus::core

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# kill -9 of the dispatcher while it produces into Kafka (publishers keep
+# committing): the postmaster crash-restarts, a new dispatcher takes over, and
+# in the end every committed event is in the topic, each key in one partition
+# in seq order; the only duplicates are re-sends of messages that were in
+# flight at the crash (at most one per key: a key's next delivery waits for
+# the previous one's acknowledgement).
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/kafka_lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
+
+[[ -n "${RELAYBUS_CLUSTER_DIR:-}" && -d "${RELAYBUS_CLUSTER_DIR}" ]] ||
+    die "RELAYBUS_CLUSTER_DIR is not set: this test crashes the cluster"
+KEYS=20
+
+kafka_start || die "the broker did not start"
+new_db db kafka_crash || die "could not create a database"
+create_pub_log "$db"
+check "a dispatcher serves the new database" wait_workers "$db" 1 20
+old_dispatcher=$(sql "$db" "SELECT pid FROM relay.workers")
+kafka_handler "$db" k "relay-crash" \
+    '{"timeout": "10s", "backoff_base": "100ms", "backoff_max": "1s", "max_attempts": 100, "concurrency": 64}' 'kc.#' ||
+    die "could not create the handler"
+
+# Publishers: 60 transactions of 50 events, one after the other; one that the
+# crash aborts is simply not in pub_log (it is written in the same transaction).
+publish() {
+    local b
+    for ((b = 1; b <= 60; b++)); do
+        psql_q -d "$db" -c "INSERT INTO pub_log SELECT relay_publish('kc.ev', jsonb_build_object('b', $b, 'i', i),
+                                'k-' || (i % $KEYS)), 'k-' || (i % $KEYS) FROM generate_series(1, 50) i" \
+            >/dev/null 2>&1 || sleep 0.5
+        sleep 0.2
+    done
+}
+publish &
+publisher=$!
+bg_track "$publisher"
+committed_at_least() { (($(sql "$db" "SELECT count(*) FROM pub_log") >= $1)); }
+check "publishing is under way" wait_until 60 committed_at_least 800
+check "messages flow into the topic" wait_until 60 kafka_has relay-crash 200
+# Mid-stream: right after a publish, while its deliveries are being produced.
+some_pending() { (($(pending_of "$db" k) > 0)); }
+check "deliveries are pending (the kill comes mid-stream)" wait_until 30 some_pending
+at_kill=$(sql "$db" "SELECT count(*) FROM pub_log")
+kill -9 "$old_dispatcher"
+log "kill -9 of dispatcher $old_dispatcher with about $at_kill events committed"
+server_ready() { pg_isready -q -d postgres -t 1; }
+sleep 1
+check "the server comes back" wait_until 60 server_ready
+check "a new dispatcher serves the database" wait_workers "$db" 1 30
+new_dispatcher=$(sql "$db" "SELECT pid FROM relay.workers")
+check "it is a new process ($old_dispatcher -> $new_dispatcher)" test -n "$new_dispatcher" -a "$new_dispatcher" != "$old_dispatcher"
+wait "$publisher"
+committed=$(sql "$db" "SELECT count(*) FROM pub_log")
+log "$committed events committed"
+check "publishing went on after the crash ($at_kill -> $committed)" test "$committed" -gt "$at_kill"
+check "every delivery is completed in the end" wait_until 120 none_pending "$db" k
+check_eq "nothing is dead" 0 "$(dead_of "$db" k)"
+check "every committed event is in the topic" wait_until 30 kafka_has relay-crash "$committed"
+kafka_consume relay-crash "$TMP/topic.json"
+dump_pub_log "$db" "$TMP/pub.txt"
+analyze_order() {
+    local line
+    R=()
+    while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done < <(python3 "$INTEG_DIR/kafka_order.py" "$@")
+}
+analyze_order "$TMP/topic.json" "$TMP/pub.txt"
+log "messages=${R[messages]} duplicates=${R[duplicates]} (${R[dup_ids]})"
+check_eq "nothing committed is missing" 0 "${R[missing]}"
+check_eq "nothing uncommitted arrived" 0 "${R[extra]}"
+check_eq "each key in one partition" True "${R[keys_in_one_partition]}"
+check_eq "per key in seq order (re-sends collapsed)" 0 "${R[out_of_order]}"
+check "duplicates ($KEYS keys): at most one re-send per key, the one in flight" \
+    test "${R[duplicates]}" -le "$KEYS"
+finish

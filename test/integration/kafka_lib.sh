@@ -1,0 +1,57 @@
+# Kafka helpers for the integration tests (sourced after lib.sh): a real
+# single-node broker (scripts/kafka-broker.sh) stopped by the EXIT trap, and a
+# real consumer (kcat, librdkafka's) that reads a topic back as JSON lines.
+
+KAFKA_DIR=$TMP/kafka
+KAFKA_PORT=
+KAFKA_SCRIPT=$RELAYBUS_ROOT/scripts/kafka-broker.sh
+
+command -v kcat >/dev/null 2>&1 || die "kcat is needed (scripts/install-deps.sh installs it)"
+
+# The broker goes with everything else the test started.
+eval "$(declare -f cleanup | sed '1s/^cleanup/lib_cleanup/')"
+cleanup() {
+    [[ -d "$KAFKA_DIR" ]] && bash "$KAFKA_SCRIPT" stop "$KAFKA_DIR" >/dev/null 2>&1
+    lib_cleanup
+}
+
+# kafka_start: a fresh broker on a free loopback port (KAFKA_PORT, KAFKA_BOOTSTRAP).
+kafka_start() {
+    KAFKA_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT
+    bash "$KAFKA_SCRIPT" start "$KAFKA_DIR" "$KAFKA_PORT"
+}
+# kafka_stop / kafka_restart: the same broker (its data and port kept).
+kafka_stop() { bash "$KAFKA_SCRIPT" stop "$KAFKA_DIR"; }
+kafka_restart() { bash "$KAFKA_SCRIPT" start "$KAFKA_DIR" "$KAFKA_PORT"; }
+
+# kafka_create_topic TOPIC PARTITIONS [CONFIG=VALUE...]: with Kafka's own tool.
+kafka_create_topic() {
+    local topic=$1 partitions=$2 cfg args=()
+    shift 2
+    for cfg in "$@"; do args+=(--config "$cfg"); done
+    java -Xshare:auto -XX:TieredStopAtLevel=1 -cp "$(bash "$KAFKA_SCRIPT" classpath)" \
+        org.apache.kafka.tools.TopicCommand --bootstrap-server "$KAFKA_BOOTSTRAP" --create \
+        --topic "$topic" --partitions "$partitions" --replication-factor 1 "${args[@]}" >/dev/null
+}
+
+# kafka_consume TOPIC FILE: every message now in the topic, one JSON object a
+# line (kcat -J: partition, offset, key, payload, headers as [name, value, ...]).
+kafka_consume() {
+    kcat -C -b "$KAFKA_BOOTSTRAP" -t "$1" -J -e -q -o beginning >"$2" 2>"$2.err"
+}
+kafka_count() { kafka_consume "$1" "$TMP/count.json" && wc -l <"$TMP/count.json"; }
+kafka_has() { (($(kafka_count "$1") >= $2)); }
+
+# kafka_handler DB NAME TOPIC OPTIONS PATTERN
+kafka_handler() {
+    sql "$1" "SELECT relay_create_handler('$2', 'kafka', 'kafka://$KAFKA_BOOTSTRAP/$3', '$4')" \
+        "SELECT relay_route('$5', '$2')" >/dev/null
+}
+
+# sqlstate_of DB QUERY: "SQLSTATE: message" of the error QUERY raises, or "no error".
+sqlstate_of() {
+    psql -X -q -At -d "$1" -v ON_ERROR_STOP=1 -c "DO \$do\$ BEGIN PERFORM ($2); RAISE NOTICE 'no error';
+        EXCEPTION WHEN OTHERS THEN RAISE NOTICE '%: %', SQLSTATE, SQLERRM; END \$do\$" 2>&1 </dev/null |
+        sed -n 's/^NOTICE:  //p'
+}
