@@ -1397,6 +1397,8 @@ int main(int argc, char** argv) {
 
     Runner runner(o, o.out, o.pg_config);
     int rc = 0;
+    bool started_cluster = false;
+    struct SkippedAll {};
     try {
         std::cerr << "relaybus-bench: " << cells.size() << " cells, results in " << o.out << "\n";
         runner.ensure_peer_deps(cells);
@@ -1406,6 +1408,8 @@ int main(int argc, char** argv) {
             for (const std::string& n : runner.skipped_peers) sk.push(n);
             env["peers_skipped"] = sk;
         }
+        if (cells.empty()) throw SkippedAll();
+        started_cluster = true;  // stop_cluster also cleans up after a start that failed half-way
         runner.start_cluster(cells);
         env["postgres"] = runner.server_env();
         write_file(o.out + "/env.json", env.dump() + "\n");
@@ -1424,11 +1428,13 @@ int main(int argc, char** argv) {
                 }
             }
         }
+    } catch (const SkippedAll&) {
+        // Every selected cell was a skipped peer's: no cluster, the report says why.
     } catch (const std::exception& e) {
         std::cerr << "relaybus-bench: " << e.what() << "\n";
         rc = 1;
     }
-    runner.stop_cluster();
+    if (started_cluster) runner.stop_cluster();
     in.minutes = double(mono_ns() - started) / 60e9;
     env["finished_at"] = utc_stamp(false);
     env["minutes"] = in.minutes;
