@@ -166,7 +166,8 @@ Cell mixed_floor(int rate) {
 }
 
 // Peers publish the same payloads, unkeyed, one event per call or 100 per statement.
-// PgQ: pgq.insert_event (b100: one statement over unnest); graphile: add_job / add_jobs.
+// PgQ: pgq.insert_event (b100: one statement over unnest); graphile: add_job / add_jobs;
+// River: its Go client, Insert / InsertManyFast (b100: COPY FROM).
 Cell pub_peer(const std::string& system, int p, int b) {
     Cell c;
     c.group = Group::Publish;
@@ -207,6 +208,21 @@ Cell disp_graphile(int procs, int concurrency, int local_queue) {
     c.concurrency = concurrency;
     c.batch = local_queue;
     c.name = strf("disp.graphile.n%d.j%d.lq%d", procs, concurrency, local_queue);
+    c.floor = disp_floor("delete", procs > 1 ? 2 : 1, 500).name;
+    return c;
+}
+
+// River: `procs` worker processes, one River client each, MaxWorkers `max_workers` on its
+// default queue (2,000: River's own benchmark, `river bench`).
+Cell disp_river(int procs, int max_workers) {
+    Cell c;
+    c.group = Group::Dispatch;
+    c.system = "river";
+    c.variant = "worker";
+    c.profile = "tuned";
+    c.consumers = procs;
+    c.concurrency = max_workers;
+    c.name = strf("disp.river.n%d.w%d", procs, max_workers);
     c.floor = disp_floor("delete", procs > 1 ? 2 : 1, 500).name;
     return c;
 }
@@ -289,7 +305,7 @@ std::vector<Cell> all_cells(bool full_matrix) {
     b.add(bn);
 
     // Peers, on the same cluster and settings.
-    for (const char* sys : {"pgq", "graphile"})
+    for (const char* sys : {"pgq", "graphile", "river"})
         for (int p : {1, 8, 32})
             for (int bt : {1, 100})
                 add_with_floor(b, pub_peer(sys, p, bt), floors, p == 8 && (bt == 1 || std::string(sys) == "pgq"));
@@ -297,6 +313,8 @@ std::vector<Cell> all_cells(bool full_matrix) {
     add_with_floor(b, disp_pgq(5000), floors, false);
     add_with_floor(b, disp_graphile(1, 24, 500), floors, true);
     add_with_floor(b, disp_graphile(2, 24, 500), floors, false);
+    add_with_floor(b, disp_river(1, 2000), floors, true);
+    add_with_floor(b, disp_river(2, 2000), floors, false);
 
     // Mixed: paced publishing while notify-fire dispatching; the floor first.
     Cell mf = mixed_floor(1000);

@@ -180,16 +180,22 @@ public:
         systems_["floor"] = make_floor();
         systems_["pgq"] = make_pgq(out_ + "/tmp/pgqd");
         systems_["graphile"] = make_graphile(o.repo);
+        systems_["river"] = make_river(o.repo);
     }
+
+    // River is optional: when its Go program cannot be built (no Go, or the module
+    // proxy out of reach), its cells are left out and the report says why.
+    std::vector<std::string> skipped_peers;
 
     // Installs what the selected peers need before the cluster starts: PgQ and pgqd from
     // Debian (scripts/install-deps.sh), graphile-worker from npm (npm ci in bench/graphile),
     // nginx and wrk from Debian for the http cells.
-    void ensure_peer_deps(const std::vector<Cell>& cells) {
-        bool pgq = false, graphile = false, http = false;
+    void ensure_peer_deps(std::vector<Cell>& cells) {
+        bool pgq = false, graphile = false, http = false, river = false;
         for (const Cell& c : cells) {
             pgq |= c.system == "pgq";
             graphile |= c.system == "graphile";
+            river |= c.system == "river";
             http |= c.variant == "http" || c.variant == "wrk";
         }
         if (http && system("command -v nginx >/dev/null 2>&1 && command -v wrk >/dev/null 2>&1") != 0) {
@@ -222,6 +228,30 @@ public:
                     throw std::runtime_error("graphile peer: npm ci failed in " + dir + " (or run with --no-peers)");
             }
         }
+        if (river) {
+            std::string why = build_river();
+            if (!why.empty()) {
+                std::cerr << "River: not installed (" << why << "); its cells are skipped\n";
+                skipped_peers.push_back("River: not installed (" + why + ")");
+                cells.erase(std::remove_if(cells.begin(), cells.end(), [](const Cell& c) { return c.system == "river"; }),
+                            cells.end());
+            }
+        }
+    }
+
+    // Builds bench/river/river-bench (River at the version go.mod pins; modules from the Go
+    // module proxy into the module cache, outside the repo). "" or why it could not.
+    std::string build_river() {
+        std::string dir = opt_.repo + "/bench/river";
+        if (system("command -v go >/dev/null 2>&1") != 0) return "no go command; River v0.51.2 needs Go >= 1.26";
+        int st = 0;
+        // GOTOOLCHAIN=local: never fetch a toolchain; an older go says so instead.
+        std::string log = run_capture("cd '" + dir + "' && GOTOOLCHAIN=local GOFLAGS=-mod=mod go build -o river-bench . 2>&1", &st);
+        if (st == 0) return "";
+        std::string last = trim(log);
+        size_t nl = last.rfind('\n');
+        if (nl != std::string::npos) last = last.substr(nl + 1);
+        return "go build in bench/river failed: " + last;
     }
 
     // initdb + start + the bench database, roles and the systems the cells use (once per run and build).
@@ -350,6 +380,7 @@ public:
             else if (c.variant == "notify-fire") def = 32000 * std::sqrt(double(std::max(1, c.dispatchers)));
             else if (c.system == "pgq") def = c.batch >= 5000 ? 180000 : 60000;  // reading writes nothing: fast
             else if (c.system == "graphile") def = 15000;
+            else if (c.system == "river") def = 20000;
             else if (c.variant == "http") def = 4000 * std::sqrt(double(std::max(1, c.concurrency)));
             // A kind seen with this many dispatchers; else the kind's best, scaled to the dispatchers.
             double seen = seen_kind_.count(kind_d) ? seen_kind_[kind_d]
@@ -386,7 +417,9 @@ private:
     };
 
     static bool counts_units(const Cell& c, const ChildSpec& s) {
-        if (c.group == Group::Publish || c.group == Group::Mixed) return s.role == Role::Publish;
+        // A peer's own publisher program (River) counts its events like a Publish child.
+        if (c.group == Group::Publish || c.group == Group::Mixed)
+            return s.role == Role::Publish || (s.role == Role::External && s.reports_units);
         if (s.role == Role::External) return s.reports_units;
         return s.role == Role::ClaimAck || s.role == Role::Take || s.role == Role::Listen || s.role == Role::PgqBatch ||
                s.role == Role::HttpLog;
@@ -1236,7 +1269,7 @@ void usage() {
         "  --quick              the quick subset with short windows (~4 min)\n"
         "  --cells P1,P2        only cells matching (substring, or glob with * ? [])\n"
         "  --no-floors          do not add the floors the selected cells compare with\n"
-        "  --no-peers           leave out the peers (PgQ, graphile-worker)\n"
+        "  --no-peers           leave out the peers (PgQ, graphile-worker, River)\n"
         "  --list               print the cells that would run and exit\n"
         "  --samples N          samples per cell (default 1)\n"
         "  --warmup S --window S  override warm-up and window seconds\n"
@@ -1321,7 +1354,7 @@ int main(int argc, char** argv) {
     }
     std::vector<Cell> all = all_cells(o.full_matrix);
     if (o.no_peers)
-        all.erase(std::remove_if(all.begin(), all.end(), [](const Cell& c) { return c.system == "pgq" || c.system == "graphile"; }),
+        all.erase(std::remove_if(all.begin(), all.end(), [](const Cell& c) { return c.system == "pgq" || c.system == "graphile" || c.system == "river"; }),
                   all.end());
     std::vector<Cell> cells = select_cells(all, o.quick, o.cells, !o.no_floors && !ab);
     // The floors do not involve relaybus: both builds would measure the same thing.
@@ -1364,9 +1397,19 @@ int main(int argc, char** argv) {
 
     Runner runner(o, o.out, o.pg_config);
     int rc = 0;
+    bool started_cluster = false;
+    struct SkippedAll {};
     try {
         std::cerr << "relaybus-bench: " << cells.size() << " cells, results in " << o.out << "\n";
         runner.ensure_peer_deps(cells);
+        in.notes = runner.skipped_peers;
+        if (!runner.skipped_peers.empty()) {
+            Json sk = Json::array();
+            for (const std::string& n : runner.skipped_peers) sk.push(n);
+            env["peers_skipped"] = sk;
+        }
+        if (cells.empty()) throw SkippedAll();
+        started_cluster = true;  // stop_cluster also cleans up after a start that failed half-way
         runner.start_cluster(cells);
         env["postgres"] = runner.server_env();
         write_file(o.out + "/env.json", env.dump() + "\n");
@@ -1385,11 +1428,13 @@ int main(int argc, char** argv) {
                 }
             }
         }
+    } catch (const SkippedAll&) {
+        // Every selected cell was a skipped peer's: no cluster, the report says why.
     } catch (const std::exception& e) {
         std::cerr << "relaybus-bench: " << e.what() << "\n";
         rc = 1;
     }
-    runner.stop_cluster();
+    if (started_cluster) runner.stop_cluster();
     in.minutes = double(mono_ns() - started) / 60e9;
     env["finished_at"] = utc_stamp(false);
     env["minutes"] = in.minutes;
@@ -1397,6 +1442,12 @@ int main(int argc, char** argv) {
     in.env = env;
     if (!in.samples.empty()) {
         std::string md = write_reports(in);
+        std::cout << md;
+    } else if (!in.notes.empty()) {
+        // Every selected cell was a skipped peer's: the report is why.
+        std::string md = "# relaybus benchmark " + run_id + "\n\n";
+        for (const std::string& n : in.notes) md += n + "; its cells were skipped.\n";
+        write_file(o.out + "/report.md", md);
         std::cout << md;
     }
     std::cerr << "results: " << o.out << "\n";

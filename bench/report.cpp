@@ -153,6 +153,7 @@ std::string write_reports(const ReportInput& in) {
                "(median %s); \"(busy)\" marks a sample whose spin took over 1.25x the quietest one: the machine was busy.\n\n",
                in.args.c_str(), in.minutes, total, invalid, num(spins.empty() ? NAN : spins.front()).c_str(),
                num(spins.empty() ? NAN : spins.back()).c_str(), num(median(spins)).c_str());
+    for (const std::string& n : in.notes) md += n + "; its cells were skipped.\n\n";
     md += "Rates are per second of a fixed window after a warm-up; counters are per event (publish, mixed) or per "
           "delivery (dispatch), from statistics reset at the start of the window. Ratios compare cells of this run.\n\n";
 
@@ -174,7 +175,8 @@ std::string write_reports(const ReportInput& in) {
         md += "`pN` publishers, `bN` events per call (relay_publish for 1, relay_publish_batch for 100), `hN` handlers "
               "routed, keys none / 1,000 distinct / 10 hot / 1 hot. Floor: a bare INSERT of the same rows (`rN` rows "
               "per event) into a plain table, one statement per call. Peers: `pgq` (pgq.insert_event per event, or "
-              "100 in one statement over unnest) and `graphile` (graphile_worker.add_job, or add_jobs of 100).\n\n";
+              "100 in one statement over unnest), `graphile` (graphile_worker.add_job, or add_jobs of 100) and `river` "
+              "(River's Go client, one process and connection per publisher: Insert, or InsertManyFast of 100).\n\n";
         md += "| cell | events/s | floor events/s | ratio | client stmts/call | stmts/event | WAL B/event | WAL rec/event "
               "| FPI/event | key_seqs upd/event (HOT) | call p99 ms | machine CPU µs/event | dispatcher CPU | spin ms | samples |\n";
         md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
@@ -217,9 +219,11 @@ std::string write_reports(const ReportInput& in) {
               "tuned: 2000); ack mode acknowledges with relay_ack. `fN` fan-out. Floors: a batched "
               "`DELETE ... RETURNING` (`cN` processes, 500 rows per statement), and the same DELETE with pg_notify of "
               "each row (`sN` processes). Peers: `pgq` (one consumer looping next_batch / get_batch_events / "
-              "finish_batch in a transaction; batches of `bN` = ticker_max_count events; pgqd ticking) and `graphile` "
+              "finish_batch in a transaction; batches of `bN` = ticker_max_count events; pgqd ticking), `graphile` "
               "(`nN` graphile-worker runner processes, `jN` concurrentJobs, `lqN` localQueue.size; a task that only "
-              "counts). "
+              "counts) and `river` (`nN` Go processes, one River client each, `wN` MaxWorkers, FetchCooldown 2 ms, "
+              "FetchPollInterval 20 ms as in `river bench`; a job that does nothing, counted when River reports it "
+              "completed). "
               "`http`: http handlers (`cN` per-handler concurrency, signed requests, envelope body) "
               "delivered by `dN` dispatchers to a local nginx (`return 200`, one worker, keep-alive, logging each "
               "request's webhook-id, which the exactness check reads); floor `http.floor.wrk.cN`: wrk with the same "
@@ -393,12 +397,12 @@ std::string write_reports(const ReportInput& in) {
                    !std::isfinite(r) ? "?" : (r > 1 ? "yes" : "**no**"));
     }
     {
-        // The fastest application-queue peer (graphile-worker today) against the fastest relaybus dispatch.
+        // The fastest application-queue peer (graphile-worker or River) against the fastest relaybus dispatch.
         std::string best_peer, best_relay;
         double peer = NAN, relay = NAN;
         for (auto& n : order) {
             const Agg& a = agg[n];
-            if (a.cell.group != Group::Dispatch || a.cell.system != "graphile") continue;
+            if (a.cell.group != Group::Dispatch || (a.cell.system != "graphile" && a.cell.system != "river")) continue;
             double v = get(a.m, "rate");
             if (std::isfinite(v) && !(v <= peer)) {
                 peer = v;
@@ -413,7 +417,7 @@ std::string write_reports(const ReportInput& in) {
         md += strf("| dispatch >= 2x the fastest application-queue peer | %s | %s |\n",
                    std::isfinite(r) ? strf("%.2fx (%s %s/s / %s %s/s)", r, best_relay.c_str(), num(relay).c_str(),
                                            best_peer.c_str(), num(peer).c_str()).c_str()
-                                    : "– (needs a graphile and a relaybus dispatch cell, f1 unkeyed)",
+                                    : "– (needs a graphile or river and a relaybus dispatch cell, f1 unkeyed)",
                    !std::isfinite(r) ? "?" : (r >= 2 ? "yes" : "**no**"));
     }
     md += "\n";

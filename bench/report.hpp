@@ -29,6 +29,7 @@ struct ReportInput {
     std::vector<SampleResult> samples;
     double minutes = 0;
     std::string args;
+    std::vector<std::string> notes;  // e.g. "River: not installed (why)": peers whose cells were skipped
 };
 
 // Writes report.md and comparison.json into in.out_dir; returns the markdown.

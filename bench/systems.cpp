@@ -763,9 +763,127 @@ private:
     int concurrency_ = 0, local_queue_ = 0;
 };
 
+// River (Go, github.com/riverqueue/river with its pgx v5 driver; bench/river): jobs in
+// river_job, inserted by River's client (client.Insert for one per call, InsertManyFast,
+// COPY FROM, for 100) and worked by River clients with the settings of `river bench`
+// (FetchCooldown 2 ms, FetchPollInterval 20 ms, MaxWorkers 2,000). Both run in
+// bench/river's program (river-bench publish | work); its schema comes from rivermigrate.
+// Completed jobs stay in river_job as state 'completed' (River's retention, 24 h by
+// default, deletes them later), so a dispatch unit is an UPDATE, not a DELETE.
+class River : public System {
+public:
+    explicit River(std::string repo) : bin_(std::move(repo) + "/bench/river/river-bench") {}
+    std::string name() const override { return "river"; }
+
+    void install(Conn& setup) override {
+        std::string conninfo = std::string("host=") + PQhost(setup.raw()) + " port=" + PQport(setup.raw()) +
+                               " user=" + PQuser(setup.raw()) + " dbname=" + PQdb(setup.raw());
+        int st = 0;
+        std::string out = run_capture("BENCH_PG='" + conninfo + "' '" + bin_ + "' migrate 2>&1", &st);
+        if (st != 0) throw std::runtime_error("river-bench migrate failed:\n" + out);
+        version_ = trim(out);
+    }
+
+    std::vector<std::string> tables(const Cell&) const override { return {"public.river_job"}; }
+    std::string main_table(const Cell&) const override { return "public.river_job"; }
+    int rows_per_event(const Cell&) const override { return 1; }
+    // Working a job updates its row (state completed); nothing is deleted, so units are the workers' count.
+    bool pgstat_counts_units(const Cell& c) const override { return c.group != Group::Dispatch; }
+
+    void prepare(Conn& setup, Conn&, const Cell& c) override {
+        setup.exec("TRUNCATE river_job");
+        max_workers_ = c.concurrency;
+    }
+
+    // The rows client.InsertMany writes (River's defaults: queue default, priority 1,
+    // max_attempts 25, state available), straight from SQL: a backlog of hundreds of
+    // thousands through the client would take longer than the sample.
+    std::vector<std::string> preload_sql(const Cell& c, long long deliveries, bool* parallel) override {
+        *parallel = true;
+        std::vector<std::string> out;
+        const long long chunk = 10000;
+        for (long long from = 1; from <= deliveries; from += chunk) {
+            long long to = std::min(deliveries, from + chunk - 1);
+            out.push_back(strf("INSERT INTO river_job (args, kind, max_attempts, priority, queue, state, scheduled_at)"
+                               " SELECT %s, 'bench', 25, 1, 'default', 'available', now() FROM generate_series(%lld, %lld) AS i",
+                               sql_payload_expr("i").c_str(), from, to));
+        }
+        return out;
+    }
+
+    std::vector<ChildSpec> children(const Cell& c, const std::string& conninfo) override {
+        std::vector<ChildSpec> out;
+        if (c.group == Group::Publish) {
+            for (int i = 0; i < c.publishers; i++) {
+                ChildSpec s;
+                s.role = Role::External;
+                s.label = "pub-" + std::to_string(i);
+                s.conninfo = conninfo;
+                s.argv = {bin_, "publish"};
+                s.env = {"BENCH_PG=" + conninfo, strf("BENCH_BATCH=%d", c.batch), strf("BENCH_SEED=%u", seed_of(c, i))};
+                out.push_back(s);
+            }
+            return out;
+        }
+        for (int i = 0; i < c.consumers; i++) {
+            ChildSpec s;
+            s.role = Role::External;
+            s.label = "worker-" + std::to_string(i);
+            s.conninfo = conninfo;
+            s.argv = {bin_, "work"};
+            s.env = {"BENCH_PG=" + conninfo, strf("BENCH_MAX_WORKERS=%d", c.concurrency)};
+            out.push_back(s);
+        }
+        return out;
+    }
+
+    long long backlog(Conn& admin, const Cell& c) override {
+        if (c.group == Group::Publish) return admin.one_i64("SELECT count(*) FROM river_job");
+        return admin.one_i64("SELECT count(*) FROM river_job WHERE state = 'available'");
+    }
+
+    Json settings(Conn&) override {
+        Json j = Json::object();
+        j["river_version"] = version_;
+        if (max_workers_ == 0) return j;  // publish cells: no worker runs
+        j["MaxWorkers"] = max_workers_;
+        j["FetchCooldown_ms"] = 2;
+        j["FetchPollInterval_ms"] = 20;
+        j["pool_max_conns"] = 10;
+        return j;
+    }
+
+    bool checks_exactness(const Cell& c) const override { return c.group == Group::Dispatch; }
+
+    void expected(Conn& setup, const Cell&, std::vector<uint64_t>* ids) override {
+        Result r = setup.exec("SELECT id FROM river_job");
+        for (int i = 0; i < r.rows(); i++) ids->push_back(ident(r.i64(i, 0), 0));
+    }
+    // Pending: jobs not completed and without a failed attempt (a stopped client leaves none running).
+    void pending(Conn& setup, const Cell&, std::vector<PendingRow>* rows) override {
+        Result r = setup.exec("SELECT id FROM river_job WHERE state <> 'completed' AND errors IS NULL");
+        for (int i = 0; i < r.rows(); i++) rows->push_back(PendingRow{ident(r.i64(i, 0), 0), -1, -1});
+    }
+    // Dead: jobs with a failed attempt, discarded or cancelled (the job never fails, so any is a defect).
+    void dead(Conn& setup, const Cell&, std::vector<uint64_t>* ids) override {
+        Result r = setup.exec("SELECT id FROM river_job WHERE errors IS NOT NULL OR state IN ('discarded', 'cancelled')");
+        for (int i = 0; i < r.rows(); i++) ids->push_back(ident(r.i64(i, 0), 0));
+    }
+    std::string inject_loss(Conn& admin, const Cell&) override {
+        Result r = admin.exec("DELETE FROM river_job WHERE id = (SELECT max(id) FROM river_job WHERE state = 'available')"
+                              " RETURNING id");
+        return r.rows() == 0 ? "nothing to delete" : "deleted job " + r.str(0, 0);
+    }
+
+private:
+    std::string bin_, version_;
+    int max_workers_ = 0;
+};
+
 std::unique_ptr<System> make_relaybus() { return std::unique_ptr<System>(new Relaybus()); }
 std::unique_ptr<System> make_floor() { return std::unique_ptr<System>(new Floor()); }
 std::unique_ptr<System> make_pgq(const std::string& work_dir) { return std::unique_ptr<System>(new Pgq(work_dir)); }
 std::unique_ptr<System> make_graphile(const std::string& repo) { return std::unique_ptr<System>(new Graphile(repo)); }
+std::unique_ptr<System> make_river(const std::string& repo) { return std::unique_ptr<System>(new River(repo)); }
 
 }  // namespace bench

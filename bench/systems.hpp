@@ -72,6 +72,8 @@ std::unique_ptr<System> make_floor();
 // repo: the checkout (bench/graphile holds graphile-worker's package).
 std::unique_ptr<System> make_pgq(const std::string& work_dir);
 std::unique_ptr<System> make_graphile(const std::string& repo);
+// repo: bench/river holds River's Go program (built by the harness into bench/river/river-bench).
+std::unique_ptr<System> make_river(const std::string& repo);
 // "host=... port=... user=... dbname=..." as a postgres:// URL (for Node's pg).
 std::string conninfo_url(const std::string& conninfo);
 
