@@ -26,22 +26,30 @@ struct FrontierTable {
 
 FrontierTable* table = nullptr;
 
-// The handler's slot (created when create), or nullptr when the table is full.
-FrontierSlot* slot_of(int32 handler_id, bool create) {
+// The handler's slot (created when create), or nullptr when the table is
+// full: then the slot unused the longest (expired before stale_before) is
+// taken over. Slots are never emptied, so probe chains stay whole.
+FrontierSlot* slot_of(int32 handler_id, bool create, TimestampTz stale_before) {
     uint32 h = (static_cast<uint32>(MyDatabaseId) * 2654435761u) ^ (static_cast<uint32>(handler_id) * 40503u);
+    FrontierSlot* stale = nullptr;
     for (int probe = 0; probe < kSlots; probe++) {
         FrontierSlot* s = &table->slots[(h + probe) % kSlots];
         if (s->dboid == MyDatabaseId && s->handler_id == handler_id) return s;
         if (s->dboid == InvalidOid) {
-            if (!create) return nullptr;
-            memset(s, 0, sizeof(*s));
-            s->dboid = MyDatabaseId;
-            s->handler_id = handler_id;
-            return s;
+            stale = s;
+            break;
         }
+        if (s->valid_until < stale_before && (stale == nullptr || s->valid_until < stale->valid_until)) stale = s;
     }
-    return nullptr;
+    if (!create || stale == nullptr) return nullptr;
+    memset(stale, 0, sizeof(*stale));
+    stale->dboid = MyDatabaseId;
+    stale->handler_id = handler_id;
+    return stale;
 }
+
+// Slots of handlers nobody claimed for a minute may go to others.
+TimestampTz stale_cutoff() { return TimestampTzPlusMilliseconds(GetCurrentTimestamp(), -60000); }
 
 }  // namespace
 
@@ -61,7 +69,7 @@ void frontier_read(int32 handler_id, TimestampTz now, FrontierView* out) {
     out->head = true;
     if (table == nullptr) return;
     SpinLockAcquire(&table->mutex);
-    FrontierSlot* s = slot_of(handler_id, false);
+    FrontierSlot* s = slot_of(handler_id, false, 0);
     if (s != nullptr) {
         out->gen = s->gen;
         // Once it expired, one claim scans from the head; the others keep
@@ -79,8 +87,9 @@ void frontier_read(int32 handler_id, TimestampTz now, FrontierView* out) {
 
 void frontier_advance(int32 handler_id, const FrontierView& view, const int64 upto[4], TimestampTz now) {
     if (table == nullptr) return;
+    TimestampTz cutoff = TimestampTzPlusMilliseconds(now, -60000);
     SpinLockAcquire(&table->mutex);
-    FrontierSlot* s = slot_of(handler_id, view.head);
+    FrontierSlot* s = slot_of(handler_id, view.head, cutoff);
     if (s != nullptr && s->gen == view.gen) {
         if (view.head) {
             for (int p = 0; p < 4; p++) s->from[p] = upto[p];
@@ -94,10 +103,11 @@ void frontier_advance(int32 handler_id, const FrontierView& view, const int64 up
 
 void frontier_lower(int32 handler_id, int64 id) {
     if (table == nullptr) return;
+    TimestampTz cutoff = stale_cutoff();
     SpinLockAcquire(&table->mutex);
     // Created if missing: a claim scanning from the head right now must not
     // set a frontier past this row (its view has the old generation).
-    FrontierSlot* s = slot_of(handler_id, true);
+    FrontierSlot* s = slot_of(handler_id, true, cutoff);
     if (s != nullptr) {
         for (int p = 0; p < 4; p++) s->from[p] = Min(s->from[p], id);
         s->gen++;

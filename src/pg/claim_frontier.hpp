@@ -23,7 +23,7 @@
 
 namespace relaybus::pg {
 
-constexpr int kFrontierMs = 100;
+constexpr int kFrontierMs = 250;
 
 // A claim's view of its handler's frontier.
 struct FrontierView {

@@ -15,7 +15,7 @@
 #     at the next claim.
 # (c) A delivery whose publisher commits after later ones were claimed is
 #     claimed while the backlog ahead still lasts (within the frontier's
-#     100 ms), not after it.
+#     250 ms), not after it.
 # (d) A lease that expires behind a full backlog is handed over again (a
 #     second attempt) while the backlog lasts.
 # (e) A replayed dead letter (its old id) comes back at the next claim.
