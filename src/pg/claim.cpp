@@ -438,11 +438,9 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
         // Widen the window (x4) while the plan is short and a class may hold more.
         const int cap = guc_claim_scan_limit / 4 + 1;
         WindowHint* hint = window_hint(req->handler_id, max, req->per_key);
-        FrontierView view;
-        if (req->use_frontier)
-            frontier_read(req->handler_id, now, &view);
-        else
-            view.head = true;
+        FrontierView view = {};
+        view.head = true;
+        if (req->use_frontier) frontier_read(req->handler_id, now, &view);
         int64* chosen = static_cast<int64*>(palloc(sizeof(int64) * (max + 1)));
         int nchosen = 0;
         int64 rows_needed = 0;
