@@ -77,6 +77,19 @@ Cell disp_pull(bool tuned, int fanout, Keys k) {
     return c;
 }
 
+// Pull scaling (issue 14): `consumers` processes on one unkeyed handler, each
+// claiming `batch` (per_key 1), against the DELETE floor with as many processes
+// and the same rows per statement.
+Cell disp_pull_scale(int consumers, int batch) {
+    Cell c = disp_pull(false, 1, Keys::None);
+    c.profile = strf("c%d.b%d", consumers, batch);
+    c.consumers = consumers;
+    c.batch = batch;
+    c.name = strf("disp.relay.pull.%s.f1.unkeyed", c.profile.c_str());
+    c.floor = disp_floor("delete", consumers, batch).name;
+    return c;
+}
+
 // Notify: defaults = relaybus.batch_size 500; tuned = 2000. One LISTEN client per handler.
 Cell disp_notify(bool ack, int dispatchers, bool tuned, int fanout, Keys k) {
     Cell c;
@@ -251,6 +264,8 @@ std::vector<Cell> all_cells(bool full_matrix) {
         floors.push_back(disp_floor("delete", procs, 500));
         floors.push_back(disp_floor("delete+notify", procs, 500));
     }
+    for (int procs : {1, 4})
+        for (int bt : {100, 1000}) floors.push_back(disp_floor("delete", procs, bt));
 
     auto quick_pub = [](int p, int bt, int h, Keys k) {
         return p == 8 && h == 1 && ((k == Keys::None) || (bt == 1 && k == Keys::Distinct1000));
@@ -276,6 +291,9 @@ std::vector<Cell> all_cells(bool full_matrix) {
             add_with_floor(b, disp_pull(tuned, 1, k), floors, !tuned && k == Keys::None);
         add_with_floor(b, disp_pull(tuned, 5, Keys::None), floors, false);
     }
+    // Pull with 1 and 4 consumers at 100 and 1,000 per claim, each beside its floor.
+    for (int bt : {100, 1000})
+        for (int n : {1, 4}) add_with_floor(b, disp_pull_scale(n, bt), floors, false);
     for (int d : {1, 2, 4})
         for (bool tuned : {false, true})
             add_with_floor(b, disp_notify(false, d, tuned, 1, Keys::None), floors,

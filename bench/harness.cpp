@@ -376,7 +376,7 @@ public:
             std::string kind_d = kind + strf("/d%d", c.dispatchers);
             double def = 30000;
             if (c.system == "floor") def = (c.variant == "delete+notify" ? 45000 : 60000) * std::sqrt(double(c.consumers));
-            else if (c.variant == "pull") def = c.profile == "tuned" ? 40000 : 25000;
+            else if (c.variant == "pull") def = c.profile == "tuned" ? 40000 : 25000 * std::sqrt(double(c.consumers));
             else if (c.variant == "notify-ack") def = 30000;
             else if (c.variant == "notify-fire") def = 32000 * std::sqrt(double(std::max(1, c.dispatchers)));
             else if (c.system == "pgq") def = c.batch >= 5000 ? 180000 : 60000;  // reading writes nothing: fast

@@ -23,6 +23,7 @@
 #include "pg/complete.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/claim.hpp"
+#include "pg/claim_frontier.hpp"
 #include "pg/guard.hpp"
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
@@ -53,6 +54,15 @@ namespace relaybus::pg {
 static SavedPlan scan_plan = {ALL_CLASSES(""), 2, {INT4OID, INT4OID}, nullptr, PlanShape::IndexScans};
 static SavedPlan scan_lanes_plan = {ALL_CLASSES(" AND lane = ANY ($3)"), 3,
                                     {INT4OID, INT4OID, INT2ARRAYOID}, nullptr, PlanShape::IndexScans};
+// relay_claim of a busy pull handler starts each class at its frontier
+// (claim_frontier.hpp): `id >= $n` after `priority >= p` positions the index
+// descent there, past the rows in flight and the entries of acked ones.
+#define FROM_CLASSES                                                                              \
+    "SELECT id, priority, key, not_before FROM (" CLASS_SCAN(3, " AND id >= $3") " UNION ALL "       \
+    CLASS_SCAN(2, " AND id >= $4") " UNION ALL " CLASS_SCAN(1, " AND id >= $5") " UNION ALL "         \
+    CLASS_SCAN(0, " AND id >= $6") ") s"
+static SavedPlan scan_from_plan = {FROM_CLASSES, 6, {INT4OID, INT4OID, INT8OID, INT8OID, INT8OID, INT8OID}, nullptr,
+                                   PlanShape::IndexScans};
 
 // Key heads: the first per_key deliveries (by seq) of up to $2 keys, found by
 // walking deliveries_key one key at a time (one index descent per key) instead
@@ -165,10 +175,17 @@ static void read_scanned(int window, TimestampTz now, bool take_notified, Scanne
     }
 }
 
-static void scan(int32 handler_id, int window, Datum lanes, TimestampTz now, bool take_notified,
-                 ScannedRows* out) {
-    Datum values[3] = {Int32GetDatum(handler_id), Int32GetDatum(window), lanes};
-    spi_exec_latest(lanes == (Datum)0 ? &scan_plan : &scan_lanes_plan, values, nullptr, true, 0);
+// from: per class the first id to read (nullptr: from the head).
+static void scan(int32 handler_id, int window, Datum lanes, const int64* from, TimestampTz now,
+                 bool take_notified, ScannedRows* out) {
+    if (from != nullptr) {
+        Datum values[6] = {Int32GetDatum(handler_id), Int32GetDatum(window), Int64GetDatum(from[3]),
+                           Int64GetDatum(from[2]),    Int64GetDatum(from[1]), Int64GetDatum(from[0])};
+        spi_exec_latest(&scan_from_plan, values, nullptr, true, 0);
+    } else {
+        Datum values[3] = {Int32GetDatum(handler_id), Int32GetDatum(window), lanes};
+        spi_exec_latest(lanes == (Datum)0 ? &scan_plan : &scan_lanes_plan, values, nullptr, true, 0);
+    }
     read_scanned(window, now, take_notified, out);
 }
 
@@ -219,6 +236,7 @@ struct WindowHint {
     int max;
     int per_key;
     int window;  // 0 = none
+    int window_front;  // the same for scans from the frontier (0 = none)
     uint32 claims;
 };
 static WindowHint window_hints[16];
@@ -226,7 +244,7 @@ static WindowHint window_hints[16];
 static WindowHint* window_hint(int32 handler_id, int max, int per_key) {
     WindowHint* h = &window_hints[static_cast<uint32>(handler_id) % lengthof(window_hints)];
     if (h->handler_id != handler_id || h->max != max || h->per_key != per_key) {
-        *h = WindowHint{handler_id, max, per_key, 0, 0};
+        *h = WindowHint{handler_id, max, per_key, 0, 0, 0};
     }
     return h;
 }
@@ -370,6 +388,31 @@ static void charge_expired(const ScannedRows& rows, TimestampTz now) {
         if (marked[i]) (void)nack_delivery(ids[i], error, -1, 0, false, true);
 }
 
+// After leasing: per class, every scanned row below the first one that was
+// free and not chosen (not ready, behind its key's head, an expired lease
+// being charged) was taken by this claim or held by another; past the last
+// scanned row nothing was seen. The frontier may move up to there.
+static void advance_frontier(int32 handler_id, const FrontierView& view, const ScannedRows& rows,
+                             const int64* chosen, int nchosen, TimestampTz now) {
+    int64* sorted = static_cast<int64*>(palloc(sizeof(int64) * (nchosen + 1)));
+    memcpy(sorted, chosen, sizeof(int64) * nchosen);
+    qsort(sorted, nchosen, sizeof(int64), cmp_int64);
+    int64 first_free[4] = {PG_INT64_MAX, PG_INT64_MAX, PG_INT64_MAX, PG_INT64_MAX};
+    int64 last[4] = {-1, -1, -1, -1};
+    for (int i = 0; i < rows.n; i++) {
+        int p = std::clamp(rows.priority[i], 0, 3);
+        last[p] = std::max(last[p], rows.ids[i]);
+        // Chosen and lost to a concurrent claimer counts as held.
+        bool passed = (rows.leased[i] && !rows.expired[i]) ||
+                      bsearch(&rows.ids[i], sorted, nchosen, sizeof(int64), cmp_int64) != nullptr;
+        if (!passed) first_free[p] = std::min(first_free[p], rows.ids[i]);
+    }
+    int64 upto[4];
+    for (int p = 0; p < 4; p++)
+        upto[p] = last[p] < 0 ? view.from[p] : std::min(first_free[p], last[p] + 1);
+    frontier_advance(handler_id, view, upto, now);
+}
+
 void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
     TimestampTz now = GetCurrentTimestamp();
     int64 now_ms = timestamptz_to_epoch_ms(now);
@@ -395,8 +438,9 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
         // Widen the window (x4) while the plan is short and a class may hold more.
         const int cap = guc_claim_scan_limit / 4 + 1;
         WindowHint* hint = window_hint(req->handler_id, max, req->per_key);
-        int window = hint->window > 0 ? std::min(hint->window, cap)
-                                      : std::max(64, std::min(max * 4, guc_claim_scan_limit / 4));
+        FrontierView view = {};
+        view.head = true;
+        if (req->use_frontier) frontier_read(req->handler_id, now, &view);
         int64* chosen = static_cast<int64*>(palloc(sizeof(int64) * (max + 1)));
         int nchosen = 0;
         int64 rows_needed = 0;
@@ -404,52 +448,66 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
         bool more_keys = false;
         ScannedRows heads;
         ScannedRows rows;
-        for (;;) {
-            scan(req->handler_id, window, lanes, now, req->take_notified, &rows);
-            if (heads_added) add_rows(&rows, heads);
-            out->next_ready_ms = 0;
-            for (int i = 0; i < rows.n; i++)
-                if (rows.ready_at_ms[i] >= now_ms && !rows.leased[i] &&
-                    (out->next_ready_ms == 0 || rows.ready_at_ms[i] < out->next_ready_ms))
-                    out->next_ready_ms = rows.ready_at_ms[i];
-            PlanStats st;
-            nchosen = plan(rows, max, req->per_key, now_ms, &st, chosen);
-            rows_needed = st.rows_needed;
-            if (nchosen >= max || !st.may_have_more) break;
-            // Short, and a few keys' runs fill the window (hot keys: 4 or more
-            // rows per key): behind a key's first per_key rows its run is of
-            // no use to this claim, and a wider window would mostly read more
-            // of it. Add the heads of the keys instead (one index descent per
-            // key) and plan again over both.
-            if (!heads_added && st.distinct_keys > 0 && st.keyed_rows >= 4 * st.distinct_keys) {
-                more_keys = key_heads(req->handler_id, std::max(64, 2 * max), req->per_key, lanes, now,
-                                      req->take_notified, &heads);
-                heads_added = true;
-                add_rows(&rows, heads);
+        for (;;) {  // from the frontier, then (when that came back short) from the head
+            int& hinted = view.head ? hint->window : hint->window_front;
+            int window = hinted > 0 ? std::min(hinted, cap)
+                                    : std::max(64, std::min(max * 4, guc_claim_scan_limit / 4));
+            heads_added = more_keys = false;
+            bool exhausted = false;  // every row ahead was seen
+            for (;;) {
+                scan(req->handler_id, window, lanes, view.head ? nullptr : view.from, now, req->take_notified,
+                     &rows);
+                if (heads_added) add_rows(&rows, heads);
+                out->next_ready_ms = 0;
+                for (int i = 0; i < rows.n; i++)
+                    if (rows.ready_at_ms[i] >= now_ms && !rows.leased[i] &&
+                        (out->next_ready_ms == 0 || rows.ready_at_ms[i] < out->next_ready_ms))
+                        out->next_ready_ms = rows.ready_at_ms[i];
+                PlanStats st;
                 nchosen = plan(rows, max, req->per_key, now_ms, &st, chosen);
+                rows_needed = st.rows_needed;
+                exhausted = !st.may_have_more;
+                if (nchosen >= max || !st.may_have_more) break;
+                // Short, and a few keys' runs fill the window (hot keys: 4 or more
+                // rows per key): behind a key's first per_key rows its run is of
+                // no use to this claim, and a wider window would mostly read more
+                // of it. Add the heads of the keys instead (one index descent per
+                // key) and plan again over both.
+                if (!heads_added && st.distinct_keys > 0 && st.keyed_rows >= 4 * st.distinct_keys) {
+                    more_keys = key_heads(req->handler_id, std::max(64, 2 * max), req->per_key, lanes, now,
+                                          req->take_notified, &heads);
+                    heads_added = true;
+                    add_rows(&rows, heads);
+                    nchosen = plan(rows, max, req->per_key, now_ms, &st, chosen);
+                }
+                // Every key's head has been seen: only unkeyed rows or keys past
+                // the walk's limit can still be found further on. Unkeyed rows
+                // behind the hot runs are looked for (by widening as before) when
+                // the window holds some, and on every 16th claim of the handler,
+                // so that they wait a few claims at most, never for the runs.
+                if (heads_added &&
+                    (nchosen >= max || (st.unkeyed_rows == 0 && !more_keys && hint->claims % 16 != 0)))
+                    break;
+                if (window * 4 >= guc_claim_scan_limit) break;
+                // From a hint the window is usually close: double it; from a cold
+                // start quadruple it, as before.
+                window = std::min(window * (hinted > 0 ? 2 : 4), cap);
             }
-            // Every key's head has been seen: only unkeyed rows or keys past
-            // the walk's limit can still be found further on. Unkeyed rows
-            // behind the hot runs are looked for (by widening as before) when
-            // the window holds some, and on every 16th claim of the handler,
-            // so that they wait a few claims at most, never for the runs.
-            if (heads_added &&
-                (nchosen >= max || (st.unkeyed_rows == 0 && !more_keys && hint->claims % 16 != 0)))
-                break;
-            if (window * 4 >= guc_claim_scan_limit) break;
-            // From a hint the window is usually close: double it; from a cold
-            // start quadruple it, as before.
-            window = std::min(window * (hint->window > 0 ? 2 : 4), cap);
+            // With hot keys the heads do the finding; the window only has to
+            // cover unkeyed and old rows: start the next one at max.
+            if (heads_added) rows_needed = std::min<int64>(rows_needed, max);
+            // Next time start a little past what this claim needed; grow at once,
+            // shrink slowly: a concurrent claimer's leases come and go, and a
+            // window that shrank below them would cost a second scan.
+            int target = static_cast<int>(std::min<int64>(rows_needed + rows_needed / 8 + 8, cap));
+            hinted = std::max(target, hinted - hinted / 16);
+            // Nothing more ahead of the frontier: look behind it too. (Short
+            // because the rows ahead are held by concurrent claimers: not.)
+            if (view.head || nchosen >= max || !exhausted) break;
+            view.head = true;
+            for (int64& f : view.from) f = 0;
         }
-        // With hot keys the heads do the finding; the window only has to
-        // cover unkeyed and old rows: start the next one at max.
-        if (heads_added) rows_needed = std::min<int64>(rows_needed, max);
-        // Next time start a little past what this claim needed; grow at once,
-        // shrink slowly: a concurrent claimer's leases come and go, and a
-        // window that shrank below them would cost a second scan.
         hint->claims++;
-        int target = static_cast<int>(std::min<int64>(rows_needed + rows_needed / 8 + 8, cap));
-        hint->window = std::max(target, hint->window - hint->window / 16);
         charge_expired(rows, now);
         if (nchosen == 0) return;
 
@@ -457,6 +515,9 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
         LeaseToken* tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * nchosen));
         int taken = leases_acquire(chosen, nchosen, req->handler_id, req->kind, now, until, req->take_notified,
                                    XactReadOnly, got, tokens);
+        // Before the fetch: a concurrent claimer (or this one's next round)
+        // starts past these leases at once.
+        if (req->use_frontier && !heads_added) advance_frontier(req->handler_id, view, rows, chosen, nchosen, now);
         if (taken == 0) {
             if (round < 2) continue;
             return;
@@ -484,7 +545,20 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
                 give_back[ngive++] = chosen[i];
             }
         leases_release(give_back, give_tokens, ngive);
-        if (nout == 0 && taken < nchosen && round < 2) continue;
+        int fetched = static_cast<int>(SPI_processed);
+        // Rows given back that are still there (not ready, or behind their
+        // key's head) are claimable again below the frontier.
+        if (req->use_frontier && ngive > 0) {
+            int64* present = static_cast<int64*>(palloc(sizeof(int64) * (fetched + 1)));
+            for (int r = 0; r < fetched; r++) present[r] = spi_int64(r, 1);
+            qsort(present, fetched, sizeof(int64), cmp_int64);
+            for (int i = 0; i < ngive; i++)
+                if (bsearch(&give_back[i], present, fetched, sizeof(int64), cmp_int64) != nullptr)
+                    frontier_lower(req->handler_id, give_back[i]);
+        }
+        // Nothing left: rows lost to a concurrent claimer, or gone (acked
+        // after this claim's scan, before its lease lookup): look again.
+        if (nout == 0 && (taken < nchosen || fetched < taken) && round < 2) continue;
         // The receipts in hand-over order.
         IdToken* by_id = static_cast<IdToken*>(palloc(sizeof(IdToken) * nchosen));
         for (int i = 0; i < nchosen; i++) by_id[i] = IdToken{chosen[i], tokens[i]};
@@ -540,6 +614,7 @@ RELAYBUS_SQL_FUNCTION(relay_claim) {
     ClaimRequest req = {};
     req.kind = LeaseKind::Claim;
     req.take_notified = notify_ack;
+    req.use_frontier = h->kind == core::HandlerKind::Pull;
     req.handler_id = h->id;
     req.max = max;
     req.per_key = per_key;

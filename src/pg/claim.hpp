@@ -22,6 +22,7 @@ struct ClaimRequest {
     bool with_notify_json;
     LeaseKind kind;      // who the leases are for
     bool take_notified;  // relay_claim of an ack-mode notify handler: take over unacked NOTIFYs
+    bool use_frontier;   // relay_claim of a pull handler: start at the claim frontier (claim_frontier.hpp)
 };
 
 struct ClaimResult {

@@ -16,6 +16,7 @@
 #include "core/webhook_delivery.hpp"
 #include "pg/boundary.hpp"
 #include "pg/catalog_cache.hpp"
+#include "pg/claim_frontier.hpp"
 #include "pg/guard.hpp"
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
@@ -127,6 +128,8 @@ const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms, int status, 
         spi_exec_latest(&retry_plan, values, nulls, false, 0);
         outcome = "retry";
     }
+    // A retry is claimable again (from its not_before) below where claims start.
+    if (outcome[0] == 'r') frontier_lower(handler_id, id);
     count_retried(MyDatabaseId, handler_id, outcome[0] == 'd');
     if (outcome[0] == 'd') count_pending_at_commit(handler_id, -1);
     return outcome;

@@ -1,6 +1,7 @@
 #include "pg/pending_counter.hpp"
 
 #include "pg/boundary.hpp"
+#include "pg/claim_frontier.hpp"
 #include "pg/spi_support.hpp"
 #include "pg/worker_state.hpp"
 
@@ -69,6 +70,7 @@ RELAYBUS_SQL_FUNCTION(relay_recount_pending) {
     Oid extension = get_extension_oid("relaybus", false);
     LockRelationOid(deliveries_oid(), ShareLock);
     count_locked(extension);
+    frontier_forget(0);
     PG_RETURN_VOID();
 }
 
@@ -77,5 +79,7 @@ RELAYBUS_SQL_FUNCTION(relay_recount_pending) {
 RELAYBUS_SQL_FUNCTION(relay_count_pending) {
     if (PG_ARGISNULL(0) || PG_ARGISNULL(1)) PG_RETURN_VOID();
     count_pending_at_commit(PG_GETARG_INT32(0), PG_GETARG_INT64(1));
+    // Rows came back with their old ids (relay_replay): claims look from the head.
+    if (PG_GETARG_INT64(1) > 0) frontier_forget(PG_GETARG_INT32(0));
     PG_RETURN_VOID();
 }

@@ -1,5 +1,6 @@
 #include "pg/shared_state.hpp"
 
+#include "pg/claim_frontier.hpp"
 #include "pg/leases.hpp"
 #include "pg/worker_state.hpp"
 
@@ -11,6 +12,7 @@ void request_shared_memory() {
     RequestAddinShmemSpace(MAXALIGN(sizeof(SharedState)));
     RequestAddinShmemSpace(leases_shmem_size());
     RequestAddinShmemSpace(worker_state_size());
+    RequestAddinShmemSpace(claim_frontier_shmem_size());
     RequestNamedLWLockTranche("relaybus", 2);
 }
 
@@ -23,6 +25,7 @@ void init_shared_memory() {
         pg_atomic_init_u64(&shared->catalog_generation, 1);
     }
     leases_shmem_init();
+    claim_frontier_shmem_init();
     bool workers_found = false;
     workers = static_cast<WorkerState*>(ShmemInitStruct("relaybus workers", worker_state_size(), &workers_found));
     worker_state_init(workers_found);

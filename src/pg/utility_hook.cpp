@@ -18,6 +18,7 @@
 //   the dispatchers alone.
 
 #include "pg/pg_includes.hpp"
+#include "pg/claim_frontier.hpp"
 #include "pg/leases.hpp"
 #include "pg/worker_state.hpp"
 
@@ -91,7 +92,10 @@ static bool is_copy_into_deliveries(Node* stmt) {
 }
 
 void utility_at_xact_end(bool commit) {
-    if (deliveries_copied && commit) forget_pending_counts(MyDatabaseId);
+    if (deliveries_copied && commit) {
+        forget_pending_counts(MyDatabaseId);
+        frontier_forget(0);  // rows with any id arrived
+    }
     deliveries_copied = false;
     if (extension_changed_level > 0 && commit && workers != nullptr) {
         LWLockAcquire(workers->lock, LW_EXCLUSIVE);
@@ -99,6 +103,7 @@ void utility_at_xact_end(bool commit) {
         LWLockRelease(workers->lock);
         // Delivery ids start again in a new extension: leases of the old one must not block them.
         leases_purge_database(MyDatabaseId);
+        frontier_forget(0);
         wake_launcher();
     }
     extension_changed_level = 0;

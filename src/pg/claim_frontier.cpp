@@ -1,0 +1,130 @@
+#include "pg/claim_frontier.hpp"
+
+extern "C" {
+#include "storage/spin.h"
+}
+
+namespace relaybus::pg {
+
+namespace {
+
+constexpr int kSlots = 256;
+
+struct FrontierSlot {
+    Oid dboid;  // InvalidOid: free
+    int32 handler_id;
+    int64 from[4];
+    uint64 gen;
+    TimestampTz valid_until;  // 0: no frontier
+    TimestampTz head_until;   // a claim is scanning from the head until then (at most)
+};
+
+struct FrontierTable {
+    slock_t mutex;  // a few loads and stores under it, never a call
+    FrontierSlot slots[kSlots];
+};
+
+FrontierTable* table = nullptr;
+
+// The handler's slot (created when create), or nullptr when the table is
+// full: then the slot unused the longest (expired before stale_before) is
+// taken over. Slots are never emptied, so probe chains stay whole.
+FrontierSlot* slot_of(int32 handler_id, bool create, TimestampTz stale_before) {
+    uint32 h = (static_cast<uint32>(MyDatabaseId) * 2654435761u) ^ (static_cast<uint32>(handler_id) * 40503u);
+    FrontierSlot* stale = nullptr;
+    for (int probe = 0; probe < kSlots; probe++) {
+        FrontierSlot* s = &table->slots[(h + probe) % kSlots];
+        if (s->dboid == MyDatabaseId && s->handler_id == handler_id) return s;
+        if (s->dboid == InvalidOid) {
+            stale = s;
+            break;
+        }
+        if (s->valid_until < stale_before && (stale == nullptr || s->valid_until < stale->valid_until)) stale = s;
+    }
+    if (!create || stale == nullptr) return nullptr;
+    memset(stale, 0, sizeof(*stale));
+    stale->dboid = MyDatabaseId;
+    stale->handler_id = handler_id;
+    return stale;
+}
+
+// Slots of handlers nobody claimed for a minute may go to others.
+TimestampTz stale_cutoff() { return TimestampTzPlusMilliseconds(GetCurrentTimestamp(), -60000); }
+
+}  // namespace
+
+Size claim_frontier_shmem_size() { return MAXALIGN(sizeof(FrontierTable)); }
+
+void claim_frontier_shmem_init() {
+    bool found = false;
+    table = static_cast<FrontierTable*>(ShmemInitStruct("relaybus claim frontier", sizeof(FrontierTable), &found));
+    if (!found) {
+        memset(table, 0, sizeof(*table));
+        SpinLockInit(&table->mutex);
+    }
+}
+
+void frontier_read(int32 handler_id, TimestampTz now, FrontierView* out) {
+    memset(out, 0, sizeof(*out));
+    out->head = true;
+    if (table == nullptr) return;
+    SpinLockAcquire(&table->mutex);
+    FrontierSlot* s = slot_of(handler_id, false, 0);
+    if (s != nullptr) {
+        out->gen = s->gen;
+        // Once it expired, one claim scans from the head; the others keep
+        // using it meanwhile (with 4 consumers all 4 used to, at once).
+        bool renewing = s->valid_until != 0 && now < s->head_until;
+        if (now < s->valid_until || renewing) {
+            out->head = false;
+            for (int p = 0; p < 4; p++) out->from[p] = s->from[p];
+        } else {
+            s->head_until = TimestampTzPlusMilliseconds(now, kFrontierMs);
+        }
+    }
+    SpinLockRelease(&table->mutex);
+}
+
+void frontier_advance(int32 handler_id, const FrontierView& view, const int64 upto[4], TimestampTz now) {
+    if (table == nullptr) return;
+    TimestampTz cutoff = TimestampTzPlusMilliseconds(now, -60000);
+    SpinLockAcquire(&table->mutex);
+    FrontierSlot* s = slot_of(handler_id, view.head, cutoff);
+    if (s != nullptr && s->gen == view.gen) {
+        if (view.head) {
+            for (int p = 0; p < 4; p++) s->from[p] = upto[p];
+            s->valid_until = TimestampTzPlusMilliseconds(now, kFrontierMs);
+        } else if (s->valid_until != 0) {
+            for (int p = 0; p < 4; p++) s->from[p] = Max(s->from[p], upto[p]);
+        }
+    }
+    SpinLockRelease(&table->mutex);
+}
+
+void frontier_lower(int32 handler_id, int64 id) {
+    if (table == nullptr) return;
+    TimestampTz cutoff = stale_cutoff();
+    SpinLockAcquire(&table->mutex);
+    // Created if missing: a claim scanning from the head right now must not
+    // set a frontier past this row (its view has the old generation).
+    FrontierSlot* s = slot_of(handler_id, true, cutoff);
+    if (s != nullptr) {
+        for (int p = 0; p < 4; p++) s->from[p] = Min(s->from[p], id);
+        s->gen++;
+    }
+    SpinLockRelease(&table->mutex);
+}
+
+void frontier_forget(int32 handler_id) {
+    if (table == nullptr) return;
+    SpinLockAcquire(&table->mutex);
+    for (int i = 0; i < kSlots; i++) {
+        FrontierSlot* s = &table->slots[i];
+        if (s->dboid != MyDatabaseId || (handler_id != 0 && s->handler_id != handler_id)) continue;
+        s->valid_until = 0;
+        s->gen++;
+    }
+    SpinLockRelease(&table->mutex);
+}
+
+}  // namespace relaybus::pg
