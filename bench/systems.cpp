@@ -652,6 +652,20 @@ private:
 // with add_job / add_jobs, run by its Node runner (bench/graphile/worker.mjs) with the
 // settings of its performance page: concurrentJobs 24, localQueue.size 500,
 // completeJobBatchDelay 0, failJobBatchDelay 0, useNodeTime, prepared statements.
+// The job-table peers (graphile-worker, River): exactness from one id query each.
+static void job_ids(Conn& c, const char* sql, std::vector<uint64_t>* ids) {
+    Result r = c.exec(sql);
+    for (int i = 0; i < r.rows(); i++) ids->push_back(ident(r.i64(i, 0), 0));
+}
+static void pending_jobs(Conn& c, const char* sql, std::vector<PendingRow>* rows) {
+    Result r = c.exec(sql);
+    for (int i = 0; i < r.rows(); i++) rows->push_back(PendingRow{ident(r.i64(i, 0), 0), -1, -1});
+}
+static std::string delete_one_job(Conn& c, const char* sql) {
+    Result r = c.exec(sql);
+    return r.rows() == 0 ? "nothing to delete" : "deleted job " + r.str(0, 0);
+}
+
 class Graphile : public System {
 public:
     explicit Graphile(std::string repo) : dir_(std::move(repo) + "/bench/graphile") {}
@@ -737,25 +751,20 @@ public:
     }
 
     bool checks_exactness(const Cell& c) const override { return c.group == Group::Dispatch; }
-
     void expected(Conn& setup, const Cell&, std::vector<uint64_t>* ids) override {
-        Result r = setup.exec("SELECT id FROM graphile_worker._private_jobs");
-        for (int i = 0; i < r.rows(); i++) ids->push_back(ident(r.i64(i, 0), 0));
+        job_ids(setup, "SELECT id FROM graphile_worker._private_jobs", ids);
     }
     // Pending: jobs still in the table (the runner releases the ones it had locked when it stops).
     void pending(Conn& setup, const Cell&, std::vector<PendingRow>* rows) override {
-        Result r = setup.exec("SELECT id FROM graphile_worker._private_jobs WHERE last_error IS NULL");
-        for (int i = 0; i < r.rows(); i++) rows->push_back(PendingRow{ident(r.i64(i, 0), 0), -1, -1});
+        pending_jobs(setup, "SELECT id FROM graphile_worker._private_jobs WHERE last_error IS NULL", rows);
     }
     // Dead: jobs that failed an attempt (the task never fails, so any is a defect).
     void dead(Conn& setup, const Cell&, std::vector<uint64_t>* ids) override {
-        Result r = setup.exec("SELECT id FROM graphile_worker._private_jobs WHERE last_error IS NOT NULL");
-        for (int i = 0; i < r.rows(); i++) ids->push_back(ident(r.i64(i, 0), 0));
+        job_ids(setup, "SELECT id FROM graphile_worker._private_jobs WHERE last_error IS NOT NULL", ids);
     }
     std::string inject_loss(Conn& admin, const Cell&) override {
-        Result r = admin.exec("DELETE FROM graphile_worker._private_jobs WHERE id = (SELECT max(id) FROM"
-                              " graphile_worker._private_jobs) RETURNING id");
-        return r.rows() == 0 ? "nothing to delete" : "deleted job " + r.str(0, 0);
+        return delete_one_job(admin, "DELETE FROM graphile_worker._private_jobs WHERE id = (SELECT max(id) FROM"
+                                     " graphile_worker._private_jobs) RETURNING id");
     }
 
 private:
@@ -854,25 +863,20 @@ public:
     }
 
     bool checks_exactness(const Cell& c) const override { return c.group == Group::Dispatch; }
-
     void expected(Conn& setup, const Cell&, std::vector<uint64_t>* ids) override {
-        Result r = setup.exec("SELECT id FROM river_job");
-        for (int i = 0; i < r.rows(); i++) ids->push_back(ident(r.i64(i, 0), 0));
+        job_ids(setup, "SELECT id FROM river_job", ids);
     }
     // Pending: jobs not completed and without a failed attempt (a stopped client leaves none running).
     void pending(Conn& setup, const Cell&, std::vector<PendingRow>* rows) override {
-        Result r = setup.exec("SELECT id FROM river_job WHERE state <> 'completed' AND errors IS NULL");
-        for (int i = 0; i < r.rows(); i++) rows->push_back(PendingRow{ident(r.i64(i, 0), 0), -1, -1});
+        pending_jobs(setup, "SELECT id FROM river_job WHERE state <> 'completed' AND errors IS NULL", rows);
     }
     // Dead: jobs with a failed attempt, discarded or cancelled (the job never fails, so any is a defect).
     void dead(Conn& setup, const Cell&, std::vector<uint64_t>* ids) override {
-        Result r = setup.exec("SELECT id FROM river_job WHERE errors IS NOT NULL OR state IN ('discarded', 'cancelled')");
-        for (int i = 0; i < r.rows(); i++) ids->push_back(ident(r.i64(i, 0), 0));
+        job_ids(setup, "SELECT id FROM river_job WHERE errors IS NOT NULL OR state IN ('discarded', 'cancelled')", ids);
     }
     std::string inject_loss(Conn& admin, const Cell&) override {
-        Result r = admin.exec("DELETE FROM river_job WHERE id = (SELECT max(id) FROM river_job WHERE state = 'available')"
-                              " RETURNING id");
-        return r.rows() == 0 ? "nothing to delete" : "deleted job " + r.str(0, 0);
+        return delete_one_job(admin, "DELETE FROM river_job WHERE id = (SELECT max(id) FROM river_job"
+                                     " WHERE state = 'available') RETURNING id");
     }
 
 private:

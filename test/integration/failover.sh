@@ -212,15 +212,22 @@ EOF
 }
 
 # notify: every committed event, per key in seq order.
-analyze --published "$TMP/committed" "$TMP/client.out" || die "deliveries.py: $(cat "$TMP/client.err")"
-check_eq "notify: no committed event missing" 0 "${R[missing]}"
-check_eq "notify: no event that was not committed" 0 "${R[extra]}"
-check_eq "notify: every key's seqs 1..n, keys as published" "0|0" "${R[seq_gap_keys]}|${R[key_mismatch]}"
-notify_dups=${R[dups]}
-first_order "$TMP/client.out"
-check_eq "notify: per key, first receipts in seq order" 0 "${R[first_order_violations]}"
-notify_back=${R[resent_behind]}
-check_eq "notify: re-sent only what was in flight (none behind a later seq of its key)" 0 "$notify_back"
+# received KIND FILE: every committed event once at least, per key in seq order;
+# sets DUPS and BEHIND (re-sends after a later seq of their key).
+received() {
+    local kind=$1 file=$2
+    analyze --published "$TMP/committed" "$file" || die "deliveries.py on $file"
+    check_eq "$kind: no committed event missing" 0 "${R[missing]}"
+    check_eq "$kind: no event that was not committed" 0 "${R[extra]}"
+    check_eq "$kind: every key's seqs 1..n, keys as published" "0|0" "${R[seq_gap_keys]}|${R[key_mismatch]}"
+    DUPS=${R[dups]}
+    first_order "$file"
+    check_eq "$kind: per key, first receipts in seq order" 0 "${R[first_order_violations]}"
+    BEHIND=${R[resent_behind]}
+    check_eq "$kind: re-sent only what was in flight (none behind a later seq of its key)" 0 "$BEHIND"
+}
+received notify "$TMP/client.out"
+notify_dups=$DUPS notify_back=$BEHIND
 
 # http: the receiver's records as listen_client lines, through the same analysis.
 PYTHONPATH="$INTEG_DIR" python3 - "$TMP/r.log" >"$TMP/http.out" <<'EOF'
@@ -229,15 +236,8 @@ import http_log
 for r in http_log.records(sys.argv[1], "/fo"):
     print(f"0\t{json.dumps(r['env'])}\tt={r['t']}")
 EOF
-analyze --published "$TMP/committed" "$TMP/http.out" || die "deliveries.py on the http log"
-check_eq "http: no committed event missing" 0 "${R[missing]}"
-check_eq "http: no event that was not committed" 0 "${R[extra]}"
-check_eq "http: every key's seqs 1..n, keys as published" "0|0" "${R[seq_gap_keys]}|${R[key_mismatch]}"
-http_dups=${R[dups]}
-first_order "$TMP/http.out"
-check_eq "http: per key, first receipts in seq order" 0 "${R[first_order_violations]}"
-http_back=${R[resent_behind]}
-check_eq "http: re-sent only what was in flight (none behind a later seq of its key)" 0 "$http_back"
+received http "$TMP/http.out"
+http_dups=$DUPS http_back=$BEHIND
 
 # Promotion to first delivery: the first notification or request after pg_promote().
 first=$(python3 - "$promoted_at" "$TMP/client.out" "$TMP/http.out" <<'EOF'

@@ -37,12 +37,7 @@ sleep 0.3
 kill_t=$(date +%s.%N)
 log "kill -9 of dispatcher $old_dispatcher with $(recv_count "$LOG" /slow) requests received"
 kill -9 "$old_dispatcher"
-server_ready() { pg_isready -q -d postgres -t 1; }
-sleep 1
-check "the server comes back" wait_until 60 server_ready
-check "a new dispatcher serves the database" wait_workers "$db" 1 30
-new_dispatcher=$(sql "$db" "SELECT pid FROM relay.workers")
-check "it is a new process ($old_dispatcher -> $new_dispatcher)" test -n "$new_dispatcher" -a "$new_dispatcher" != "$old_dispatcher"
+after_dispatcher_kill "$db" "$old_dispatcher"
 check "every delivery is completed in the end (relay.deliveries empty)" wait_until 60 none_pending "$db" slow
 sleep 0.5
 check_eq "nothing is dead" 0 "$(dead_of "$db" slow)"

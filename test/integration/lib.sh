@@ -179,6 +179,18 @@ workers_ready() {
 # wait_workers DB [N] [TIMEOUT]
 wait_workers() { wait_until "${3:-20}" workers_ready "$1" "${2:-1}"; }
 
+# after_dispatcher_kill DB OLD_PID: after a kill -9 of a dispatcher (the
+# postmaster restarts the server), checks that the server and a new dispatcher
+# of DB are back; sets NEW_DISPATCHER.
+after_dispatcher_kill() {
+    local db=$1 old=$2
+    sleep 1
+    check "the server comes back" wait_until 60 pg_isready -q -d postgres -t 1
+    check "a new dispatcher serves the database" wait_workers "$db" 1 30
+    NEW_DISPATCHER=$(sql "$db" "SELECT pid FROM relay.workers")
+    check "it is a new process ($old -> $NEW_DISPATCHER)" test -n "$NEW_DISPATCHER" -a "$NEW_DISPATCHER" != "$old"
+}
+
 # ---------------------------------------------------------------- the LISTEN client
 build_client() {
     local src=$INTEG_DIR/listen_client.cpp tmp
