@@ -248,7 +248,7 @@ struct HttpEngineCallbacks {
       }
       std::string why;
       if (!address_allowed(&address->addr, static_cast<socklen_t>(address->addrlen),
-                           url_host(url), t->engine->options_.allow, &why)) {
+                           t->engine->host_of(url), t->engine->options_.allow, &why)) {
         ++t->hop_refused;
         if (t->refusal.empty()) t->refusal = std::move(why);
         return CURL_SOCKET_BAD;
@@ -286,7 +286,7 @@ struct HttpEngineCallbacks {
       char* url = nullptr;
       curl_easy_getinfo(t->easy, CURLINFO_EFFECTIVE_URL, &url);
       std::string why;
-      if (address_allowed(reinterpret_cast<sockaddr*>(&ss), len, url_host(url),
+      if (address_allowed(reinterpret_cast<sockaddr*>(&ss), len, t->engine->host_of(url),
                           t->engine->options_.allow, &why))
         return CURL_PREREQFUNC_OK;
       t->reuse_refused = true;
@@ -303,6 +303,16 @@ struct HttpEngineCallbacks {
   }
 #endif
 };
+
+const std::string& HttpEngine::host_of(const char* url) {
+  const std::string_view u = url != nullptr ? url : "";
+  if (u != host_url_) {
+    std::string host = url_host(url), key(u);  // may throw: the callbacks catch
+    host_url_.swap(key);
+    host_of_url_.swap(host);
+  }
+  return host_of_url_;
+}
 
 void HttpEngine::set_allowlist(const Allowlist& allow) {
   try {

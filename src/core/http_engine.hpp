@@ -166,6 +166,10 @@ class HttpEngine {
   std::vector<HttpResult> results_;
   std::vector<void*> idle_easy_;  // CURL* of finished requests, reset, for reuse
   std::string last_valid_url_;    // the last URL libcurl's parser accepted
+  // The host of the URL the outbound policy last checked (every request of a
+  // handler goes to the same URL: parsed once, not per request).
+  std::string host_of_url_, host_url_;
+  const std::string& host_of(const char* url);
 };
 
 }  // namespace relaybus::core
