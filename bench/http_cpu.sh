@@ -6,6 +6,7 @@
 #
 #   bench/http_cpu.sh [PG_CONFIG]            # wall clock: deliveries/s, dispatcher CPU µs per delivery
 #   MODE=callgrind bench/http_cpu.sh [...]   # instructions (callgrind Ir) per delivery
+#   MODE=syscalls bench/http_cpu.sh [...]    # time mode, and system calls per delivery (perf stat on tracepoints)
 #
 # time mode: D dispatchers (workers_per_database) are started once the backlog
 # is loaded; the rate is N over the time from their start to an empty
@@ -21,7 +22,7 @@
 # on a busy machine, unlike the wall clock. CG_OUT keeps the dump.
 #
 # Environment: N (20000; callgrind 4000), C (64), D (1), REPS (3), WRK_SECS (5),
-# MODE (time|callgrind), CG_OUT (a file to copy the callgrind dump to).
+# MODE (time|callgrind|syscalls), CG_OUT (a file to copy the callgrind dump to).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -161,7 +162,19 @@ for r in $(seq 1 "$REPS"); do
     set_dispatchers on "$D"
     mapfile -t pids < <(q -c "SELECT pid FROM relay.workers")
     c0=$(cpu_ticks "${pids[@]}")
+    if [[ $MODE == syscalls ]]; then
+        ev=(-e raw_syscalls:sys_enter)
+        for sc in epoll_ctl epoll_wait epoll_create1 close poll sendto recvfrom rt_sigprocmask kill; do
+            ev+=(-e "syscalls:sys_enter_$sc")
+        done
+        perf stat -x, -o "$dir/perf.$r" "${ev[@]}" -p "$(IFS=,; echo "${pids[*]}")" &
+        st=$!
+    fi
     while ! drained; do sleep 0.02; done
+    if [[ $MODE == syscalls ]]; then
+        kill -INT "$st"; wait "$st" || true
+        awk -F, -v n=$(( $(delivered) - before )) '$1 ~ /^[0-9]+$/ {sub(/.*sys_enter_?/, "", $3); printf "#   system calls per delivery: %s %.2f\n", ($3 == "" ? "all" : $3), $1 / n}' "$dir/perf.$r" >&2
+    fi
     t1=$(date +%s%N)
     c1=$(cpu_ticks "${pids[@]}")
     got=$(( $(delivered) - before ))

@@ -7,6 +7,9 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
+#ifdef __linux__
+#include <sys/epoll.h>
+#endif
 #include <time.h>
 #include <unistd.h>
 
@@ -338,6 +341,9 @@ HttpEngine::HttpEngine(const HttpEngineOptions& options) : options_(options) {
     curl_multi_setopt(m, CURLMOPT_MAXCONNECTS, static_cast<long>(options_.max_total));
     curl_multi_setopt(m, CURLMOPT_PIPELINING, static_cast<long>(CURLPIPE_MULTIPLEX));
     multi_ = m;
+#ifdef __linux__
+    ready_fd_ = epoll_create1(EPOLL_CLOEXEC);
+#endif
   } catch (...) {
   }
 }
@@ -350,12 +356,16 @@ HttpEngine::~HttpEngine() {
     SignalGuard guard;
     curl_multi_cleanup(static_cast<CURLM*>(multi_));
   }
+  if (ready_fd_ >= 0) close(ready_fd_);
 }
 
 void HttpEngine::socket_changed(int fd, int what) {
   try {
     if (what == CURL_POLL_REMOVE || what == CURL_POLL_NONE) {
-      if (sockets_.erase(fd) > 0) ++sockets_generation_;
+      if (sockets_.erase(fd) > 0) {
+        ++sockets_generation_;
+        watch(fd, nullptr);
+      }
       return;
     }
     const SocketWant want{fd, what == CURL_POLL_IN || what == CURL_POLL_INOUT,
@@ -365,8 +375,60 @@ void HttpEngine::socket_changed(int fd, int what) {
       return;
     sockets_[fd] = want;
     ++sockets_generation_;
+    watch(fd, &want);
   } catch (...) {
   }
+}
+
+void HttpEngine::watch(int fd, const SocketWant* want) {
+#ifdef __linux__
+  if (ready_fd_ < 0) return;
+  auto it = watched_.find(fd);
+  if (want == nullptr) {
+    // libcurl says so before it closes a socket (a closed one leaves the set anyway).
+    if (it == watched_.end()) return;
+    watched_.erase(it);
+    (void)epoll_ctl(ready_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    return;
+  }
+  epoll_event ev{};
+  ev.events = (want->read ? EPOLLIN : 0u) | (want->write ? EPOLLOUT : 0u);
+  ev.data.fd = fd;
+  const bool known = it != watched_.end();
+  int rc = epoll_ctl(ready_fd_, known ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev);
+  if (rc != 0 && errno == (known ? ENOENT : EEXIST))
+    rc = epoll_ctl(ready_fd_, known ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, fd, &ev);
+  if (rc == 0) {
+    try {
+      watched_[fd] = ev.events;
+      return;
+    } catch (...) {
+    }
+  }
+  // Out of step (no memory for it): the caller waits on sockets() from now on.
+  close(ready_fd_);
+  ready_fd_ = -1;
+  watched_.clear();
+#else
+  (void)fd;
+  (void)want;
+#endif
+}
+
+void HttpEngine::on_ready() {
+#ifdef __linux__
+  if (ready_fd_ < 0 || multi_ == nullptr) return;
+  epoll_event events[64];
+  const int n = epoll_wait(ready_fd_, events, 64, 0);
+  if (n <= 0) return;
+  Batch batch;
+  for (int i = 0; i < n; i++) {
+    const int fd = events[i].data.fd;
+    const uint32_t e = events[i].events;
+    const bool failed = (e & (EPOLLERR | EPOLLHUP)) != 0;
+    on_socket(fd, failed || (e & EPOLLIN), failed || (e & EPOLLOUT));
+  }
+#endif
 }
 
 int HttpEngine::limit_of(int handler_key) const {

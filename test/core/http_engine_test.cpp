@@ -17,6 +17,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <poll.h>
+
 #include <cstring>
 #include <chrono>
 #include <fstream>
@@ -512,6 +514,44 @@ TEST(HttpEngine, ReusesKeepAliveConnections) {
   EXPECT_EQ(server.requests().size(), 20u);
   EXPECT_EQ(server.accepts(), 1);
   for (const auto& s : server.requests()) EXPECT_EQ(s.connection, 1);
+}
+
+TEST(HttpEngine, ReadyFdAloneDrivesRequestsAndIsQuietWhenIdle) {
+  TestHttpServer server;
+  HttpEngine engine(loopback_options());
+  ASSERT_GE(engine.ready_fd(), 0);
+  engine.set_handler_limit(1, 8);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<HttpRequest> reqs;
+    for (int i = 0; i < 30; ++i) reqs.push_back(post(server.url("/r"), std::to_string(i)));
+    const std::vector<HttpResult> results = http_loop_deliver(engine, std::move(reqs), 10000, true);
+    ASSERT_EQ(results.size(), 30u);
+    for (const HttpResult& r : results) EXPECT_EQ(r.outcome, HttpOutcome::Success) << r.error;
+    // Idle: the kept-alive connections are not watched, so nothing wakes a waiter.
+    pollfd p{engine.ready_fd(), POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 100), 0);
+    EXPECT_TRUE(engine.sockets().empty());
+  }
+  EXPECT_EQ(server.requests().size(), 60u);
+  EXPECT_LE(server.accepts(), 8);  // the second round reused the first's connections
+}
+
+TEST(HttpEngine, ReadyFdFollowsConnectionsTheServerCloses) {
+  TestHttpServer server([](const RecordedRequest&) {
+    Reply r;
+    r.close = true;
+    return r;
+  });
+  HttpEngine engine(loopback_options());
+  engine.set_handler_limit(1, 4);
+  std::vector<HttpRequest> reqs;
+  for (int i = 0; i < 12; ++i) reqs.push_back(post(server.url("/"), "{}"));
+  const std::vector<HttpResult> results = http_loop_deliver(engine, std::move(reqs), 10000, true);
+  ASSERT_EQ(results.size(), 12u);
+  for (const HttpResult& r : results) EXPECT_EQ(r.outcome, HttpOutcome::Success) << r.error;
+  EXPECT_EQ(server.accepts(), 12);
+  pollfd p{engine.ready_fd(), POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 100), 0);
 }
 
 TEST(HttpEngine, ConnectionCloseFromTheServerIsHandled) {
