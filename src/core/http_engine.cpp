@@ -294,8 +294,8 @@ struct HttpEngineCallbacks {
         return CURL_PREREQFUNC_OK;
       t->reuse_refused = true;
       t->refusal = std::move(why);
-      // Close it rather than keep it for the next request (the handle's
-      // options are reset before it is used again).
+      // Close it rather than keep it for the next request (submit clears this
+      // again before the handle is used for another one).
       curl_easy_setopt(t->easy, CURLOPT_FORBID_REUSE, 1L);
       return CURL_PREREQFUNC_ABORT;
     } catch (...) {
@@ -515,14 +515,19 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
       add_header(value.empty() ? name + ";" : name + ": " + value);
     add_header("Expect:");  // no 100-continue round trip for larger bodies
 
-    // A finished request's handle, reset, if there is one: a new handle costs
-    // its allocations (buffers, state) every time.
+    // A finished request's handle if there is one: a new handle costs its
+    // allocations (buffers, state), and curl_easy_reset plus setting every
+    // option again cost ~7k instructions a request. A kept handle keeps the
+    // options that are the engine's (below, set once); those of a request
+    // are all set again here, including every pointer into its Transfer.
     CURL* e = nullptr;
+    bool fresh = false;
     if (!idle_easy_.empty()) {
       e = idle_easy_.back();
       idle_easy_.pop_back();
     } else {
       e = curl_easy_init();
+      fresh = true;
     }
     if (e == nullptr) {
       text::set_why(why, "libcurl could not create a request handle");
@@ -535,43 +540,55 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
         static_cast<long>(std::min<int64_t>(options_.connect_timeout_ms, timeout));
     bool ok = true;
     auto set = [&](CURLcode c) { ok = ok && c == CURLE_OK; };
+    if (fresh) {
+      // The engine's options, the same for every request it sends.
+      set(curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L));
+      set(curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https"));
+      set(curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https"));
+      set(curl_easy_setopt(e, CURLOPT_PROXY, ""));  // no proxy from the environment
+      set(curl_easy_setopt(e, CURLOPT_POST, 1L));
+      set(curl_easy_setopt(e, CURLOPT_USERAGENT, options_.user_agent.c_str()));
+      set(curl_easy_setopt(e, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_2TLS)));
+      set(curl_easy_setopt(e, CURLOPT_DNS_CACHE_TIMEOUT,
+                           static_cast<long>(std::max(0, options_.dns_cache_timeout_s))));
+#if LIBCURL_VERSION_NUM >= 0x075700  // 7.87.0
+      // A name lookup runs in a thread of libcurl's resolver. Without this, a
+      // request that ends (timeout, cancel, the engine's destruction) while its
+      // lookup still hangs joins that thread: the whole event loop, every other
+      // handler's requests and the dispatcher's exit wait for the lookup (seconds
+      // per resolver try). With it the thread is detached and cleans up after itself.
+      set(curl_easy_setopt(e, CURLOPT_QUICK_EXIT, 1L));
+#endif
+      set(curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L));
+      set(curl_easy_setopt(e, CURLOPT_TCP_KEEPIDLE, 60L));
+      set(curl_easy_setopt(e, CURLOPT_TCP_KEEPINTVL, 30L));
+      set(curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, options_.verify_tls ? 1L : 0L));
+      set(curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, options_.verify_tls ? 2L : 0L));
+      if (!options_.ca_file.empty()) set(curl_easy_setopt(e, CURLOPT_CAINFO, options_.ca_file.c_str()));
+      set(curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &HttpEngineCallbacks::write_cb));
+      set(curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &HttpEngineCallbacks::header_cb));
+      set(curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, &HttpEngineCallbacks::opensocket_cb));
+#if LIBCURL_VERSION_NUM >= 0x075000  // 7.80.0
+      set(curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, &HttpEngineCallbacks::prereq_cb));
+#endif
+    }
+    // The request's own options.
     set(curl_easy_setopt(e, CURLOPT_PRIVATE, t.get()));
     set(curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf));
-    set(curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L));
     set(curl_easy_setopt(e, CURLOPT_URL, r.url.c_str()));
-    set(curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https"));
-    set(curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https"));
-    set(curl_easy_setopt(e, CURLOPT_PROXY, ""));  // no proxy from the environment
-    set(curl_easy_setopt(e, CURLOPT_POST, 1L));
     set(curl_easy_setopt(e, CURLOPT_POSTFIELDS, r.body.data()));
     set(curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(r.body.size())));
     set(curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->headers));
-    set(curl_easy_setopt(e, CURLOPT_USERAGENT, options_.user_agent.c_str()));
     set(curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout));
     set(curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, connect_timeout));
-    set(curl_easy_setopt(e, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_2TLS)));
     // Over TLS, wait for the first connection's ALPN answer (known after its
     // handshake) rather than opening one connection per request of a burst to
     // an HTTP/2 server. Not for http://: there libcurl would only learn that
     // the connection cannot multiplex from its first response, serializing a
     // burst behind it.
-    if (starts_with_icase(r.url, "https://")) set(curl_easy_setopt(e, CURLOPT_PIPEWAIT, 1L));
-    set(curl_easy_setopt(e, CURLOPT_DNS_CACHE_TIMEOUT,
-                         static_cast<long>(std::max(0, options_.dns_cache_timeout_s))));
-#if LIBCURL_VERSION_NUM >= 0x075700  // 7.87.0
-    // A name lookup runs in a thread of libcurl's resolver. Without this, a
-    // request that ends (timeout, cancel, the engine's destruction) while its
-    // lookup still hangs joins that thread: the whole event loop, every other
-    // handler's requests and the dispatcher's exit wait for the lookup (seconds
-    // per resolver try). With it the thread is detached and cleans up after itself.
-    set(curl_easy_setopt(e, CURLOPT_QUICK_EXIT, 1L));
-#endif
-    set(curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L));
-    set(curl_easy_setopt(e, CURLOPT_TCP_KEEPIDLE, 60L));
-    set(curl_easy_setopt(e, CURLOPT_TCP_KEEPINTVL, 30L));
-    set(curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, options_.verify_tls ? 1L : 0L));
-    set(curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, options_.verify_tls ? 2L : 0L));
-    if (!options_.ca_file.empty()) set(curl_easy_setopt(e, CURLOPT_CAINFO, options_.ca_file.c_str()));
+    set(curl_easy_setopt(e, CURLOPT_PIPEWAIT, starts_with_icase(r.url, "https://") ? 1L : 0L));
+    // prereq_cb may have forbidden reuse for the handle's previous request.
+    set(curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 0L));
     if (r.follow_redirects) {
       set(curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L));
       set(curl_easy_setopt(e, CURLOPT_MAXREDIRS, kMaxRedirects));
@@ -580,14 +597,10 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
     } else {
       set(curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L));
     }
-    set(curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &HttpEngineCallbacks::write_cb));
     set(curl_easy_setopt(e, CURLOPT_WRITEDATA, t.get()));
-    set(curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &HttpEngineCallbacks::header_cb));
     set(curl_easy_setopt(e, CURLOPT_HEADERDATA, t.get()));
-    set(curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, &HttpEngineCallbacks::opensocket_cb));
     set(curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, t.get()));
 #if LIBCURL_VERSION_NUM >= 0x075000  // 7.80.0
-    set(curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, &HttpEngineCallbacks::prereq_cb));
     set(curl_easy_setopt(e, CURLOPT_PREREQDATA, t.get()));
 #endif
     if (!ok) {
@@ -829,12 +842,12 @@ void HttpEngine::remove_transfer(Transfer* t) {
   if (r != running_.end() && --r->second <= 0) running_.erase(r);
   SignalGuard guard;
   curl_multi_remove_handle(static_cast<CURLM*>(multi_), t->easy);
-  // Keep the handle for the next request (its options are reset; its
-  // connection stays in the multi handle's cache either way).
+  // Keep the handle for the next request (with the engine's options; submit
+  // sets the request's again; its connection stays in the multi handle's
+  // cache either way).
   if (t->easy != nullptr && idle_easy_.size() < static_cast<size_t>(options_.max_total)) {
     try {
       idle_easy_.reserve(static_cast<size_t>(options_.max_total));
-      curl_easy_reset(t->easy);
       idle_easy_.push_back(t->easy);
       t->easy = nullptr;
     } catch (...) {
