@@ -7,6 +7,9 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
+#ifdef __linux__
+#include <sys/epoll.h>
+#endif
 #include <time.h>
 #include <unistd.h>
 
@@ -248,7 +251,7 @@ struct HttpEngineCallbacks {
       }
       std::string why;
       if (!address_allowed(&address->addr, static_cast<socklen_t>(address->addrlen),
-                           url_host(url), t->engine->options_.allow, &why)) {
+                           t->engine->host_of(url), t->engine->options_.allow, &why)) {
         ++t->hop_refused;
         if (t->refusal.empty()) t->refusal = std::move(why);
         return CURL_SOCKET_BAD;
@@ -286,13 +289,13 @@ struct HttpEngineCallbacks {
       char* url = nullptr;
       curl_easy_getinfo(t->easy, CURLINFO_EFFECTIVE_URL, &url);
       std::string why;
-      if (address_allowed(reinterpret_cast<sockaddr*>(&ss), len, url_host(url),
+      if (address_allowed(reinterpret_cast<sockaddr*>(&ss), len, t->engine->host_of(url),
                           t->engine->options_.allow, &why))
         return CURL_PREREQFUNC_OK;
       t->reuse_refused = true;
       t->refusal = std::move(why);
-      // Close it rather than keep it for the next request (the handle's
-      // options are reset before it is used again).
+      // Close it rather than keep it for the next request (submit clears this
+      // again before the handle is used for another one).
       curl_easy_setopt(t->easy, CURLOPT_FORBID_REUSE, 1L);
       return CURL_PREREQFUNC_ABORT;
     } catch (...) {
@@ -303,6 +306,16 @@ struct HttpEngineCallbacks {
   }
 #endif
 };
+
+const std::string& HttpEngine::host_of(const char* url) {
+  const std::string_view u = url != nullptr ? url : "";
+  if (u != host_url_) {
+    std::string host = url_host(url), key(u);  // may throw: the callbacks catch
+    host_url_.swap(key);
+    host_of_url_.swap(host);
+  }
+  return host_of_url_;
+}
 
 void HttpEngine::set_allowlist(const Allowlist& allow) {
   try {
@@ -328,6 +341,9 @@ HttpEngine::HttpEngine(const HttpEngineOptions& options) : options_(options) {
     curl_multi_setopt(m, CURLMOPT_MAXCONNECTS, static_cast<long>(options_.max_total));
     curl_multi_setopt(m, CURLMOPT_PIPELINING, static_cast<long>(CURLPIPE_MULTIPLEX));
     multi_ = m;
+#ifdef __linux__
+    ready_fd_ = epoll_create1(EPOLL_CLOEXEC);
+#endif
   } catch (...) {
   }
 }
@@ -340,12 +356,16 @@ HttpEngine::~HttpEngine() {
     SignalGuard guard;
     curl_multi_cleanup(static_cast<CURLM*>(multi_));
   }
+  if (ready_fd_ >= 0) close(ready_fd_);
 }
 
 void HttpEngine::socket_changed(int fd, int what) {
   try {
     if (what == CURL_POLL_REMOVE || what == CURL_POLL_NONE) {
-      if (sockets_.erase(fd) > 0) ++sockets_generation_;
+      if (sockets_.erase(fd) > 0) {
+        ++sockets_generation_;
+        watch(fd, nullptr);
+      }
       return;
     }
     const SocketWant want{fd, what == CURL_POLL_IN || what == CURL_POLL_INOUT,
@@ -355,8 +375,60 @@ void HttpEngine::socket_changed(int fd, int what) {
       return;
     sockets_[fd] = want;
     ++sockets_generation_;
+    watch(fd, &want);
   } catch (...) {
   }
+}
+
+void HttpEngine::watch(int fd, const SocketWant* want) {
+#ifdef __linux__
+  if (ready_fd_ < 0) return;
+  auto it = watched_.find(fd);
+  if (want == nullptr) {
+    // libcurl says so before it closes a socket (a closed one leaves the set anyway).
+    if (it == watched_.end()) return;
+    watched_.erase(it);
+    (void)epoll_ctl(ready_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    return;
+  }
+  epoll_event ev{};
+  ev.events = (want->read ? EPOLLIN : 0u) | (want->write ? EPOLLOUT : 0u);
+  ev.data.fd = fd;
+  const bool known = it != watched_.end();
+  int rc = epoll_ctl(ready_fd_, known ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev);
+  if (rc != 0 && errno == (known ? ENOENT : EEXIST))
+    rc = epoll_ctl(ready_fd_, known ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, fd, &ev);
+  if (rc == 0) {
+    try {
+      watched_[fd] = ev.events;
+      return;
+    } catch (...) {
+    }
+  }
+  // Out of step (no memory for it): the caller waits on sockets() from now on.
+  close(ready_fd_);
+  ready_fd_ = -1;
+  watched_.clear();
+#else
+  (void)fd;
+  (void)want;
+#endif
+}
+
+void HttpEngine::on_ready() {
+#ifdef __linux__
+  if (ready_fd_ < 0 || multi_ == nullptr) return;
+  epoll_event events[64];
+  const int n = epoll_wait(ready_fd_, events, 64, 0);
+  if (n <= 0) return;
+  Batch batch;
+  for (int i = 0; i < n; i++) {
+    const int fd = events[i].data.fd;
+    const uint32_t e = events[i].events;
+    const bool failed = (e & (EPOLLERR | EPOLLHUP)) != 0;
+    on_socket(fd, failed || (e & EPOLLIN), failed || (e & EPOLLOUT));
+  }
+#endif
 }
 
 int HttpEngine::limit_of(int handler_key) const {
@@ -443,14 +515,19 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
       add_header(value.empty() ? name + ";" : name + ": " + value);
     add_header("Expect:");  // no 100-continue round trip for larger bodies
 
-    // A finished request's handle, reset, if there is one: a new handle costs
-    // its allocations (buffers, state) every time.
+    // A finished request's handle if there is one: a new handle costs its
+    // allocations (buffers, state), and curl_easy_reset plus setting every
+    // option again cost ~7k instructions a request. A kept handle keeps the
+    // options that are the engine's (below, set once); those of a request
+    // are all set again here, including every pointer into its Transfer.
     CURL* e = nullptr;
+    bool fresh = false;
     if (!idle_easy_.empty()) {
       e = idle_easy_.back();
       idle_easy_.pop_back();
     } else {
       e = curl_easy_init();
+      fresh = true;
     }
     if (e == nullptr) {
       text::set_why(why, "libcurl could not create a request handle");
@@ -463,43 +540,55 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
         static_cast<long>(std::min<int64_t>(options_.connect_timeout_ms, timeout));
     bool ok = true;
     auto set = [&](CURLcode c) { ok = ok && c == CURLE_OK; };
+    if (fresh) {
+      // The engine's options, the same for every request it sends.
+      set(curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L));
+      set(curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https"));
+      set(curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https"));
+      set(curl_easy_setopt(e, CURLOPT_PROXY, ""));  // no proxy from the environment
+      set(curl_easy_setopt(e, CURLOPT_POST, 1L));
+      set(curl_easy_setopt(e, CURLOPT_USERAGENT, options_.user_agent.c_str()));
+      set(curl_easy_setopt(e, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_2TLS)));
+      set(curl_easy_setopt(e, CURLOPT_DNS_CACHE_TIMEOUT,
+                           static_cast<long>(std::max(0, options_.dns_cache_timeout_s))));
+#if LIBCURL_VERSION_NUM >= 0x075700  // 7.87.0
+      // A name lookup runs in a thread of libcurl's resolver. Without this, a
+      // request that ends (timeout, cancel, the engine's destruction) while its
+      // lookup still hangs joins that thread: the whole event loop, every other
+      // handler's requests and the dispatcher's exit wait for the lookup (seconds
+      // per resolver try). With it the thread is detached and cleans up after itself.
+      set(curl_easy_setopt(e, CURLOPT_QUICK_EXIT, 1L));
+#endif
+      set(curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L));
+      set(curl_easy_setopt(e, CURLOPT_TCP_KEEPIDLE, 60L));
+      set(curl_easy_setopt(e, CURLOPT_TCP_KEEPINTVL, 30L));
+      set(curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, options_.verify_tls ? 1L : 0L));
+      set(curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, options_.verify_tls ? 2L : 0L));
+      if (!options_.ca_file.empty()) set(curl_easy_setopt(e, CURLOPT_CAINFO, options_.ca_file.c_str()));
+      set(curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &HttpEngineCallbacks::write_cb));
+      set(curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &HttpEngineCallbacks::header_cb));
+      set(curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, &HttpEngineCallbacks::opensocket_cb));
+#if LIBCURL_VERSION_NUM >= 0x075000  // 7.80.0
+      set(curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, &HttpEngineCallbacks::prereq_cb));
+#endif
+    }
+    // The request's own options.
     set(curl_easy_setopt(e, CURLOPT_PRIVATE, t.get()));
     set(curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf));
-    set(curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L));
     set(curl_easy_setopt(e, CURLOPT_URL, r.url.c_str()));
-    set(curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https"));
-    set(curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https"));
-    set(curl_easy_setopt(e, CURLOPT_PROXY, ""));  // no proxy from the environment
-    set(curl_easy_setopt(e, CURLOPT_POST, 1L));
     set(curl_easy_setopt(e, CURLOPT_POSTFIELDS, r.body.data()));
     set(curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(r.body.size())));
     set(curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->headers));
-    set(curl_easy_setopt(e, CURLOPT_USERAGENT, options_.user_agent.c_str()));
     set(curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout));
     set(curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, connect_timeout));
-    set(curl_easy_setopt(e, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_2TLS)));
     // Over TLS, wait for the first connection's ALPN answer (known after its
     // handshake) rather than opening one connection per request of a burst to
     // an HTTP/2 server. Not for http://: there libcurl would only learn that
     // the connection cannot multiplex from its first response, serializing a
     // burst behind it.
-    if (starts_with_icase(r.url, "https://")) set(curl_easy_setopt(e, CURLOPT_PIPEWAIT, 1L));
-    set(curl_easy_setopt(e, CURLOPT_DNS_CACHE_TIMEOUT,
-                         static_cast<long>(std::max(0, options_.dns_cache_timeout_s))));
-#if LIBCURL_VERSION_NUM >= 0x075700  // 7.87.0
-    // A name lookup runs in a thread of libcurl's resolver. Without this, a
-    // request that ends (timeout, cancel, the engine's destruction) while its
-    // lookup still hangs joins that thread: the whole event loop, every other
-    // handler's requests and the dispatcher's exit wait for the lookup (seconds
-    // per resolver try). With it the thread is detached and cleans up after itself.
-    set(curl_easy_setopt(e, CURLOPT_QUICK_EXIT, 1L));
-#endif
-    set(curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L));
-    set(curl_easy_setopt(e, CURLOPT_TCP_KEEPIDLE, 60L));
-    set(curl_easy_setopt(e, CURLOPT_TCP_KEEPINTVL, 30L));
-    set(curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, options_.verify_tls ? 1L : 0L));
-    set(curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, options_.verify_tls ? 2L : 0L));
-    if (!options_.ca_file.empty()) set(curl_easy_setopt(e, CURLOPT_CAINFO, options_.ca_file.c_str()));
+    set(curl_easy_setopt(e, CURLOPT_PIPEWAIT, starts_with_icase(r.url, "https://") ? 1L : 0L));
+    // prereq_cb may have forbidden reuse for the handle's previous request.
+    set(curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 0L));
     if (r.follow_redirects) {
       set(curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L));
       set(curl_easy_setopt(e, CURLOPT_MAXREDIRS, kMaxRedirects));
@@ -508,14 +597,10 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
     } else {
       set(curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L));
     }
-    set(curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &HttpEngineCallbacks::write_cb));
     set(curl_easy_setopt(e, CURLOPT_WRITEDATA, t.get()));
-    set(curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &HttpEngineCallbacks::header_cb));
     set(curl_easy_setopt(e, CURLOPT_HEADERDATA, t.get()));
-    set(curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, &HttpEngineCallbacks::opensocket_cb));
     set(curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, t.get()));
 #if LIBCURL_VERSION_NUM >= 0x075000  // 7.80.0
-    set(curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, &HttpEngineCallbacks::prereq_cb));
     set(curl_easy_setopt(e, CURLOPT_PREREQDATA, t.get()));
 #endif
     if (!ok) {
@@ -757,12 +842,12 @@ void HttpEngine::remove_transfer(Transfer* t) {
   if (r != running_.end() && --r->second <= 0) running_.erase(r);
   SignalGuard guard;
   curl_multi_remove_handle(static_cast<CURLM*>(multi_), t->easy);
-  // Keep the handle for the next request (its options are reset; its
-  // connection stays in the multi handle's cache either way).
+  // Keep the handle for the next request (with the engine's options; submit
+  // sets the request's again; its connection stays in the multi handle's
+  // cache either way).
   if (t->easy != nullptr && idle_easy_.size() < static_cast<size_t>(options_.max_total)) {
     try {
       idle_easy_.reserve(static_cast<size_t>(options_.max_total));
-      curl_easy_reset(t->easy);
       idle_easy_.push_back(t->easy);
       t->easy = nullptr;
     } catch (...) {

@@ -116,6 +116,16 @@ class HttpEngine {
   };
   std::vector<SocketWant> sockets() const;
   uint64_t sockets_generation() const { return sockets_generation_; }
+  // One descriptor, readable while a socket the engine watches is ready: an
+  // epoll set kept in step with libcurl's socket callbacks (Linux). A caller
+  // can build its own wait set once, with this in it, instead of adding every
+  // socket on every wait. -1 if there is none (not Linux, or it failed): then
+  // wait on sockets(). Fixed for the engine's lifetime unless it turns -1.
+  int ready_fd() const { return ready_fd_; }
+  // ready_fd() polled readable: serves the sockets that are ready now (as
+  // on_socket would, at most 64 per call; a next wait returns at once if
+  // more are).
+  void on_ready();
   // -1: no timer; otherwise ms until on_timeout() is due (0 = now).
   int64_t timeout_ms() const;
   // A socket became ready. Report errors/hang-ups as readable and writable.
@@ -153,6 +163,7 @@ class HttpEngine {
   friend struct HttpEngineCallbacks;
   int limit_of(int handler_key) const;
   void socket_changed(int fd, int what);
+  void watch(int fd, const SocketWant* want);  // ready_fd's epoll set; nullptr: removed
   void finish_done_transfers();
   void remove_transfer(Transfer* t);
 
@@ -163,9 +174,15 @@ class HttpEngine {
   std::unordered_map<int, int> running_;  // handler_key -> in flight
   std::map<int, SocketWant> sockets_;
   uint64_t sockets_generation_ = 0;
+  int ready_fd_ = -1;
+  std::unordered_map<int, uint32_t> watched_;  // fd -> epoll events registered in ready_fd_
   std::vector<HttpResult> results_;
   std::vector<void*> idle_easy_;  // CURL* of finished requests, reset, for reuse
   std::string last_valid_url_;    // the last URL libcurl's parser accepted
+  // The host of the URL the outbound policy last checked (every request of a
+  // handler goes to the same URL: parsed once, not per request).
+  std::string host_of_url_, host_url_;
+  const std::string& host_of(const char* url);
 };
 
 }  // namespace relaybus::core

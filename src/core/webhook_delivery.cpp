@@ -53,6 +53,25 @@ std::string format_rfc3339_ms(int64_t unix_ms) {
   return buf;
 }
 
+namespace {
+
+// A JSON string literal, as nlohmann's dump writes it (invalid UTF-8
+// replaced); printable ASCII with nothing to escape, the common topic or
+// key, is copied as is.
+void append_json_string(std::string* out, std::string_view s) {
+  bool plain = true;
+  for (char c : s) plain = plain && c >= 0x20 && c < 0x7f && c != '"' && c != '\\';
+  if (!plain) {
+    *out += nlohmann::json(std::string(s)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    return;
+  }
+  *out += '"';
+  out->append(s);
+  *out += '"';
+}
+
+}  // namespace
+
 std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view topic,
                                   const std::string* key, std::optional<int64_t> seq,
                                   int64_t published_at_ms, int attempt,
@@ -64,10 +83,12 @@ std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view
   out += ",\"event_id\":";
   out += std::to_string(event_id);
   out += ",\"topic\":";
-  out += nlohmann::json(std::string(topic)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  append_json_string(&out, topic);
   out += ",\"key\":";
-  out += key != nullptr ? nlohmann::json(*key).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                        : "null";
+  if (key != nullptr)
+    append_json_string(&out, *key);
+  else
+    out += "null";
   out += ",\"seq\":";
   out += seq ? std::to_string(*seq) : "null";
   out += ",\"published_at\":";

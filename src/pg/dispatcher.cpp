@@ -185,6 +185,16 @@ static void balance_lanes() {
     LWLockRelease(workers->lock);
 }
 
+// The lanes a claim filters on: none while this dispatcher holds every lane
+// (one dispatcher per database, the common case), so its scan reads the
+// handler's rows without a `lane = ANY (64 lanes)` test per row. The same
+// rows either way; lanes_still_mine() fences the iteration in both cases.
+static void claim_lanes(ClaimRequest* req) {
+    bool all = my_nlanes == kNumLanes;
+    req->lanes = all ? nullptr : my_lanes;
+    req->nlanes = all ? 0 : my_nlanes;
+}
+
 // Fencing: completing is allowed only while every lane read is still ours.
 static bool lanes_still_mine() {
     bool mine = true;
@@ -232,8 +242,7 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
     }
     req.per_key = ack ? 1 : req.max;  // fire mode sends a key's run in order in one transaction
     req.lease_ms = h->options.lease_ms;
-    req.lanes = my_lanes;
-    req.nlanes = my_nlanes;
+    claim_lanes(&req);
     req.with_notify_json = true;
     // Ack mode: the lease waits for the consumer's relay_ack, and relay_claim of
     // the handler may take it over (a consumer draining at start).
@@ -384,8 +393,7 @@ static bool iterate() {
             req.max = Min(isolating ? 1 : guc_batch_size, room);
             req.per_key = 1;  // a key's next delivery waits for this one's success
             req.lease_ms = http_lease_ms(h);
-            req.lanes = my_lanes;
-            req.nlanes = my_nlanes;
+            claim_lanes(&req);
             req.with_notify_json = false;  // the core builds the webhook body (http_stage)
             req.kind = LeaseKind::Dispatcher;
             ClaimResult res;

@@ -396,6 +396,36 @@ int http_complete() {
     return static_cast<int>(n);
 }
 
+namespace {
+
+// The wait set of http_wait, kept across waits while the engine has a
+// ready_fd: latch, postmaster death, the kafka producers' fd and the
+// engine's. Building a set per wait cost an epoll_create1, an epoll_ctl per
+// socket in flight and a close every time.
+WaitEventSet* kept_set = nullptr;
+int kept_engine_fd = -1, kept_kafka_fd = -1;
+
+void drop_kept_set() {
+    if (kept_set != nullptr) FreeWaitEventSet(kept_set);
+    kept_set = nullptr;
+}
+
+WaitEventSet* kept_wait_set(int engine_fd, int kafka_fd) {
+    if (kept_set != nullptr && kept_engine_fd == engine_fd && kept_kafka_fd == kafka_fd) return kept_set;
+    drop_kept_set();
+    WaitEventSet* set = CreateWaitEventSet(TopMemoryContext, 4);
+    AddWaitEventToSet(set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
+    AddWaitEventToSet(set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
+    if (kafka_fd >= 0) AddWaitEventToSet(set, WL_SOCKET_READABLE, kafka_fd, nullptr, nullptr);
+    AddWaitEventToSet(set, WL_SOCKET_READABLE, engine_fd, nullptr, nullptr);
+    kept_set = set;
+    kept_engine_fd = engine_fd;
+    kept_kafka_fd = kafka_fd;
+    return set;
+}
+
+}  // namespace
+
 bool http_wait(long timeout_ms) {
     int nsock = 0;
     int* fds = nullptr;
@@ -403,25 +433,29 @@ bool http_wait(long timeout_ms) {
     int64 engine_timeout = -1;
     int64 next_probe = -1;
     int64 nowms = now_ms();
+    int engine_fd = -1;
     if (engine) {
         size_t cap = 0;
         char err[kErrLen];
-        (void)run_core(
-            [&](std::string*) {
-                cap = engine->sockets().size();
-                return true;
-            },
-            err);
+        engine_fd = engine->ready_fd();
+        if (engine_fd < 0)
+            (void)run_core(
+                [&](std::string*) {
+                    cap = engine->sockets().size();
+                    return true;
+                },
+                err);
         fds = static_cast<int*>(palloc(sizeof(int) * (cap + 1)));
         events = static_cast<uint32*>(palloc(sizeof(uint32) * (cap + 1)));
         (void)run_core(
             [&](std::string*) {
-                for (const auto& w : engine->sockets()) {
-                    uint32 ev = (w.read ? WL_SOCKET_READABLE : 0) | (w.write ? WL_SOCKET_WRITEABLE : 0);
-                    if (ev == 0 || nsock >= static_cast<int>(cap)) continue;
-                    fds[nsock] = w.fd;
-                    events[nsock++] = ev;
-                }
+                if (engine_fd < 0)
+                    for (const auto& w : engine->sockets()) {
+                        uint32 ev = (w.read ? WL_SOCKET_READABLE : 0) | (w.write ? WL_SOCKET_WRITEABLE : 0);
+                        if (ev == 0 || nsock >= static_cast<int>(cap)) continue;
+                        fds[nsock] = w.fd;
+                        events[nsock++] = ev;
+                    }
                 engine_timeout = engine->timeout_ms();
                 next_probe = pipeline->next_probe_ms(nowms);
                 return true;
@@ -444,14 +478,20 @@ bool http_wait(long timeout_ms) {
 
     // The kafka producers' delivery reports (and errors) make this fd readable.
     int kafka_fd = kafka_sink ? kafka_sink->wait_fd() : -1;
-    WaitEventSet* set = CreateWaitEventSet(CurrentMemoryContext, nsock + 3);
-    AddWaitEventToSet(set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
-    AddWaitEventToSet(set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
-    if (kafka_fd >= 0) AddWaitEventToSet(set, WL_SOCKET_READABLE, kafka_fd, nullptr, nullptr);
-    for (int i = 0; i < nsock; i++) AddWaitEventToSet(set, events[i], fds[i], nullptr, nullptr);
+    WaitEventSet* set = nullptr;
+    if (engine_fd >= 0) {
+        set = kept_wait_set(engine_fd, kafka_fd);
+    } else {
+        drop_kept_set();
+        set = CreateWaitEventSet(CurrentMemoryContext, nsock + 3);
+        AddWaitEventToSet(set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
+        AddWaitEventToSet(set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
+        if (kafka_fd >= 0) AddWaitEventToSet(set, WL_SOCKET_READABLE, kafka_fd, nullptr, nullptr);
+        for (int i = 0; i < nsock; i++) AddWaitEventToSet(set, events[i], fds[i], nullptr, nullptr);
+    }
     WaitEvent occurred[64];
     int n = WaitEventSetWait(set, timeout_ms, occurred, lengthof(occurred), PG_WAIT_EXTENSION);
-    FreeWaitEventSet(set);
+    if (engine_fd < 0) FreeWaitEventSet(set);
     bool latch = false;
     for (int i = 0; i < n; i++)
         if (occurred[i].events & WL_LATCH_SET) latch = true;
@@ -473,8 +513,10 @@ bool http_wait(long timeout_ms) {
             core::HttpEngine::Batch batch;
             for (int i = 0; i < n; i++) {
                 const WaitEvent& e = occurred[i];
-                if (e.fd == kafka_fd) continue;
-                if (e.events & (WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE))
+                if (e.fd == kafka_fd || e.fd == PGINVALID_SOCKET) continue;
+                if (engine_fd >= 0 && e.fd == engine_fd)
+                    engine->on_ready();
+                else if (e.events & (WL_SOCKET_READABLE | WL_SOCKET_WRITEABLE))
                     engine->on_socket(e.fd, (e.events & WL_SOCKET_READABLE) != 0,
                                       (e.events & WL_SOCKET_WRITEABLE) != 0);
             }
@@ -489,6 +531,7 @@ bool http_wait(long timeout_ms) {
 
 void http_shutdown() {
     http_release_queued();
+    drop_kept_set();
     char err[kErrLen];
     (void)run_core(
         [&](std::string*) {

@@ -17,6 +17,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <poll.h>
+
 #include <cstring>
 #include <chrono>
 #include <fstream>
@@ -435,6 +437,48 @@ TEST(HttpEngine, FollowsRedirectsOnlyWhenAskedAndKeepsPosting) {
   EXPECT_EQ(r.outcome, HttpOutcome::Fail) << r.error;
 }
 
+TEST(HttpEngine, AReusedHandleCarriesNothingOfItsLastRequest) {
+  // Finished requests' handles are reused without curl_easy_reset: each
+  // request's own options (redirects, timeout, body, headers, URL) must be
+  // its own, whatever the handle's previous request had.
+  TestHttpServer server([](const RecordedRequest& q) {
+    if (q.target == "/old") return status_reply(301, {{"Location", "/final"}});
+    if (q.target == "/slow") {
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));
+      return status_reply(200);
+    }
+    return status_reply(200);
+  });
+  HttpEngine engine(loopback_options());
+  engine.set_handler_limit(1, 1);  // one request at a time: the same handle every time
+  for (int round = 0; round < 2; ++round) {
+    HttpRequest follow = post(server.url("/old"), R"({"n":1})");
+    follow.follow_redirects = true;
+    follow.headers = {{"x-first", "1"}};
+    EXPECT_EQ(run_one(engine, follow).outcome, HttpOutcome::Success);
+    HttpRequest no_follow = post(server.url("/old"), R"({"n":2})");
+    const HttpResult r = run_one(engine, no_follow);
+    EXPECT_EQ(r.outcome, HttpOutcome::Fail);
+    EXPECT_EQ(r.status, 301);
+    HttpRequest quick = post(server.url("/slow"), R"({"n":3})", 1, 150);
+    EXPECT_NE(run_one(engine, quick).error.find("timeout after 150 ms"), std::string::npos);
+    HttpRequest patient = post(server.url("/slow"), R"({"n":4})", 1, 5000);
+    EXPECT_EQ(run_one(engine, patient).outcome, HttpOutcome::Success);
+  }
+  const auto reqs = server.requests();
+  ASSERT_GE(reqs.size(), 10u);
+  // Round one: /old, /final (followed), /old (not followed), /slow, /slow.
+  EXPECT_EQ(reqs[1].target, "/final");
+  EXPECT_EQ(reqs[2].target, "/old");
+  EXPECT_EQ(reqs[2].body, R"({"n":2})");
+  EXPECT_EQ(reqs[3].target, "/slow");
+  EXPECT_EQ(reqs[4].body, R"({"n":4})");
+  for (size_t i = 2; i < reqs.size(); ++i)
+    if (reqs[i].body != R"({"n":1})") {
+      EXPECT_EQ(reqs[i].header("x-first"), "") << i;
+    }
+}
+
 TEST(HttpEngine, EveryRedirectHopIsCheckedAgainstThePolicy) {
   TestHttpServer target;
   TestHttpServer server([&](const RecordedRequest&) {
@@ -512,6 +556,44 @@ TEST(HttpEngine, ReusesKeepAliveConnections) {
   EXPECT_EQ(server.requests().size(), 20u);
   EXPECT_EQ(server.accepts(), 1);
   for (const auto& s : server.requests()) EXPECT_EQ(s.connection, 1);
+}
+
+TEST(HttpEngine, ReadyFdAloneDrivesRequestsAndIsQuietWhenIdle) {
+  TestHttpServer server;
+  HttpEngine engine(loopback_options());
+  ASSERT_GE(engine.ready_fd(), 0);
+  engine.set_handler_limit(1, 8);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<HttpRequest> reqs;
+    for (int i = 0; i < 30; ++i) reqs.push_back(post(server.url("/r"), std::to_string(i)));
+    const std::vector<HttpResult> results = http_loop_deliver(engine, std::move(reqs), 10000, true);
+    ASSERT_EQ(results.size(), 30u);
+    for (const HttpResult& r : results) EXPECT_EQ(r.outcome, HttpOutcome::Success) << r.error;
+    // Idle: the kept-alive connections are not watched, so nothing wakes a waiter.
+    pollfd p{engine.ready_fd(), POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 100), 0);
+    EXPECT_TRUE(engine.sockets().empty());
+  }
+  EXPECT_EQ(server.requests().size(), 60u);
+  EXPECT_LE(server.accepts(), 8);  // the second round reused the first's connections
+}
+
+TEST(HttpEngine, ReadyFdFollowsConnectionsTheServerCloses) {
+  TestHttpServer server([](const RecordedRequest&) {
+    Reply r;
+    r.close = true;
+    return r;
+  });
+  HttpEngine engine(loopback_options());
+  engine.set_handler_limit(1, 4);
+  std::vector<HttpRequest> reqs;
+  for (int i = 0; i < 12; ++i) reqs.push_back(post(server.url("/"), "{}"));
+  const std::vector<HttpResult> results = http_loop_deliver(engine, std::move(reqs), 10000, true);
+  ASSERT_EQ(results.size(), 12u);
+  for (const HttpResult& r : results) EXPECT_EQ(r.outcome, HttpOutcome::Success) << r.error;
+  EXPECT_EQ(server.accepts(), 12);
+  pollfd p{engine.ready_fd(), POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 100), 0);
 }
 
 TEST(HttpEngine, ConnectionCloseFromTheServerIsHandled) {

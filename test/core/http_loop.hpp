@@ -48,11 +48,21 @@ inline void http_loop_turn(core::HttpEngine& engine, int64_t max_wait_ms) {
   if (engine.timeout_ms() == 0) engine.on_timeout();
 }
 
+// The same turn through the engine's ready_fd alone (the dispatcher's wait
+// set holds it instead of the sockets): one fd, however many sockets.
+inline void http_loop_turn_ready(core::HttpEngine& engine, int64_t max_wait_ms) {
+  pollfd p{engine.ready_fd(), POLLIN, 0};
+  const int64_t t = engine.timeout_ms();
+  const int64_t wait = t < 0 ? max_wait_ms : std::min(t, max_wait_ms);
+  if (poll(&p, 1, static_cast<int>(wait)) > 0) engine.on_ready();
+  if (engine.timeout_ms() == 0) engine.on_timeout();
+}
+
 // Submits every request as soon as the engine's caps allow and drives the
 // engine until all have results or max_ms passed. Results in completion order.
 inline std::vector<core::HttpResult> http_loop_deliver(core::HttpEngine& engine,
                                                        std::vector<core::HttpRequest> requests,
-                                                       int64_t max_ms = 10000) {
+                                                       int64_t max_ms = 10000, bool ready_fd = false) {
   std::deque<core::HttpRequest> queue(std::make_move_iterator(requests.begin()),
                                       std::make_move_iterator(requests.end()));
   std::vector<core::HttpResult> results;
@@ -63,7 +73,10 @@ inline std::vector<core::HttpResult> http_loop_deliver(core::HttpEngine& engine,
       if (!engine.submit(std::move(queue.front()), &why)) return results;  // the test sees it short
       queue.pop_front();
     }
-    http_loop_turn(engine, 50);
+    if (ready_fd)
+      http_loop_turn_ready(engine, 50);
+    else
+      http_loop_turn(engine, 50);
     for (core::HttpResult& r : engine.take_results()) results.push_back(std::move(r));
   }
   return results;

@@ -240,3 +240,17 @@ TEST(WebhookDelivery, CircuitBreakerOpensAfterFiveNetworkFailuresAndClosesOnSucc
   EXPECT_FALSE(b.is_open());
   EXPECT_EQ(b.limit(16, 6000), 16);
 }
+
+TEST(WebhookDelivery, EnvelopeStringsAreEscapedAsJson) {
+  // Plain topics and keys are copied; anything else is written the way
+  // nlohmann's dump writes it (escapes, UTF-8 as is, invalid UTF-8 replaced).
+  const std::string cases[] = {"order.created", "", "a b~", "quote\"d", "back\\slash", "tab\there",
+                               "nl\n", std::string("nul\0x", 5), "\x7f", "caf\xc3\xa9", "bad\xff\xfe"};
+  for (const std::string& s : cases) {
+    const std::string expected =
+        nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    const std::string env = webhook_envelope_json(1, 1, s, &s, 1, 0, 1, "", "1");
+    EXPECT_NE(env.find("\"topic\":" + expected + ",\"key\":" + expected + ","), std::string::npos) << env;
+    EXPECT_TRUE(nlohmann::json::accept(env)) << env;
+  }
+}

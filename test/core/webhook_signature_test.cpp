@@ -11,6 +11,9 @@
 
 #include "core/base64.hpp"
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
 namespace relaybus::core {
 namespace {
 
@@ -58,6 +61,49 @@ TEST(WebhookSignature, UnusableSecretsAreSkipped) {
   EXPECT_EQ(webhook_signature({"whsec_not base64!"}, kMsgId, kTimestamp, kBody), "");
   EXPECT_EQ(webhook_signature({"whsec_"}, kMsgId, kTimestamp, kBody), "");
   EXPECT_EQ(webhook_signature({"whsec_!!", kSecret}, kMsgId, kTimestamp, kBody), kExpected);
+}
+
+// OpenSSL's one-shot HMAC over the joined content: the definition that the
+// signer's kept key states must agree with.
+std::string reference_signature(const std::string& key, const std::string& msg_id, int64_t ts,
+                                const std::string& body) {
+  const std::string content = msg_id + "." + std::to_string(ts) + "." + body;
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(content.data()), content.size(), mac, &len);
+  return "v1," + base64_encode(std::string_view(reinterpret_cast<const char*>(mac), len));
+}
+
+TEST(WebhookSignature, KeysOfEveryLengthMatchHmac) {
+  // 1 byte, a block (64) and longer than a block (hashed first, RFC 2104).
+  for (size_t n : {1u, 32u, 63u, 64u, 65u, 200u}) {
+    std::string key(n, '\0');
+    for (size_t i = 0; i < n; i++) key[i] = static_cast<char>(i * 7 + n);
+    const std::string secret = "whsec_" + base64_encode(key);
+    EXPECT_EQ(webhook_signature({secret}, kMsgId, kTimestamp, kBody),
+              reference_signature(key, kMsgId, kTimestamp, kBody))
+        << n << "-byte key";
+  }
+}
+
+TEST(WebhookSignature, ChangedSecretsSignWithTheNewOnes) {
+  // Signing keeps the last secrets' key states: a handler's rotated (or
+  // another handler's) secrets must never be signed with the old ones.
+  const std::string key_a = "first key, 32 bytes long........";
+  const std::string key_b = "second key, 32 bytes long.......";
+  const std::string a = "whsec_" + base64_encode(key_a);
+  const std::string b = "whsec_" + base64_encode(key_b);
+  for (int round = 0; round < 3; round++) {
+    EXPECT_EQ(webhook_signature({a}, "msg_1", 1, "x"), reference_signature(key_a, "msg_1", 1, "x"));
+    EXPECT_EQ(webhook_signature({b}, "msg_1", 1, "x"), reference_signature(key_b, "msg_1", 1, "x"));
+    EXPECT_EQ(webhook_signature({a, b}, "msg_2", 2, "y"),
+              reference_signature(key_a, "msg_2", 2, "y") + " " + reference_signature(key_b, "msg_2", 2, "y"));
+    EXPECT_EQ(webhook_signature({b, a}, "msg_2", 2, "y"),
+              reference_signature(key_b, "msg_2", 2, "y") + " " + reference_signature(key_a, "msg_2", 2, "y"));
+    EXPECT_EQ(webhook_signature({}, "msg_2", 2, "y"), "");
+    EXPECT_EQ(webhook_signature({"whsec_!!", a}, "msg_3", 3, ""), reference_signature(key_a, "msg_3", 3, ""));
+  }
 }
 
 TEST(WebhookSignature, SecretKey) {
