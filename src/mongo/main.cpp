@@ -2,7 +2,8 @@
 //
 //   relaybus-mongo init                               collections and indexes (idempotent)
 //   relaybus-mongo handler create NAME http URL [--options JSON]
-//   relaybus-mongo handler drop NAME | handler list
+//   relaybus-mongo handler alter NAME [--target URL] [--options JSON]
+//   relaybus-mongo handler drop NAME [--force] | handler list
 //   relaybus-mongo route PATTERN HANDLER [--wire NAME] | unroute PATTERN HANDLER
 //   relaybus-mongo publish TOPIC PAYLOAD [--key K] [--priority 0..3] [--not-before T] [--headers JSON]
 //   relaybus-mongo run                                the dispatcher
@@ -35,6 +36,7 @@
 #include "core/version.hpp"
 #include "mongo/config.hpp"
 #include "mongo/dispatcher.hpp"
+#include "mongo/handler_admin.hpp"
 #include "mongo/store.hpp"
 #include "mongo/util.hpp"
 
@@ -52,8 +54,10 @@ const char* kUsage =
     "\n"
     "Commands:\n"
     "  init                                   create collections and indexes (idempotent)\n"
-    "  handler create NAME http URL [--options JSON]\n"
-    "  handler drop NAME\n"
+    "  handler create NAME http URL [--options JSON]   (an existing NAME is refused)\n"
+    "  handler create NAME pull [--options JSON]\n"
+    "  handler alter NAME [--target URL] [--options JSON]   (options merged; null restores a default)\n"
+    "  handler drop NAME [--force]            (--force dead-letters its pending deliveries)\n"
     "  handler list\n"
     "  route PATTERN HANDLER [--wire NAME]    route a topic pattern to a handler\n"
     "  unroute PATTERN HANDLER\n"
@@ -72,7 +76,9 @@ struct UsageError : std::runtime_error {
 
 // Command-specific options (not settings).
 const std::vector<std::string> kCommandOptions = {"key", "priority", "not_before", "headers", "options", "wire",
-                                                  "handler", "id"};
+                                                  "handler", "id", "target", "force"};
+// Command options that take no value.
+const std::vector<std::string> kFlagOptions = {"force"};
 
 struct Args {
   std::vector<std::string> positional;
@@ -94,6 +100,8 @@ Args parse_args(int argc, char** argv) {
       if (eq != std::string::npos) {
         value = name.substr(eq + 1);
         name = name.substr(0, eq);
+      } else if (std::find(kFlagOptions.begin(), kFlagOptions.end(), name) != kFlagOptions.end()) {
+        value = "true";
       } else {
         if (i + 1 >= argc) throw UsageError("option --" + name + " needs a value");
         value = argv[++i];
@@ -221,37 +229,30 @@ int cmd_publish(Store& store, const Config& cfg, const Args& a) {
 }
 
 int cmd_handler(Store& store, const Args& a) {
-  if (a.positional.size() < 2) throw UsageError("handler needs create, drop or list");
+  if (a.positional.size() < 2) throw UsageError("handler needs create, alter, drop or list");
   const std::string& sub = a.positional[1];
   if (sub == "create") {
     only_options(a, {"options"}, "handler create");
-    if (a.positional.size() != 5) throw UsageError("handler create needs NAME KIND TARGET");
-    HandlerDoc h;
-    h.name = a.positional[2];
-    std::string why;
-    if (!core::is_valid_handler_name(h.name, &why)) throw UsageError("invalid handler name: " + why);
-    if (!core::parse_handler_kind(a.positional[3], &h.kind, &why)) throw UsageError("invalid handler kind: " + why);
-    if (h.kind != core::HandlerKind::Http)
-      throw UsageError(std::string("handler kind \"") + core::handler_kind_name(h.kind) +
-                       "\" is not served by relaybus-mongo (only http; notify is PostgreSQL's LISTEN/NOTIFY)");
-    h.target = a.positional[4];
-    if (!core::validate_target(h.kind, h.target, false, &why)) throw UsageError("invalid target: " + why);
-    h.options_json = opt(a, "options", "{}");
-    if (!core::parse_handler_options(h.kind, h.options_json, &h.options, &why)) throw UsageError("invalid options: " + why);
-    if (!core::check_secret_strength(h.options, &why)) throw UsageError("invalid options: " + why);
-    store.put_handler(h);
-    std::cout << json({{"handler", h.name}, {"kind", "http"}, {"target", h.target},
-                       {"options", json::parse(core::options_public_json(h.kind, h.options))}})
+    if (a.positional.size() < 4 || a.positional.size() > 5) throw UsageError("handler create needs NAME KIND [TARGET]");
+    std::cout << handler_create(store, a.positional[2], a.positional[3],
+                                a.positional.size() == 5 ? a.positional[4] : std::string(), opt(a, "options", "{}"))
                      .dump()
               << "\n";
     return 0;
   }
+  if (sub == "alter") {
+    only_options(a, {"target", "options"}, "handler alter");
+    if (a.positional.size() != 3) throw UsageError("handler alter needs NAME");
+    std::optional<std::string> target, options;
+    if (has_opt(a, "target")) target = opt(a, "target");
+    if (has_opt(a, "options")) options = opt(a, "options");
+    std::cout << handler_alter(store, a.positional[2], target, options).dump() << "\n";
+    return 0;
+  }
   if (sub == "drop") {
+    only_options(a, {"force"}, "handler drop");
     if (a.positional.size() != 3) throw UsageError("handler drop needs NAME");
-    if (!store.drop_handler(a.positional[2])) {
-      fprintf(stderr, "relaybus-mongo: error: handler \"%s\" does not exist\n", a.positional[2].c_str());
-      return kExitUsage;
-    }
+    std::cout << handler_drop(store, a.positional[2], has_opt(a, "force"), wall_ms()).dump() << "\n";
     return 0;
   }
   if (sub == "list") {
@@ -264,7 +265,7 @@ int cmd_handler(Store& store, const Args& a) {
     std::cout << out.dump() << "\n";
     return 0;
   }
-  throw UsageError("handler needs create, drop or list (got " + core::text::quote(sub) + ")");
+  throw UsageError("handler needs create, alter, drop or list (got " + core::text::quote(sub) + ")");
 }
 
 int cmd_route(Store& store, const Args& a, bool add) {
@@ -406,6 +407,9 @@ int main(int argc, char** argv) {
     if (cmd == "stats") return cmd_stats(store);
     if (cmd == "run") return cmd_run(store, cfg, a);
   } catch (const UsageError& e) {
+    fprintf(stderr, "relaybus-mongo: error: %s\n", e.what());
+    return kExitUsage;
+  } catch (const BadInput& e) {
     fprintf(stderr, "relaybus-mongo: error: %s\n", e.what());
     return kExitUsage;
   } catch (const StoreError& e) {

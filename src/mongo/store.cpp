@@ -749,6 +749,12 @@ int64_t Store::replay(const std::string& handler, const std::vector<int64_t>& id
   Bson filter;
   if (!handler.empty()) BSON_APPEND_UTF8(filter, "handler", handler.c_str());
   if (!ids.empty()) id_in(filter, ids);
+  {  // a dropped handler's dead letters stay for inspection only
+    bson_t ex;
+    bson_append_document_begin(filter, "handler_dropped_at", -1, &ex);
+    BSON_APPEND_BOOL(&ex, "$exists", false);
+    bson_append_document_end(filter, &ex);
+  }
   count("find");
   mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeadLetters), filter, nullptr, nullptr);
   const bson_t* doc;
@@ -803,8 +809,14 @@ std::vector<HandlerStats> Store::stats() {
       count("count");
       s.pending = mongoc_collection_count_documents(coll(kDeliveries), f, nullptr, nullptr, nullptr, &err);
       if (s.pending < 0) raise("count", err);
+      Bson fd;  // a dropped handler's dead letters are not the recreated one's
+      BSON_APPEND_UTF8(fd, "handler", h.name.c_str());
+      bson_t ex;
+      bson_append_document_begin(fd, "handler_dropped_at", -1, &ex);
+      BSON_APPEND_BOOL(&ex, "$exists", false);
+      bson_append_document_end(fd, &ex);
       count("count");
-      s.dead = mongoc_collection_count_documents(coll(kDeadLetters), f, nullptr, nullptr, nullptr, &err);
+      s.dead = mongoc_collection_count_documents(coll(kDeadLetters), fd, nullptr, nullptr, nullptr, &err);
       if (s.dead < 0) raise("count", err);
     }
     {
@@ -844,6 +856,101 @@ int64_t Store::count_deliveries() {
   int64_t n = mongoc_collection_count_documents(coll(kDeliveries), f, nullptr, nullptr, nullptr, &err);
   if (n < 0) raise("count", err);
   return n;
+}
+
+}  // namespace relaybus::mongo
+
+// ------------------------------------------------------------------ handler administration
+
+namespace relaybus::mongo {
+
+bool Store::insert_handler(const HandlerDoc& h) {
+  Bson doc, reply;
+  BSON_APPEND_UTF8(doc, "_id", h.name.c_str());
+  BSON_APPEND_UTF8(doc, "kind", core::handler_kind_name(h.kind));
+  BSON_APPEND_UTF8(doc, "target", h.target.c_str());
+  BSON_APPEND_UTF8(doc, "options", h.options_json.c_str());
+  bson_error_t err;
+  count("insert");
+  if (mongoc_collection_insert_one(coll(kHandlers), doc, nullptr, reply, &err)) return true;
+  if (err.code == kDuplicateKey) return false;
+  for (const auto& [index, code] : write_errors(reply))
+    if (code == kDuplicateKey) return false;
+  raise("create handler", err);
+}
+
+int64_t Store::count_pending(const std::string& handler) {
+  Bson f;
+  BSON_APPEND_UTF8(f, "handler", handler.c_str());
+  bson_error_t err;
+  count("count");
+  int64_t n = mongoc_collection_count_documents(coll(kDeliveries), f, nullptr, nullptr, nullptr, &err);
+  if (n < 0) raise("count", err);
+  return n;
+}
+
+int64_t Store::dead_letter_handler(const std::string& handler, const std::string& reason, int64_t now_ms) {
+  int64_t moved = 0;
+  bson_error_t err;
+  for (;;) {
+    Bson filter, opts;
+    BSON_APPEND_UTF8(filter, "handler", handler.c_str());
+    BSON_APPEND_INT64(opts, "limit", 1000);
+    count("find");
+    mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeliveries), filter, opts, nullptr);
+    const bson_t* doc;
+    std::vector<bson_t*> letters;
+    std::vector<int64_t> ids;
+    while (mongoc_cursor_next(cur, &doc)) {
+      int64_t id;
+      if (!get_int64(doc, "_id", &id)) continue;  // not addressable; see fail()
+      bson_t* dl = bson_new();
+      bson_copy_to_excluding_noinit(doc, dl, "attempt", "last_error", "last_status", "not_before", nullptr);
+      int64_t attempt = 0;
+      get_int64(doc, "attempt", &attempt);
+      BSON_APPEND_INT32(dl, "attempts", static_cast<int32_t>(attempt));  // no attempt is charged
+      BSON_APPEND_UTF8(dl, "last_error", reason.c_str());
+      BSON_APPEND_DATE_TIME(dl, "failed_at", now_ms);
+      BSON_APPEND_DATE_TIME(dl, "handler_dropped_at", now_ms);
+      letters.push_back(dl);
+      ids.push_back(id);
+    }
+    bool failed = mongoc_cursor_error(cur, &err);
+    mongoc_cursor_destroy(cur);
+    if (failed) {
+      for (bson_t* d : letters) bson_destroy(d);
+      raise("read deliveries of a dropped handler", err);
+    }
+    if (letters.empty()) break;
+    Bson iopts, reply;
+    BSON_APPEND_BOOL(iopts, "ordered", false);
+    count("insert");
+    bool ok = mongoc_collection_insert_many(coll(kDeadLetters), const_cast<const bson_t**>(letters.data()),
+                                            letters.size(), iopts, reply, &err);
+    for (bson_t* d : letters) bson_destroy(d);
+    if (!ok) {
+      auto errs = write_errors(reply);
+      if (errs.empty()) raise("dead-letter deliveries of a dropped handler", err);
+      for (const auto& [index, code] : errs)
+        if (code != kDuplicateKey) raise("dead-letter deliveries of a dropped handler", err);
+    }
+    moved += complete(ids);
+  }
+  // Earlier dead letters of the handler too: a handler created again under
+  // this name starts empty, and `replay` leaves these alone.
+  Bson f, upd, reply;
+  BSON_APPEND_UTF8(f, "handler", handler.c_str());
+  bson_t ex, set;
+  bson_append_document_begin(f, "handler_dropped_at", -1, &ex);
+  BSON_APPEND_BOOL(&ex, "$exists", false);
+  bson_append_document_end(f, &ex);
+  bson_append_document_begin(upd, "$set", -1, &set);
+  BSON_APPEND_DATE_TIME(&set, "handler_dropped_at", now_ms);
+  bson_append_document_end(upd, &set);
+  count("update");
+  if (!mongoc_collection_update_many(coll(kDeadLetters), f, upd, nullptr, reply, &err))
+    raise("mark dead letters of a dropped handler", err);
+  return moved;
 }
 
 }  // namespace relaybus::mongo

@@ -155,6 +155,15 @@ class Store {
   std::vector<HandlerStats> stats();
   int64_t count_deliveries();
 
+  // Handler administration (handler_admin.cpp).
+  bool insert_handler(const HandlerDoc& h);  // false: the name exists already
+  int64_t count_pending(const std::string& handler);
+  // Moves every delivery of `handler` into relay_dead_letters with `reason`
+  // (batches of 1000: find, insert, delete) and marks all of the handler's
+  // dead letters dropped (`handler_dropped_at`), so that neither a recreated
+  // handler nor `replay` revives them. Returns how many deliveries moved.
+  int64_t dead_letter_handler(const std::string& handler, const std::string& reason, int64_t now_ms);
+
   uint64_t commands() const { return commands_; }
   const std::map<std::string, uint64_t>& command_counts() const { return by_op_; }
 
