@@ -517,6 +517,10 @@ int Dispatcher::run() {
            {{"instance", cfg_.instance}, {"database", cfg_.database}, {"metrics", server_.bound()},
             {"lease_ms", cfg_.lease_ms}, {"batch_size", cfg_.batch_size}, {"config_file", cfg_.config_file}});
   if (!ensure_engine()) return 1;
+  if (!wait_for_server()) {  // stopped before the server answered
+    log_info("relaybus-mongo dispatcher stopped", {{"delivered", 0}, {"commands", store_.commands()}});
+    return 0;
+  }
   int64_t store_backoff_until = 0;
   for (;;) {
     const int64_t now = wall_ms();

@@ -80,6 +80,7 @@ class Dispatcher final : private core::DeliveryStore {
   bool lane_valid(int lane, int64_t now) const;
   bool ensure_engine();
   void wait(int64_t max_ms);
+  bool wait_for_server();  // server_wait.cpp
 
   Config cfg_;
   std::map<std::string, std::string> flags_;

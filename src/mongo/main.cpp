@@ -355,7 +355,6 @@ int cmd_run(Store& store, const Config& cfg, const Args& a) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGHUP, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  store.ping();
   Dispatcher d(cfg, a.settings, store, g_signal_pipe[0]);
   return d.run();
 }

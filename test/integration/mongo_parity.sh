@@ -8,6 +8,7 @@ SUITE=mongo-parity
 source "$(dirname "${BASH_SOURCE[0]}")/mongo_lib.sh"
 
 # ------------------------------------------------------------------ 1. handler create / alter / drop
+test_handlers() {
 log "handler create refuses an existing name; alter; drop with pending deliveries"
 DB=t_admin
 "$BIN" init --database $DB >/dev/null
@@ -51,6 +52,51 @@ check_eq "only the new event reaches the recreated handler" "1 0 0" \
     "$(count_path /adm3) $(count_path /adm) $(count_path /adm2)"
 stop_instance $P1
 check_rc "handler drop of an unknown handler (exit 2)" 2 'handler "nope" does not exist' "$BIN" handler drop nope --database $DB
+}
 
+# ------------------------------------------------------------------ 2. run waits for the server
+test_server_wait() {
+log "run waits for a server that is down at start"
+FPORT=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+LATE_URI="mongodb://127.0.0.1:$FPORT/?serverSelectionTimeoutMS=300&connectTimeoutMS=300"
+start_instance early t_late --uri "$LATE_URI"
+P1=$IPID
+wait_until 10 test -n "$(metrics_addr early)" || fail "no metrics address logged"
+healthz() { curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$(metrics_addr early)/healthz"; }
+wait_until 10 bash -c "(( \$(grep -c 'MongoDB server not reachable' '$TMP/early.err') >= 3 ))"
+t0=$(date +%s%N)
+code=$(healthz)
+ms=$((($(date +%s%N) - t0) / 1000000))
+kill -0 $P1 2>/dev/null && pass "run keeps running while the server is down" || fail "run exited" "$(tail -3 "$TMP/early.err")"
+check_eq "/healthz answers 503 at once while waiting" "503 fast" "$code $( ((ms < 1000)) && echo fast || echo "${ms}ms")"
+steps=$($PY -c "
+import json
+r=[json.loads(l)['retry_in_ms'] for l in open('$TMP/early.err') if 'not reachable' in l]
+print('ok' if r[:3]==[250,500,1000] and all(b>=a for a,b in zip(r,r[1:])) else r)")
+check_eq "one log line per failed probe, backoff doubling from 250 ms" ok "$steps"
+"$ROOT/test/ferretdb/bin/ferretdb-test" -dir "$TMP/fdb_late" -listen "127.0.0.1:$FPORT" -uri-file "$TMP/uri_late" \
+    >"$TMP/fdb_late.out" 2>"$TMP/fdb_late.err" &
+PIDS+=($!)
+wait_until 20 test -s "$TMP/uri_late" || fail "second FerretDB did not start"
+"$BIN" init --uri "$LATE_URI" --database t_late >/dev/null
+"$BIN" handler create late http "$HOOK/late" --uri "$LATE_URI" --database t_late >/dev/null
+"$BIN" route 'late.#' late --uri "$LATE_URI" --database t_late
+"$BIN" publish late.x '{"n":1}' --uri "$LATE_URI" --database t_late >/dev/null
+if wait_until 40 has_requests /late 1; then pass "once the server is up, run delivers"; else fail "nothing delivered after the server came up" "$(tail -3 "$TMP/early.err")"; fi
+wait_until 10 bash -c "[[ \$(curl -s -o /dev/null -w '%{http_code}' 'http://$(metrics_addr early)/healthz') == 200 ]]"
+check_eq "/healthz answers 200 once connected" 200 "$(healthz)"
+stop_instance $P1
+check_eq "SIGTERM exits 0" 0 "$STOP_RC"
+start_instance never t_never --uri "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=300&connectTimeoutMS=300"
+P1=$IPID
+wait_until 10 grep -q 'not reachable' "$TMP/never.err"
+stop_instance $P1
+check_eq "SIGTERM while waiting for the server exits 0" 0 "$STOP_RC"
+}
+
+# MONGO_PARITY_ONLY=pattern runs only the test_* functions whose name matches.
+for t in test_handlers test_server_wait; do
+    [[ -z "${MONGO_PARITY_ONLY:-}" || "$t" == *${MONGO_PARITY_ONLY}* ]] && "$t"
+done
 log "done"
 finish
