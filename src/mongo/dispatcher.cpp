@@ -272,11 +272,35 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     if (!held.draining && lane_valid(lane, now)) lanes.push_back(lane);
   if (lanes.empty()) return;
   const int window = cfg_.scan_window > 0 ? cfg_.scan_window : std::max(64, 4 * cfg_.batch_size);
-  std::vector<Delivery> rows = store_.fetch_window(h.doc.name, lanes, window);
+  // Priority across the whole backlog: while it fits in a window, one read of
+  // the oldest rows sees everything. Beyond, the head of each class may lie
+  // far behind the oldest rows, so each class's own window is read
+  // (plan_claim's class streams; a class's rows in the union are a prefix of
+  // that class in id order). Rows with a priority outside 0..3 are found
+  // (and dead-lettered) by the first kind of read.
+  std::vector<Delivery> rows;
+  bool truncated = false;
+  if (!h.deep) {
+    rows = store_.fetch_window(h.doc.name, lanes, window);
+    truncated = static_cast<int>(rows.size()) >= window;
+  }
+  if (h.deep || truncated) {
+    const int class_window = std::max(64, window / 2);
+    std::set<int64_t> have;
+    for (const auto& d : rows) have.insert(d.id);
+    bool any_full = false;
+    for (int c = 0; c < 4; c++) {
+      auto part = store_.fetch_class_window(h.doc.name, lanes, c, class_window);
+      any_full |= static_cast<int>(part.size()) >= class_window;
+      for (auto& d : part)
+        if (have.insert(d.id).second) rows.push_back(std::move(d));
+    }
+    truncated = any_full;  // else the union holds every row
+    h.deep = any_full;
+  }
   metrics_.fetches++;
   metrics_.last_store_ok_ms = wall_ms();
   if (rows.empty()) return;
-  const bool truncated = static_cast<int>(rows.size()) >= window;
 
   // Malformed documents: dead letters at once, with the reason (they would
   // never become deliverable). Their keys stay blocked until then.

@@ -62,6 +62,7 @@ class Dispatcher final : private core::DeliveryStore {
     HandlerDoc doc;
     int key = 0;
     std::shared_ptr<const core::PipelineHandler> pipe;  // the doc, as the pipeline sends it
+    bool deep = false;  // the last fetch found more than a window: read per priority class
   };
 
   // core::DeliveryStore: completions and releases of the pipeline.

@@ -164,6 +164,12 @@ class Store {
   // handler nor `replay` revives them. Returns how many deliveries moved.
   int64_t dead_letter_handler(const std::string& handler, const std::string& reason, int64_t now_ms);
 
+  // The handler's deliveries of one priority class in the lanes, oldest
+  // first (one find): with one per class, the planner sees the head of every
+  // class however deep the backlog is.
+  std::vector<Delivery> fetch_class_window(const std::string& handler, const std::vector<int>& lanes, int priority,
+                                           int limit);
+
   uint64_t commands() const { return commands_; }
   const std::map<std::string, uint64_t>& command_counts() const { return by_op_; }
 

@@ -94,8 +94,59 @@ stop_instance $P1
 check_eq "SIGTERM while waiting for the server exits 0" 0 "$STOP_RC"
 }
 
+# ------------------------------------------------------------------ 4. priorities across the whole backlog
+# 0.1.0: ten priority-3 events behind 1,000 priority-1 events went out at
+# positions 608-625 (the window was the oldest rows only).
+test_priorities() {
+log "priorities across the whole backlog, with aging"
+local DB=t_prio
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/prio" --options '{"concurrency":8}' --database $DB >/dev/null
+$PYM "$INTEG/mongo_bulk_load.py" "$URI" $DB hook prio.x 1000 50 1 low >/dev/null || fail "bulk load"
+$PYM "$INTEG/mongo_bulk_load.py" "$URI" $DB hook prio.x 10 0 3 high >/dev/null || fail "bulk load"
+control /prio '[{"delay": 0.01, "repeat": true}]'
+start_instance prio $DB --priority-aging 60s
+local P1=$IPID
+wait_until 60 has_requests /prio 20 || fail "requests to /prio did not flow"
+local pos
+pos=$(curl -s "$HOOK/_requests" | $PY -c "
+import json,sys
+rs=[json.loads(r['body']) for r in json.load(sys.stdin) if r['path']=='/prio']
+print(' '.join(str(i+1) for i,b in enumerate(rs) if b['payload']['tag']=='high'))")
+log "positions of the ten priority-3 deliveries: $pos"
+check_eq "ten priority-3 deliveries behind 1,000 priority-1 ones come first (within 10 + concurrency)" "10 ok" \
+    "$(wc -w <<<"$pos") $(for p in $pos; do ((p <= 18)) || echo late; done | grep -q late && echo late || echo ok)"
+stop_instance $P1
+control /prio '[]'
+
+# Aging: priority-0 deliveries ready for 6 aging periods (a retry's not_before,
+# say, behind newer ids) outrank fresh priority-2 ones.
+DB=t_aging
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/aging" --options '{"concurrency":4}' --database $DB >/dev/null
+$PYM "$INTEG/mongo_bulk_load.py" "$URI" $DB hook aging.x 300 30 2 fresh >/dev/null || fail "bulk load"
+$PYM "$INTEG/mongo_bulk_load.py" "$URI" $DB hook aging.x 5 0 0 aged >/dev/null || fail "bulk load"
+$PYM -c "
+import pymongo, datetime
+db=pymongo.MongoClient('$URI')['$DB']
+old=datetime.datetime.now(datetime.timezone.utc)-datetime.timedelta(seconds=60)
+db.relay_deliveries.update_many({'payload.tag':'aged'}, {'\$set': {'not_before': old, 'published_at': old}})
+" || fail "aging setup"
+start_instance aging $DB --priority-aging 10s --batch-size 20 --scan-window 64
+P1=$IPID
+wait_until 60 has_requests /aging 40 || fail "requests to /aging did not flow"
+pos=$(curl -s "$HOOK/_requests" | $PY -c "
+import json,sys
+rs=[json.loads(r['body']) for r in json.load(sys.stdin) if r['path']=='/aging']
+print(' '.join(str(i+1) for i,b in enumerate(rs) if b['payload']['tag']=='aged'))")
+log "positions of the five aged priority-0 deliveries: $pos"
+check_eq "aged priority-0 deliveries are not starved by a priority-2 backlog (within 5 + concurrency)" "5 ok" \
+    "$(wc -w <<<"$pos") $(for p in $pos; do ((p <= 9)) || echo late; done | grep -q late && echo late || echo ok)"
+stop_instance $P1
+}
+
 # MONGO_PARITY_ONLY=pattern runs only the test_* functions whose name matches.
-for t in test_handlers test_server_wait; do
+for t in test_handlers test_server_wait test_priorities; do
     [[ -z "${MONGO_PARITY_ONLY:-}" || "$t" == *${MONGO_PARITY_ONLY}* ]] && "$t"
 done
 log "done"
