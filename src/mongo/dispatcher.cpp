@@ -100,6 +100,10 @@ void Dispatcher::lease_tick() {
   std::set<std::string> seen;
   for (auto& d : docs) {
     seen.insert(d.name);
+    if (d.kind == core::HandlerKind::Pull) {  // served by the pull API, not sent
+      pull_handlers_[d.name] = d;
+      continue;
+    }
     if (d.kind != core::HandlerKind::Http) {
       if (warned_.insert("kind " + d.name).second)
         log_warn("handler kind not served by relaybus-mongo (http only)",
@@ -121,6 +125,8 @@ void Dispatcher::lease_tick() {
   }
   for (auto it = handlers_.begin(); it != handlers_.end();)
     it = seen.count(it->first) ? std::next(it) : handlers_.erase(it);
+  for (auto it = pull_handlers_.begin(); it != pull_handlers_.end();)
+    it = seen.count(it->first) && it->second.kind == core::HandlerKind::Pull ? std::next(it) : pull_handlers_.erase(it);
 
   store_.heartbeat(cfg_.instance, now + cfg_.lease_ms);
   const int live = std::max(1, store_.live_instances(now));
@@ -147,6 +153,7 @@ void Dispatcher::lease_tick() {
   // back once nothing of theirs is in flight or awaiting completion.
   std::map<int, int> busy;  // lane -> queued, in flight or awaiting completion
   if (pipeline_) pipeline_->for_each_receipt([&](const core::Receipt& r) { busy[static_cast<int>(r.a)]++; });
+  if (pull_) pull_->for_each_lane([&](int lane) { busy[lane]++; });  // a consumer still works on it
   int active = 0;
   for (const auto& [lane, h] : held_) active += h.draining ? 0 : 1;
   for (auto it = held_.rbegin(); it != held_.rend() && active > share; ++it)
@@ -541,6 +548,14 @@ int Dispatcher::run() {
            {{"instance", cfg_.instance}, {"database", cfg_.database}, {"metrics", server_.bound()},
             {"lease_ms", cfg_.lease_ms}, {"batch_size", cfg_.batch_size}, {"config_file", cfg_.config_file}});
   if (!ensure_engine()) return 1;
+  const PullHost& host = *this;
+  pull_ = std::make_unique<PullApi>(store_, metrics_, host, rng_());
+  server_.set_api([this](const std::string& method, const std::string& path, const std::string& auth,
+                         const std::string& body) {
+    const int64_t window = cfg_.scan_window > 0 ? cfg_.scan_window : std::max(64, 4 * cfg_.batch_size);
+    ApiResponse r = pull_->handle(method, path, auth, body, cfg_.api_token, window, cfg_.priority_aging_ms);
+    return std::make_pair(r.status, r.body);
+  });
   if (!wait_for_server()) {  // stopped before the server answered
     log_info("relaybus-mongo dispatcher stopped", {{"delivered", 0}, {"commands", store_.commands()}});
     return 0;
@@ -577,6 +592,14 @@ int Dispatcher::run() {
         next_tick_ms_ = now + 1000;
       }
     }
+    if (pull_->leased() > 0) {
+      try {
+        pull_->expire(wall_ms());  // pull leases that ran out: failed attempts
+      } catch (const StoreError& e) {
+        metrics_.store_errors++;
+        log_warn("recording expired pull leases failed", {{"error", e.what()}});
+      }
+    }
     pipeline_->pump(*this, wall_ms());  // queued deliveries go out as responses made room
     collect_results();
     if (pipeline_->completion_due(wall_ms())) flush();
@@ -596,6 +619,25 @@ int Dispatcher::run() {
                                                   }()},
                                                  {"commands", store_.commands()}});
   return 0;
+}
+
+// ---------------------------------------------------------------- pull handlers
+
+const HandlerDoc* Dispatcher::pull_handler(const std::string& name) const {
+  auto it = pull_handlers_.find(name);
+  return it == pull_handlers_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::pair<int, int64_t>> Dispatcher::claimable_lanes(int64_t now) const {
+  std::vector<std::pair<int, int64_t>> out;
+  if (stopping_) return out;
+  for (const auto& [lane, h] : held_)
+    if (!h.draining && lane_valid(lane, now)) out.emplace_back(lane, h.since_epoch);
+  return out;
+}
+
+bool Dispatcher::lane_holds(int lane, int64_t since_epoch, int64_t now) const {
+  return receipt_holds(core::Receipt{static_cast<uint64_t>(lane), static_cast<uint64_t>(since_epoch)}, now);
 }
 
 }  // namespace relaybus::mongo

@@ -53,6 +53,11 @@ class MetricsServer {
   void add_fds(std::vector<pollfd>* fds) const;
   // After poll: serve what is ready. healthy() decides /healthz.
   void on_ready(const std::vector<pollfd>& fds, const Metrics& m, const std::function<bool()>& healthy);
+  // Requests under /v1/ go to this (method, path, Authorization header value,
+  // body) -> (status, JSON body): the pull API (pull_api.hpp).
+  using ApiHandler = std::function<std::pair<int, std::string>(const std::string&, const std::string&,
+                                                               const std::string&, const std::string&)>;
+  void set_api(ApiHandler api) { api_ = std::move(api); }
 
  private:
   struct Conn {
@@ -66,6 +71,7 @@ class MetricsServer {
   int listen_fd_ = -1;
   std::string bound_;
   std::vector<Conn> conns_;
+  ApiHandler api_;
 };
 
 }  // namespace relaybus::mongo

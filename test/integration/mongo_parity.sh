@@ -94,6 +94,96 @@ stop_instance $P1
 check_eq "SIGTERM while waiting for the server exits 0" 0 "$STOP_RC"
 }
 
+# ------------------------------------------------------------------ 3. pull handlers over HTTP
+test_pull() {
+log "pull handlers: claim, ack, nack, extend with lease receipts"
+local DB=t_pull TOKEN=tok-0123456789abcdef
+"$BIN" init --database $DB >/dev/null
+check_rc "handler create NAME pull" 0 '"kind":"pull"' "$BIN" handler create work pull --database $DB
+"$BIN" handler create hook http "$HOOK/never" --database $DB >/dev/null
+"$BIN" route 'job.#' work --database $DB
+"$BIN" publish job.x '{"n":"A1"}' --key A --database $DB >/dev/null
+"$BIN" publish job.x '{"n":"A2"}' --key A --database $DB >/dev/null
+"$BIN" publish job.x '{"n":"B1"}' --key B --database $DB >/dev/null
+"$BIN" publish job.x '{"n":"U"}' --database $DB >/dev/null
+start_instance pull $DB --api-token $TOKEN
+local P1=$IPID
+wait_until 15 grep -q '"held":64' "$TMP/pull.err" || fail "lanes not taken"
+local base="http://$(metrics_addr pull)/v1/handlers/work"
+# api PATH BODY [TOKEN]: prints "STATUS BODY" (TOKEN "": no Authorization header)
+api() {
+    local auth=()
+    [[ -n "${3-$TOKEN}" ]] && auth=(-H "Authorization: Bearer ${3-$TOKEN}")
+    curl -s -o "$TMP/api.body" -w '%{http_code}' -X POST "${auth[@]}" \
+        -H 'Content-Type: application/json' --data "$2" "$base/$1"
+    printf ' %s' "$(cat "$TMP/api.body")"
+}
+check_rc "no bearer token: 401 with a JSON error" 0 '^401 \{"error":"missing or wrong bearer token"\}' api claim '{}' ""
+check_rc "a wrong bearer token: 401" 0 '^401 ' api claim '{}' wrong-token-0123456789
+local out
+out=$(api claim '{"max":10,"lease":"2s"}')
+# leases by payload tag
+declare -A L I
+while read -r tag id lease; do L[$tag]=$lease; I[$tag]=$id; done < <($PY -c "
+import json,sys
+st,body=sys.argv[1].split(' ',1)
+for d in json.loads(body)['deliveries']: print(d['payload']['n'], d['id'], d['lease'])" "$out")
+check_eq "claim hands out each key's head and the unkeyed one, not A2 behind A1" "A1 B1 U" "$(printf '%s\n' "${!L[@]}" | sort | xargs)"
+check_eq "a second claim gets nothing (heads leased, A2 behind its leased head)" '200 {"deliveries":[]}' "$(api claim '{}')"
+check_rc "extend keeps a lease" 0 '^200 .*lease_until' api extend "{\"id\":${I[A1]},\"lease\":\"${L[A1]}\",\"by\":\"60s\"}"
+api extend "{\"id\":${I[B1]},\"lease\":\"${L[B1]}\",\"by\":\"60s\"}" >/dev/null
+check_rc "ack with a forged receipt: 409 with a JSON error" 0 '^409 .*"error":"lease of delivery [0-9]+ is not held: another holder"' \
+    api ack "{\"ids\":[${I[A1]}],\"leases\":[\"00000000000000000000000000000000\"]}"
+check_rc "ack of two, one receipt forged: 409, all or nothing" 0 '^409 ' \
+    api ack "{\"ids\":[${I[A1]},${I[B1]}],\"leases\":[\"${L[A1]}\",\"${L[A1]}\"]}"
+check_eq "the refused acks changed nothing" 4 "$(stats_field $DB pending)"
+check_rc "ack with the receipt" 0 '^200 .*"acked":1' api ack "{\"ids\":[${I[A1]}],\"leases\":[\"${L[A1]}\"]}"
+check_rc "nack with the receipt: retried" 0 '^200 .*"dead":false' \
+    api nack "{\"id\":${I[B1]},\"lease\":\"${L[B1]}\",\"delay\":\"0s\",\"error\":\"boom\"}"
+check_rc "ack with the stale receipt after the nack: 409" 0 '^409 .*not held: no lease' \
+    api ack "{\"ids\":[${I[B1]}],\"leases\":[\"${L[B1]}\"]}"
+local doc
+doc=$($PYM -c "
+import pymongo
+d=pymongo.MongoClient('$URI')['$DB'].relay_deliveries.find_one({'_id': ${I[B1]}})
+print(d['attempt'], d['last_error'])")
+check_eq "the stale ack changed nothing: B1 pending with the nack's attempt and error" "1 boom" "$doc"
+# U's 2 s lease runs out: a failed attempt, and its receipt is stale.
+u_expired() { [[ "$($PYM -c "
+import pymongo
+d=pymongo.MongoClient('$URI')['$DB'].relay_deliveries.find_one({'_id': ${I[U]}})
+print(d.get('attempt'), d.get('last_error'))")" == "1 lease expired" ]]; }
+if wait_until 10 u_expired; then pass "an expired lease counts as a failed attempt (lease expired)"; else fail "U's lease did not expire"; fi
+check_rc "ack with an expired receipt: 409" 0 '^409 ' api ack "{\"ids\":[${I[U]}],\"leases\":[\"${L[U]}\"]}"
+check_eq "3 pending after the refused completions" 3 "$(stats_field $DB pending)"
+# Backoff of U (the handler's, from 1 s): claim until A2, B1 and U are handed out again.
+declare -A L2 I2
+all_claimed() {
+    local o
+    o=$(api claim '{"max":10}')
+    while read -r tag id lease; do L2[$tag]=$lease; I2[$tag]=$id; done < <($PY -c "
+import json,sys
+st,body=sys.argv[1].split(' ',1)
+for d in json.loads(body)['deliveries']: print(d['payload']['n'], d['id'], d['lease'])" "$o")
+    [[ -n "${L2[A2]:-}" && -n "${L2[B1]:-}" && -n "${L2[U]:-}" ]]
+}
+if wait_until 15 all_claimed; then pass "after the ack, the nack and the expiry: A2, B1 and U are claimed again"; else fail "claimed again: ${!L2[*]}"; fi
+check_rc "ack of all three" 0 '^200 .*"acked":3' \
+    api ack "{\"ids\":[${I2[A2]},${I2[B1]},${I2[U]}],\"leases\":[\"${L2[A2]}\",\"${L2[B1]}\",\"${L2[U]}\"]}"
+check_eq "nothing pending" 0 "$(stats_field $DB pending)"
+check_rc "an http handler is not claimable: 404" 0 '^404 .*"handler \\"hook\\" does not exist or is not a pull handler' \
+    bash -c "$(declare -f api); TMP=$TMP TOKEN=$TOKEN base=${base%/work}/hook api claim '{}'"
+check_rc "bad input: 400" 0 '^400 .*max.* must be an integer 1..1000' api claim '{"max":0}'
+check_rc "a nack without its lease: 400" 0 '^400 ' api nack "{\"id\":${I[A1]}}"
+stop_instance $P1
+start_instance pull_off $DB
+P1=$IPID
+wait_until 10 test -n "$(metrics_addr pull_off)"
+base="http://$(metrics_addr pull_off)/v1/handlers/work"
+check_rc "without api_token the pull API is off: 403" 0 '^403 .*set api_token' api claim '{}'
+stop_instance $P1
+}
+
 # ------------------------------------------------------------------ 4. priorities across the whole backlog
 # 0.1.0: ten priority-3 events behind 1,000 priority-1 events went out at
 # positions 608-625 (the window was the oldest rows only).
@@ -146,7 +236,7 @@ stop_instance $P1
 }
 
 # MONGO_PARITY_ONLY=pattern runs only the test_* functions whose name matches.
-for t in test_handlers test_server_wait test_priorities; do
+for t in test_handlers test_server_wait test_pull test_priorities; do
     [[ -z "${MONGO_PARITY_ONLY:-}" || "$t" == *${MONGO_PARITY_ONLY}* ]] && "$t"
 done
 log "done"
