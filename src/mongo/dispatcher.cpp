@@ -128,7 +128,7 @@ void Dispatcher::lease_tick() {
   for (auto it = pull_handlers_.begin(); it != pull_handlers_.end();)
     it = seen.count(it->first) && it->second.kind == core::HandlerKind::Pull ? std::next(it) : pull_handlers_.erase(it);
 
-  store_.heartbeat(cfg_.instance, now + cfg_.lease_ms);
+  store_.heartbeat_load(cfg_.instance, now + cfg_.lease_ms, handler_load());
   const int live = std::max(1, store_.live_instances(now));
   const int share = (core::kLanes + live - 1) / live;
 
@@ -233,6 +233,14 @@ void Dispatcher::lease_tick() {
   if (!taken.empty() || !released.empty() || !lost.empty())
     log_info("lanes", {{"taken", taken}, {"released", released}, {"lost", lost}, {"held", held_.size()},
                        {"instances", live}, {"share", share}});
+  if (now >= next_backlog_ms_ && !stopping_) {  // after the leases: counting must not delay renewals
+    try {
+      refresh_backlog(now);
+    } catch (const StoreError& e) {
+      metrics_.store_errors++;
+      log_warn("counting the backlog failed", {{"error", e.what()}});
+    }
+  }
 }
 
 void Dispatcher::release_all() {

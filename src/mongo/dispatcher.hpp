@@ -89,6 +89,10 @@ class Dispatcher final : private core::DeliveryStore, private PullHost {
   std::vector<std::pair<int, int64_t>> claimable_lanes(int64_t now_ms) const override;
   bool lane_holds(int lane, int64_t since_epoch, int64_t now_ms) const override;
   std::map<std::string, HandlerDoc> pull_handlers_;
+  // stats.cpp: the heartbeat's per-handler load, and the backlog gauges.
+  std::map<std::string, Store::HandlerLoad> handler_load();
+  void refresh_backlog(int64_t now_ms);
+  int64_t next_backlog_ms_ = 0;
   std::unique_ptr<PullApi> pull_;
 
   Config cfg_;

@@ -109,6 +109,30 @@ std::string Metrics::render() const {
     snprintf(buf, sizeof buf, "%s %.17g\n", name, v);
     o += buf;
   };
+  auto per_handler = [&](const char* name, const char* help, auto value) {
+    gauge(name, help);
+    for (const auto& [h, b] : backlog) {
+      snprintf(buf, sizeof buf, "%s{handler=\"%s\"} %.17g\n", name, label(h).c_str(), static_cast<double>(value(h, b)));
+      o += buf;
+    }
+  };
+  using B = Backlog;
+  per_handler("relaybus_mongo_pending", "Pending deliveries (refreshed every max(10s, lease)).",
+              [](const std::string&, const B& b) { return b.pending; });
+  per_handler("relaybus_mongo_ready", "Pending deliveries whose not_before passed.",
+              [](const std::string&, const B& b) { return b.ready; });
+  per_handler("relaybus_mongo_delayed", "Pending deliveries whose not_before is ahead (scheduled or in backoff).",
+              [](const std::string&, const B& b) { return b.delayed; });
+  per_handler("relaybus_mongo_retrying", "Pending deliveries with a failed attempt.",
+              [](const std::string&, const B& b) { return b.retrying; });
+  per_handler("relaybus_mongo_dead", "Dead letters.", [](const std::string&, const B& b) { return b.dead; });
+  per_handler("relaybus_mongo_oldest_pending_seconds", "Age of the oldest pending delivery.",
+              [](const std::string&, const B& b) { return b.oldest_age_s; });
+  per_handler("relaybus_mongo_handler_in_flight", "This instance's HTTP requests in flight or pull leases held.",
+              [this](const std::string& h, const B&) {
+                auto it = handler_in_flight.find(h);
+                return it == handler_in_flight.end() ? int64_t{0} : it->second;
+              });
   one("relaybus_mongo_fetches_total", "Window reads of deliveries.", true, static_cast<double>(fetches));
   one("relaybus_mongo_lanes_taken_total", "Lanes this instance acquired.", true, static_cast<double>(lanes_taken));
   one("relaybus_mongo_lanes_released_total", "Lanes this instance gave back.", true, static_cast<double>(lanes_released));

@@ -36,6 +36,14 @@ struct Metrics {
   int64_t last_store_ok_ms = 0;
   int64_t started_ms = 0;
   const std::map<std::string, uint64_t>* commands = nullptr;  // the store's, by operation
+  // The PostgreSQL views' counts per handler, refreshed every max(10 s, lease)
+  // by the dispatcher (counting rows costs the server); in_flight is live.
+  struct Backlog {
+    int64_t pending = 0, ready = 0, delayed = 0, retrying = 0, dead = 0;
+    double oldest_age_s = 0;
+  };
+  std::map<std::string, Backlog> backlog;
+  std::map<std::string, int64_t> handler_in_flight;  // HTTP requests or pull leases
 
   static const std::array<double, 16> kBucketsS;
   void observe_latency(const std::string& handler, double seconds);

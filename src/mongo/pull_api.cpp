@@ -325,4 +325,10 @@ void PullApi::for_each_lane(const std::function<void(int)>& f) const {
   for (const auto& [id, l] : leases_) f(l.lane);
 }
 
+std::map<std::string, int64_t> PullApi::leased_by_handler() const {
+  std::map<std::string, int64_t> out;
+  for (const auto& [id, l] : leases_) out[l.handler]++;
+  return out;
+}
+
 }  // namespace relaybus::mongo

@@ -57,6 +57,7 @@ class PullApi {
   // Lanes with leased deliveries (not given back while a consumer works).
   void for_each_lane(const std::function<void(int)>& f) const;
   size_t leased() const { return leases_.size(); }
+  std::map<std::string, int64_t> leased_by_handler() const;
 
  private:
   struct Lease {

@@ -994,3 +994,127 @@ std::vector<Delivery> Store::fetch_class_window(const std::string& handler, cons
 }
 
 }  // namespace relaybus::mongo
+
+// ------------------------------------------------------------------ stats
+
+namespace relaybus::mongo {
+
+Store::Backlog Store::backlog(const std::string& handler, int64_t now_ms) {
+  Backlog b;
+  bson_error_t err;
+  auto count_where = [&](mongoc_collection_t* c, const char* field, const char* op, bool date, int64_t v,
+                         bool not_dropped) {
+    Bson f;
+    BSON_APPEND_UTF8(f, "handler", handler.c_str());
+    if (field != nullptr) {
+      bson_t cond;
+      bson_append_document_begin(f, field, -1, &cond);
+      if (date)
+        BSON_APPEND_DATE_TIME(&cond, op, v);
+      else
+        BSON_APPEND_INT64(&cond, op, v);
+      bson_append_document_end(f, &cond);
+    }
+    if (not_dropped) {
+      bson_t ex;
+      bson_append_document_begin(f, "handler_dropped_at", -1, &ex);
+      BSON_APPEND_BOOL(&ex, "$exists", false);
+      bson_append_document_end(f, &ex);
+    }
+    count("count");
+    int64_t n = mongoc_collection_count_documents(c, f, nullptr, nullptr, nullptr, &err);
+    if (n < 0) raise("count", err);
+    return n;
+  };
+  b.pending = count_where(coll(kDeliveries), nullptr, nullptr, false, 0, false);
+  if (b.pending > 0) {
+    b.delayed = count_where(coll(kDeliveries), "not_before", "$gt", true, now_ms, false);
+    b.ready = b.pending - b.delayed;
+    b.retrying = count_where(coll(kDeliveries), "attempt", "$gt", false, 0, false);
+    Bson f, opts;
+    BSON_APPEND_UTF8(f, "handler", handler.c_str());
+    bson_t sort;
+    bson_append_document_begin(opts, "sort", 4, &sort);
+    BSON_APPEND_INT32(&sort, "_id", 1);
+    bson_append_document_end(opts, &sort);
+    BSON_APPEND_INT64(opts, "limit", 1);
+    count("find");
+    mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeliveries), f, opts, nullptr);
+    const bson_t* doc;
+    if (mongoc_cursor_next(cur, &doc)) get_date_ms(doc, "published_at", &b.oldest_ms);
+    bool failed = mongoc_cursor_error(cur, &err);
+    mongoc_cursor_destroy(cur);
+    if (failed) raise("oldest pending", err);
+  }
+  b.dead = count_where(coll(kDeadLetters), nullptr, nullptr, false, 0, true);
+  return b;
+}
+
+void Store::heartbeat_load(const std::string& instance, int64_t until_ms,
+                           const std::map<std::string, HandlerLoad>& load) {
+  Bson filter, doc, opts, reply;
+  BSON_APPEND_UTF8(filter, "_id", instance.c_str());
+  BSON_APPEND_UTF8(doc, "_id", instance.c_str());
+  BSON_APPEND_DATE_TIME(doc, "until", until_ms);
+  bson_t handlers;
+  bson_append_document_begin(doc, "load", -1, &handlers);
+  for (const auto& [name, l] : load) {
+    bson_t h;
+    bson_append_document_begin(&handlers, name.c_str(), -1, &h);
+    BSON_APPEND_INT64(&h, "in_flight", l.in_flight);
+    append_int64_array(&h, "latency_buckets", l.latency_buckets);
+    BSON_APPEND_INT64(&h, "latency_count", l.latency_count);
+    BSON_APPEND_DOUBLE(&h, "latency_sum_s", l.latency_sum_s);
+    bson_append_document_end(&handlers, &h);
+  }
+  bson_append_document_end(doc, &handlers);
+  BSON_APPEND_BOOL(opts, "upsert", true);
+  bson_error_t err;
+  count("replace");
+  if (!mongoc_collection_replace_one(coll(kInstances), filter, doc, opts, reply, &err)) {
+    if (err.code == kDuplicateKey) return;  // a concurrent first upsert of our own doc: harmless
+    raise("heartbeat", err);
+  }
+}
+
+std::map<std::string, Store::HandlerLoad> Store::live_load(int64_t now_ms) {
+  std::map<std::string, HandlerLoad> out;
+  Bson filter;
+  count("find");
+  mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kInstances), filter, nullptr, nullptr);
+  const bson_t* doc;
+  while (mongoc_cursor_next(cur, &doc)) {
+    int64_t until = 0;
+    bson_iter_t it, hs;
+    if (!get_date_ms(doc, "until", &until) || until <= now_ms) continue;
+    if (!bson_iter_init_find(&it, doc, "load") || !BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &hs))
+      continue;
+    while (bson_iter_next(&hs)) {
+      if (!BSON_ITER_HOLDS_DOCUMENT(&hs)) continue;
+      uint32_t len;
+      const uint8_t* data;
+      bson_iter_document(&hs, &len, &data);
+      bson_t h;
+      if (!bson_init_static(&h, data, len)) continue;
+      HandlerLoad& l = out[bson_iter_key(&hs)];
+      int64_t x = 0;
+      if (get_int64(&h, "in_flight", &x)) l.in_flight += x;
+      if (get_int64(&h, "latency_count", &x)) l.latency_count += x;
+      bson_iter_t f, arr;
+      if (bson_iter_init_find(&f, &h, "latency_sum_s") && BSON_ITER_HOLDS_DOUBLE(&f)) l.latency_sum_s += bson_iter_double(&f);
+      if (bson_iter_init_find(&f, &h, "latency_buckets") && BSON_ITER_HOLDS_ARRAY(&f) && bson_iter_recurse(&f, &arr)) {
+        for (size_t i = 0; bson_iter_next(&arr); i++) {
+          if (l.latency_buckets.size() <= i) l.latency_buckets.resize(i + 1, 0);
+          l.latency_buckets[i] += bson_iter_as_int64(&arr);
+        }
+      }
+    }
+  }
+  bson_error_t err;
+  bool failed = mongoc_cursor_error(cur, &err);
+  mongoc_cursor_destroy(cur);
+  if (failed) raise("read instances", err);
+  return out;
+}
+
+}  // namespace relaybus::mongo

@@ -235,8 +235,58 @@ check_eq "aged priority-0 deliveries are not starved by a priority-2 backlog (wi
 stop_instance $P1
 }
 
+# ------------------------------------------------------------------ 5. batch publish and stats
+test_batch_stats() {
+log "publish --batch and the stats of the PostgreSQL views"
+local DB=t_batch
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/batch" --options '{"concurrency":2}' --database $DB >/dev/null
+"$BIN" route 'b.#' hook --database $DB
+cat >"$TMP/batch.jsonl" <<'JSON'
+{"topic":"b.x","payload":{"n":1},"key":"k"}
+{"topic":"b.x","payload":{"n":2},"key":"k","priority":3}
+
+{"topic":"b.x","payload":{"n":3},"headers":{"h":"v"}}
+{"topic":"b.x","payload":{"n":4},"not_before":"1h"}
+{"topic":"b.x","payload":[1,2]}
+JSON
+local out
+out=$("$BIN" publish --batch "$TMP/batch.jsonl" --database $DB)
+check_eq "publish --batch: one line per event, in order, key seqs 1 and 2" "5 k:1 k:2" \
+    "$(wc -l <<<"$out") $($PY -c "
+import json,sys
+print(' '.join(f\"{j['key']}:{j['seq']}\" for j in map(json.loads, filter(None, sys.stdin.read().splitlines())) if 'key' in j))" <<<"$out")"
+printf '%s\n' '{"topic":"b.x","payload":{"n":5}}' '{"topic":"b..x","payload":{}}' >"$TMP/bad.jsonl"
+check_rc "a bad line: exit 2 naming the line" 2 'line 2: invalid topic "b..x"' "$BIN" publish --batch "$TMP/bad.jsonl" --database $DB
+printf '%s\n' '{"topic":"b.x","payload":{},"prio":1}' >"$TMP/bad2.jsonl"
+check_rc "an unknown field: exit 2" 2 'line 1: unknown field "prio"' "$BIN" publish --batch "$TMP/bad2.jsonl" --database $DB
+check_eq "a refused batch publishes nothing" 5 "$(stats_field $DB pending)"
+check_rc "publish --batch - reads stdin" 0 '"event_id"' bash -c "echo '{\"topic\":\"b.y\",\"payload\":{\"n\":6}}' | '$BIN' publish --batch - --database $DB"
+local st
+st=$("$BIN" stats --database $DB | $PY -c "
+import json,sys
+h=json.load(sys.stdin)[0]
+print(h['kind'], h['pending'], h['ready'], h['delayed'], h['in_flight'], h['retrying'], h['dead'], h['oldest_age_ms']>=0, len(h['latency']['buckets']), h['latency']['count'])")
+check_eq "stats: kind pending ready delayed in_flight retrying dead oldest_age latency" "http 6 5 1 0 0 0 True 16 0" "$st"
+control /batch '[{"delay": 1.5, "repeat": true}]'
+start_instance batch $DB
+local P1=$IPID
+in_flight() { [[ "$("$BIN" stats --database $DB | $PY -c 'import json,sys; print(json.load(sys.stdin)[0]["in_flight"])')" == 2 ]]; }
+if wait_until 15 in_flight; then pass "stats: in_flight from the live instance's heartbeat (2 = concurrency)"; else fail "in_flight never 2"; fi
+wait_until 30 pending_is $DB 1
+wait_until 10 bash -c "[[ \$(curl -s 'http://$(metrics_addr batch)/metrics' | awk '\$1==\"relaybus_mongo_pending{handler=\\\"hook\\\"}\" {print \$2}') != '' ]]"
+local m
+m=$(curl -s "http://$(metrics_addr batch)/metrics" | grep -cE '^relaybus_mongo_(pending|ready|delayed|retrying|dead|oldest_pending_seconds|handler_in_flight)\{handler="hook"\}')
+check_eq "/metrics: pending, ready, delayed, retrying, dead, oldest age and in-flight per handler" 7 "$m"
+lat() { [[ "$("$BIN" stats --database $DB | $PY -c 'import json,sys; h=json.load(sys.stdin)[0]; print(h["latency"]["count"], h["latency"]["buckets"][-1], h["pending"], h["delayed"])')" == "5 5 1 1" ]]; }
+if wait_until 10 lat; then pass "stats: latency histogram of the 5 deliveries; the delayed one still pending"; else
+    fail "stats after the drain" "$("$BIN" stats --database $DB)"; fi
+stop_instance $P1
+control /batch '[]'
+}
+
 # MONGO_PARITY_ONLY=pattern runs only the test_* functions whose name matches.
-for t in test_handlers test_server_wait test_pull test_priorities; do
+for t in test_handlers test_server_wait test_pull test_priorities test_batch_stats; do
     [[ -z "${MONGO_PARITY_ONLY:-}" || "$t" == *${MONGO_PARITY_ONLY}* ]] && "$t"
 done
 log "done"
