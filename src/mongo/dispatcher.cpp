@@ -97,10 +97,12 @@ void Dispatcher::lease_tick() {
   auto docs = store_.load_handlers(&bad);
   for (const auto& b : bad)
     if (warned_.insert("handler " + b).second) log_warn("handler skipped", {{"error", b}});
-  std::set<std::string> seen;
+  std::set<std::string> seen, seen_pull;
   for (auto& d : docs) {
     seen.insert(d.name);
     if (d.kind == core::HandlerKind::Pull) {  // served by the pull API, not sent
+      seen_pull.insert(d.name);
+      handlers_.erase(d.name);  // dropped as http and created again as pull
       pull_handlers_[d.name] = d;
       continue;
     }
@@ -126,7 +128,7 @@ void Dispatcher::lease_tick() {
   for (auto it = handlers_.begin(); it != handlers_.end();)
     it = seen.count(it->first) ? std::next(it) : handlers_.erase(it);
   for (auto it = pull_handlers_.begin(); it != pull_handlers_.end();)
-    it = seen.count(it->first) && it->second.kind == core::HandlerKind::Pull ? std::next(it) : pull_handlers_.erase(it);
+    it = seen_pull.count(it->first) ? std::next(it) : pull_handlers_.erase(it);
 
   store_.heartbeat_load(cfg_.instance, now + cfg_.lease_ms, handler_load());
   const int live = std::max(1, store_.live_instances(now));

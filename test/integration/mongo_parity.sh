@@ -174,6 +174,21 @@ check_eq "nothing pending" 0 "$(stats_field $DB pending)"
 check_rc "an http handler is not claimable: 404" 0 '^404 .*"handler \\"hook\\" does not exist or is not a pull handler' \
     bash -c "$(declare -f api); TMP=$TMP TOKEN=$TOKEN base=${base%/work}/hook api claim '{}'"
 check_rc "bad input: 400" 0 '^400 .*max.* must be an integer 1..1000' api claim '{"max":0}'
+# An http handler dropped and created again as pull (a running dispatcher
+# saw it as http): its deliveries are claimed, never sent to the old URL.
+"$BIN" handler drop hook --database $DB >/dev/null
+"$BIN" handler create hook pull --database $DB >/dev/null
+"$BIN" route 'never.#' hook --database $DB
+base=${base%/*}/hook
+# The catalog is read every lease/3: once the API answers 200 for hook, the
+# dispatcher's catalog has it as pull too (the same read).
+wait_until 10 bash -c "$(declare -f api); TMP=$TMP TOKEN=$TOKEN base=$base api claim '{}' | grep -q '^200'" ||
+    fail "hook never became a pull handler"
+"$BIN" publish never.x '{"n":"N"}' --database $DB >/dev/null
+claimed_n() { [[ "$(api claim '{}')" == *'"n":"N"'* ]]; }
+if wait_until 10 claimed_n; then pass "http handler recreated as pull: claimed"; else fail "not claimed"; fi
+base=${base%/*}/work
+check_eq "... and never sent to the old http target" 0 "$(count_path /never)"
 check_rc "a nack without its lease: 400" 0 '^400 ' api nack "{\"id\":${I[A1]}}"
 stop_instance $P1
 start_instance pull_off $DB
