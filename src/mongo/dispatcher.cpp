@@ -621,6 +621,7 @@ int Dispatcher::run() {
     if (probe >= 0) wait_ms = std::min<int64_t>(wait_ms, probe - wall_ms() + 1);
     wait(std::clamp<int64_t>(wait_ms, 0, 1000));
   }
+  pull_.reset();  // its leases end with the process (a later ack gets 409): their lanes go back too
   release_all();
   log_info("relaybus-mongo dispatcher stopped", {{"delivered", [&] {
                                                     uint64_t n = 0;

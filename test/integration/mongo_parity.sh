@@ -190,7 +190,12 @@ if wait_until 10 claimed_n; then pass "http handler recreated as pull: claimed";
 base=${base%/*}/work
 check_eq "... and never sent to the old http target" 0 "$(count_path /never)"
 check_rc "a nack without its lease: 400" 0 '^400 ' api nack "{\"id\":${I[A1]}}"
+# SIGTERM with a pull lease outstanding: every lane is given back at once.
+"$BIN" publish job.x '{"n":"S"}' --key S --database $DB >/dev/null
+[[ "$(api claim '{}')" == *'"n":"S"'* ]] || fail "S not claimed"
 stop_instance $P1
+grep '"msg":"lanes"' "$TMP/pull.err" | tail -1 | grep -q '"held":0' && pass "SIGTERM gives back lanes with pull leases outstanding" ||
+    fail "lanes kept at SIGTERM" "$(grep '"msg":"lanes"' "$TMP/pull.err" | tail -1)"
 start_instance pull_off $DB
 P1=$IPID
 wait_until 10 test -n "$(metrics_addr pull_off)"
