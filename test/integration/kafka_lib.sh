@@ -37,8 +37,10 @@ kafka_create_topic() {
 
 # kafka_consume TOPIC FILE: every message now in the topic, one JSON object a
 # line (kcat -J: partition, offset, key, payload, headers as [name, value, ...]).
+# Bounded: a topic whose leader is still being elected can keep kcat waiting
+# (fresh-root.sh saw kafka_outage hang for 20 minutes in its first kafka_has).
 kafka_consume() {
-    kcat -C -b "$KAFKA_BOOTSTRAP" -t "$1" -J -e -q -o beginning >"$2" 2>"$2.err"
+    timeout -k 5 "${KCAT_TIMEOUT:-30}" kcat -C -b "$KAFKA_BOOTSTRAP" -t "$1" -J -e -q -o beginning >"$2" 2>"$2.err"
 }
 kafka_count() { kafka_consume "$1" "$TMP/count.json" && wc -l <"$TMP/count.json"; }
 kafka_has() { (($(kafka_count "$1") >= $2)); }
