@@ -120,14 +120,19 @@ check "(b) the idle-time deliveries arrive" wait_lines "$TMP/main.out" 7 20
 drained() { [[ $(sql "$db" "SELECT count(*) FROM relay.deliveries") == 0 ]]; }
 check "(b) the table is empty" wait_until 20 drained
 sql "$db" "VACUUM relay.deliveries" "SELECT pg_stat_statements_reset()" >/dev/null
+# The dispatcher's claim scan, with a lane list or without one (a dispatcher
+# holding all 64 lanes claims without it).
 scan_calls() {
     sql "$db" "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements
-               WHERE query LIKE '%FROM relay.deliveries WHERE handler_id = \$1 AND priority%lane = ANY%'"
+               WHERE query LIKE '%FROM relay.deliveries WHERE handler_id = \$1 AND priority >= 3 AND priority <= 3%'"
 }
-polled() { (($(scan_calls) >= 3)); }
-# The dispatcher polls its handlers (relaybus.poll_interval) while idle: its
-# scan is planned again on the vacuumed table.
-check "(b) the dispatcher claimed on the empty table (3 scans)" wait_until 30 polled
+# One more event on the vacuumed table, delivered before the burst. (An idle
+# dispatcher need not run the class scan at all, and a lone delivery may be
+# claimed another way: the plans of part (a) are what is re-planned here.)
+sql "$db" "SELECT relay_publish('n.x', '{}')" >/dev/null
+check "(b) a delivery on the vacuumed table arrives" wait_lines "$TMP/main.out" 8 20
+check "(b) the table is empty again" wait_until 20 drained
+log "(b) class scans on the vacuumed table before the burst: $(scan_calls)"
 sql "$db" "SELECT pg_stat_statements_reset()" >/dev/null
 for i in 1 2; do
     sql "$db" "SELECT count(*) FROM (SELECT relay_publish_batch('n.x',
@@ -136,11 +141,11 @@ for i in 1 2; do
                FROM generate_series(1, 10000) g) s" >/dev/null
 done
 check "(b) the burst is delivered" wait_until 120 drained
-check "(b) the client got every notification" wait_lines "$TMP/main.out" 20007 20
+check "(b) the client got every notification" wait_lines "$TMP/main.out" 20008 20
 pages=$(sql "$db" "SELECT pg_relation_size('relay.deliveries') / 8192")
 read -r calls blocks < <(sql "$db" "SELECT sum(calls), sum(shared_blks_hit + shared_blks_read)
         FROM pg_stat_statements
-        WHERE query LIKE '%FROM relay.deliveries WHERE handler_id = \$1 AND priority%lane = ANY%'" | tr '|' ' ')
+        WHERE query LIKE '%FROM relay.deliveries WHERE handler_id = \$1 AND priority >= 3 AND priority <= 3%'" | tr '|' ' ')
 log "(b) table pages $pages, claim scans $calls, blocks read by them $blocks"
 check "(b) the dispatcher's claim scan ran" test "${calls:-0}" -gt 0
 check "(b) a claim scan reads fewer blocks than half of one pass per class ($blocks / $calls vs 2 x $pages)" \
