@@ -40,7 +40,7 @@ publisher=$!
 bg_track "$publisher"
 committed_at_least() { (($(sql "$db" "SELECT count(*) FROM pub_log") >= $1)); }
 check "publishing is under way" wait_until 60 committed_at_least 800
-check "messages flow into the topic" wait_until 60 kafka_has relay-crash 200
+check_topic_has "messages flow into the topic" "$db" k relay-crash 200 90
 # Mid-stream: right after a publish, while its deliveries are being produced.
 some_pending() { (($(pending_of "$db" k) > 0)); }
 check "deliveries are pending (the kill comes mid-stream)" wait_until 30 some_pending
@@ -55,7 +55,7 @@ committed=$(sql "$db" "SELECT count(*) FROM pub_log")
 log "$committed events committed"
 check "every delivery is completed in the end" wait_until 120 none_pending "$db" k
 check_eq "nothing is dead" 0 "$(dead_of "$db" k)"
-check "every committed event is in the topic" wait_until 30 kafka_has relay-crash "$committed"
+check_topic_has "every committed event is in the topic" "$db" k relay-crash "$committed" 30
 kafka_consume relay-crash "$TMP/topic.json"
 dump_pub_log "$db" "$TMP/pub.txt"
 analyze_order() {

@@ -66,7 +66,7 @@ psql_q -d "$db" -c "BEGIN" -c "SELECT relay_publish('ka.ev', '{\"rolled\": \"bac
     -c "ROLLBACK" >/dev/null
 check "every delivery is completed (acknowledged by the broker)" wait_until 60 none_pending "$db" k
 check_eq "nothing is dead" 0 "$(dead_of "$db" k)"
-check "the topic holds 110 messages" wait_until 30 kafka_has relay-it 110
+check_topic_has "the topic holds 110 messages" "$db" k relay-it 110 30
 kafka_consume relay-it "$TMP/a.json"
 dump_pub_log "$db" "$TMP/pub.txt"
 py_facts order "$TMP/a.json" "$TMP/pub.txt" <<'PY'
@@ -127,5 +127,5 @@ check "the small one is delivered" wait_until 30 none_pending "$db" small
 check_eq "dead on its first attempt with the broker's error" \
     "1|kafka: Broker: Message size too large (MSG_SIZE_TOO_LARGE)" \
     "$(sql "$db" "SELECT attempts, last_error FROM relay.dead_letters WHERE handler = 'small'")"
-check "the small one is in its topic" wait_until 20 kafka_has relay-small 1
+check_topic_has "the small one is in its topic" "$db" small relay-small 1 20
 finish

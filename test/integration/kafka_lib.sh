@@ -43,7 +43,27 @@ kafka_consume() {
     timeout -k 5 "${KCAT_TIMEOUT:-30}" kcat -C -b "$KAFKA_BOOTSTRAP" -t "$1" -J -e -q -o beginning >"$2" 2>"$2.err"
 }
 kafka_count() { kafka_consume "$1" "$TMP/count.json" && wc -l <"$TMP/count.json"; }
-kafka_has() { (($(kafka_count "$1") >= $2)); }
+# kafka_has TOPIC N: the topic holds at least N messages. Reads at most N
+# (-c N), so it needs no end-of-partition from every partition, and a read cut
+# off by its bound still counts what it got: under a steady stream of
+# produces, waiting for EOF on all partitions is what CI once saw stall.
+kafka_has() {
+    timeout -k 5 "${KCAT_HAS_TIMEOUT:-20}" kcat -C -b "$KAFKA_BOOTSTRAP" -t "$1" -J -e -q -o beginning -c "$2" \
+        >"$TMP/has.json" 2>"$TMP/has.err"
+    (($(wc -l <"$TMP/has.json") >= $2))
+}
+# kafka_diag DB HANDLER TOPIC: what a failed wait saw, as # lines (the
+# handler's deliveries and errors, the consumer's and the broker's complaints).
+kafka_diag() {
+    log "diag: $(sql "$1" "SELECT format('pending=%s attempted=%s max_attempt=%s last_error=%s',
+            count(*), count(*) FILTER (WHERE d.attempt > 0), max(d.attempt), max(d.last_error))
+        FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id WHERE h.name = '$2'")"
+    log "diag: stats $(sql "$1" "SELECT row_to_json(s) FROM relay.handler_stats s WHERE handler = '$2'")"
+    log "diag: workers $(sql "$1" "SELECT string_agg(format('%s %s', pid, last_error), '; ') FROM relay.workers")"
+    log "diag: kcat read $(wc -l <"$TMP/has.json" 2>/dev/null) lines; stderr: $(head -c 400 "$TMP/has.err" 2>/dev/null)"
+    log "diag: topic metadata $(timeout 10 kcat -L -b "$KAFKA_BOOTSTRAP" -t "$3" -J 2>&1 | head -c 600)"
+    log "diag: broker log $(grep -E 'WARN|ERROR' "$KAFKA_DIR/server.log" 2>/dev/null | tail -n 5 | cut -c1-300)"
+}
 
 # kafka_handler DB NAME TOPIC OPTIONS PATTERN
 kafka_handler() {
@@ -56,4 +76,15 @@ sqlstate_of() {
     psql -X -q -At -d "$1" -v ON_ERROR_STOP=1 -c "DO \$do\$ BEGIN PERFORM ($2); RAISE NOTICE 'no error';
         EXCEPTION WHEN OTHERS THEN RAISE NOTICE '%: %', SQLSTATE, SQLERRM; END \$do\$" 2>&1 </dev/null |
         sed -n 's/^NOTICE:  //p'
+}
+
+# check_topic_has NAME DB HANDLER TOPIC N SECONDS: a check that TOPIC holds N
+# messages within SECONDS; on failure it logs kafka_diag first.
+check_topic_has() {
+    if wait_until "$6" kafka_has "$4" "$5"; then
+        pass "$1"
+    else
+        kafka_diag "$2" "$3" "$4"
+        fail "$1" "fewer than $5 messages in $4 after $6 s"
+    fi
 }

@@ -29,7 +29,7 @@ publish() {
 }
 publish &
 bg_track $!
-check "messages flow into the topic" wait_until 60 kafka_has relay-outage 200
+check_topic_has "messages flow into the topic" "$db" k relay-outage 200 90
 before=$(sql "$db" "SELECT count(*) FROM pub_log")
 log "broker stopped for ${OUTAGE_S}s with $before events committed"
 kafka_stop
@@ -45,7 +45,7 @@ committed=$(sql "$db" "SELECT count(*) FROM pub_log")
 check "every delivery is completed once the broker is back" wait_until 120 none_pending "$db" k
 log "caught up $(($(date +%s) - restart_t)) s after the restart"
 check_eq "nothing is dead" 0 "$(dead_of "$db" k)"
-check "every committed event is in the topic" wait_until 30 kafka_has relay-outage "$committed"
+check_topic_has "every committed event is in the topic" "$db" k relay-outage "$committed" 30
 kafka_consume relay-outage "$TMP/topic.json"
 dump_pub_log "$db" "$TMP/pub.txt"
 R=()
