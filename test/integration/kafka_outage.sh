@@ -13,6 +13,9 @@ kafka_start || die "the broker did not start"
 new_db db kafka_outage || die "could not create a database"
 create_pub_log "$db"
 check "a dispatcher serves the new database" wait_workers "$db" 1 20
+# The topic exists before the first produce (auto-creation is kafka_delivery's
+# and kafka_crash's subject; this test's is the outage).
+kafka_create_topic relay-outage 3 || die "could not create topic relay-outage"
 kafka_handler "$db" k "relay-outage" \
     '{"timeout": "3s", "backoff_base": "200ms", "backoff_max": "2s", "max_attempts": 1000, "concurrency": 64}' 'ko.#' ||
     die "could not create the handler"
