@@ -32,7 +32,9 @@ publish() {
 }
 publish &
 bg_track $!
+flow_t=$(date +%s%N)
 check_topic_has "messages flow into the topic" "$db" k relay-outage 200 90
+log "200 messages in the topic $((($(date +%s%N) - flow_t) / 1000000)) ms after publishing began"
 before=$(sql "$db" "SELECT count(*) FROM pub_log")
 log "broker stopped for ${OUTAGE_S}s with $before events committed"
 kafka_stop
