@@ -50,31 +50,41 @@ bool index_as_created(Relation idx) {
            idx->rd_opfamily[0] == TEXT_BTREE_FAM_OID && RelationGetIndexPredicate(idx) == NIL;
 }
 
-}  // namespace
-
-CounterBump key_counter_bump(Datum key, int64* seq) {
+// relay.key_seqs and its primary key, opened and checked; false (nothing
+// left open) when they are not as this version created them.
+bool open_counters(Relation* rel_out, Relation* idx_out) {
     Oid nsp = get_namespace_oid("relay", true);
-    if (!OidIsValid(nsp)) return CounterBump::UseSql;  // the statement reports it
+    if (!OidIsValid(nsp)) return false;  // the statement reports it
     if (nsp != cached_schema || !OidIsValid(key_seqs_oid)) {
         key_seqs_oid = get_relname_relid("key_seqs", nsp);
         cached_schema = nsp;
-        if (!OidIsValid(key_seqs_oid)) return CounterBump::UseSql;
+        if (!OidIsValid(key_seqs_oid)) return false;
     }
     Relation rel = table_open(key_seqs_oid, RowExclusiveLock);
     Oid index_oid = InvalidOid;
     if (!as_created(rel, &index_oid)) {
         table_close(rel, NoLock);
-        return CounterBump::UseSql;
+        return false;
     }
     Relation idx = index_open(index_oid, RowExclusiveLock);
     if (!index_as_created(idx)) {
         index_close(idx, NoLock);
         table_close(rel, NoLock);
-        return CounterBump::UseSql;
+        return false;
     }
+    *rel_out = rel;
+    *idx_out = idx;
+    return true;
+}
 
-    // The latest snapshot: the previous holder of the key's lock has committed.
-    Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
+void close_counters(Relation rel, Relation idx) {
+    index_close(idx, NoLock);
+    table_close(rel, NoLock);  // locks stay until the end of the transaction
+}
+
+// Adds `add` to the key's row, found through the primary key with `snapshot`.
+CounterBump bump_one(Relation rel, Relation idx, IndexInfo** index_info, Snapshot snapshot,
+                     Datum key, int64 add, int64* seq) {
     ScanKeyData scan_key;
     ScanKeyEntryInitialize(&scan_key, 0, 1, BTEqualStrategyNumber, InvalidOid,
                            idx->rd_indcollation[0], F_TEXTEQ, key);
@@ -86,7 +96,7 @@ CounterBump key_counter_bump(Datum key, int64* seq) {
     CounterBump result = CounterBump::NoRow;
     if (index_getnext_slot(scan, ForwardScanDirection, old_row)) {
         slot_getallattrs(old_row);
-        int64 next = DatumGetInt64(old_row->tts_values[1]) + 1;
+        int64 next = DatumGetInt64(old_row->tts_values[1]) + add;
         ExecClearTuple(new_row);
         new_row->tts_values[0] = old_row->tts_values[0];
         new_row->tts_isnull[0] = false;
@@ -101,9 +111,11 @@ CounterBump key_counter_bump(Datum key, int64* seq) {
                                          &update_indexes);
         if (r == TM_Ok) {
             // Not a HOT update (no room on the page): the new version needs its index entry.
-            if (update_indexes)
+            if (update_indexes) {
+                if (*index_info == nullptr) *index_info = BuildIndexInfo(idx);
                 index_insert(idx, new_row->tts_values, new_row->tts_isnull, &new_row->tts_tid, rel,
-                             UNIQUE_CHECK_YES, false, BuildIndexInfo(idx));
+                             UNIQUE_CHECK_YES, false, *index_info);
+            }
             *seq = next;
             result = CounterBump::Bumped;
         } else {
@@ -115,12 +127,46 @@ CounterBump key_counter_bump(Datum key, int64* seq) {
     index_endscan(scan);
     ExecDropSingleTupleTableSlot(old_row);
     ExecDropSingleTupleTableSlot(new_row);
+    return result;
+}
+
+}  // namespace
+
+CounterBump key_counter_bump(Datum key, int64* seq) {
+    Relation rel;
+    Relation idx;
+    if (!open_counters(&rel, &idx)) return CounterBump::UseSql;
+    // The latest snapshot: the previous holder of the key's lock has committed.
+    Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
+    IndexInfo* index_info = nullptr;
+    CounterBump result = bump_one(rel, idx, &index_info, snapshot, key, 1, seq);
     UnregisterSnapshot(snapshot);
-    index_close(idx, NoLock);
-    table_close(rel, NoLock);  // locks stay until the end of the transaction
+    close_counters(rel, idx);
     // As after an SPI statement: the next bump in this transaction sees this one.
     if (result == CounterBump::Bumped) CommandCounterIncrement();
     return result;
+}
+
+void key_counter_bump_batch(int n, const Datum* keys, const int64* adds, CounterBump* results,
+                            int64* seqs) {
+    Relation rel;
+    Relation idx;
+    if (!open_counters(&rel, &idx)) {
+        for (int i = 0; i < n; i++) results[i] = CounterBump::UseSql;
+        return;
+    }
+    // One latest snapshot for all: every previous holder of these keys' locks
+    // has committed, and each key is updated once (they are distinct).
+    Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
+    IndexInfo* index_info = nullptr;
+    bool any = false;
+    for (int i = 0; i < n; i++) {
+        results[i] = bump_one(rel, idx, &index_info, snapshot, keys[i], adds[i], &seqs[i]);
+        any = any || results[i] == CounterBump::Bumped;
+    }
+    UnregisterSnapshot(snapshot);
+    close_counters(rel, idx);
+    if (any) CommandCounterIncrement();
 }
 
 }  // namespace relaybus::pg

@@ -22,4 +22,13 @@ enum class CounterBump {
 
 CounterBump key_counter_bump(Datum key, int64* seq);
 
+// A batch's distinct keys (text datums, locked by the caller), each bumped by
+// adds[i]: results[i] and seqs[i] (the key's new value where Bumped) per key.
+// Opens the table and its index once and reads with one latest snapshot, taken
+// after the caller locked every key. All UseSql when the table is not as
+// created; a key may also come back NoRow or UseSql on its own (the caller
+// runs its statement for those).
+void key_counter_bump_batch(int n, const Datum* keys, const int64* adds, CounterBump* results,
+                            int64* seqs);
+
 }  // namespace relaybus::pg

@@ -11,7 +11,6 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "core/lane_hash.hpp"
 #include "core/topic.hpp"
@@ -57,18 +56,8 @@ static SavedPlan seq_upsert_plan = {
     {TEXTOID},
     nullptr};
 
-// A batch's counters, the same way: one UPDATE for the keys that have a row,
-// then the upsert for the others. Each returns every key's last seq.
-static SavedPlan batch_seq_update_plan = {
-    "UPDATE relay.key_seqs AS k SET seq = k.seq + c.n"
-    "  FROM (SELECT u.key, count(*) AS n FROM pg_catalog.unnest($1::text[]) AS u(key)"
-    "         WHERE u.key IS NOT NULL GROUP BY u.key) AS c"
-    " WHERE k.key = c.key"
-    " RETURNING k.key, k.seq",
-    1,
-    {TEXTARRAYOID},
-    nullptr};
-
+// A batch's counters for keys the direct path did not bump (a key's first
+// events): the upsert, which returns every key's last seq.
 static SavedPlan batch_seq_plan = {
     "INSERT INTO relay.key_seqs AS k (key, seq)"
     " SELECT u.key, count(*) FROM pg_catalog.unnest($1::text[]) AS u(key)"
@@ -326,20 +315,6 @@ static bool assign_batch_seqs(int n, char** keys, const int* key_lens, const boo
     return true;
 }
 
-// Which events of a batch have a key the counter UPDATE did not return (a key's
-// first events, which need the upsert).
-static bool mark_uncounted(int n, char** keys, const int* key_lens, const bool* key_nulls,
-                           int nresult, char** result_keys, bool* uncounted, int* nuncounted,
-                           std::string*) {
-    std::unordered_set<std::string_view> counted(result_keys, result_keys + nresult);
-    *nuncounted = 0;
-    for (int i = 0; i < n; i++) {
-        uncounted[i] = !key_nulls[i] && counted.count(std::string_view(keys[i], key_lens[i])) == 0;
-        if (uncounted[i]) ++*nuncounted;
-    }
-    return true;
-}
-
 // A batch's dedupe keys (plain arrays: this runs between PostgreSQL calls).
 struct BatchDedupe {
     int n;          // events as called
@@ -455,7 +430,6 @@ RELAYBUS_SQL_FUNCTION(relay_publish_batch) {
     char** keys = static_cast<char**>(palloc0(sizeof(char*) * (n + 1)));
     int* key_lens = static_cast<int*>(palloc0(sizeof(int) * (n + 1)));
     bool* key_nulls = static_cast<bool*>(palloc(sizeof(bool) * (n + 1)));
-    Datum key_array_datum = (Datum)0;
     bool any_key = false;
     for (int i = 0; i < n; i++) key_nulls[i] = true;
     if (!PG_ARGISNULL(2)) {
@@ -480,7 +454,6 @@ RELAYBUS_SQL_FUNCTION(relay_publish_batch) {
             check_key(keys[i], key_lens[i], i + 1);
             any_key = true;
         }
-        key_array_datum = PointerGetDatum(key_array);
     }
 
     if (n == 0) PG_RETURN_ARRAYTYPE_P(construct_empty_array(INT8OID));
@@ -492,8 +465,6 @@ RELAYBUS_SQL_FUNCTION(relay_publish_batch) {
     if (dedupe) {
         batch_dedupe_begin(PG_GETARG_ARRAYTYPE_P(6), n, &dd);
         if (dd.nkept < n) {
-            Datum* key_texts = static_cast<Datum*>(palloc0(sizeof(Datum) * (n + 1)));
-            bool* key_text_nulls = static_cast<bool*>(palloc(sizeof(bool) * (n + 1)));
             any_key = false;
             for (int j = 0; j < dd.nkept; j++) {
                 int i = dd.kept[j];
@@ -501,17 +472,9 @@ RELAYBUS_SQL_FUNCTION(relay_publish_batch) {
                 keys[j] = keys[i];
                 key_lens[j] = key_lens[i];
                 key_nulls[j] = key_nulls[i];
-                key_text_nulls[j] = key_nulls[j];
-                if (!key_nulls[j]) key_texts[j] = CStringGetTextDatum(keys[j]);
                 any_key = any_key || !key_nulls[j];
             }
             n = dd.nkept;
-            if (any_key) {
-                int dims[1] = {n};
-                int lbs[1] = {1};
-                key_array_datum = PointerGetDatum(construct_md_array(key_texts, key_text_nulls, 1, dims, lbs,
-                                                                     TEXTOID, -1, false, TYPALIGN_INT));
-            }
         }
         if (n == 0) PG_RETURN_DATUM(batch_dedupe_end(&dd, nullptr));
     }
@@ -545,31 +508,48 @@ RELAYBUS_SQL_FUNCTION(relay_publish_batch) {
                                  static_cast<uint32>(hashes[i]), 3);
             (void)LockAcquire(&tag, ExclusiveLock, false, false);
         }
-        SpiScope scope;
-        spi_begin(&scope);
-        // Counters that exist: one UPDATE. A key's first events: the upsert.
-        spi_exec_latest(&batch_seq_update_plan, &key_array_datum, nullptr, false, 0);
-        int nupdated = static_cast<int>(SPI_processed);
+        // The distinct keys and how many events each has, bumped directly
+        // (key_counter.hpp); a key's first events, and any key the direct path
+        // leaves to SQL, take the upsert.
+        int* order = static_cast<int*>(palloc(sizeof(int) * (n + 1)));
+        int nkeyed = 0;
+        for (int i = 0; i < n; i++)
+            if (!key_nulls[i]) order[nkeyed++] = i;
+        sort_keys = keys;
+        qsort(order, nkeyed, sizeof(int), cmp_key_index);
+        Datum* dkeys = static_cast<Datum*>(palloc(sizeof(Datum) * (n + 1)));
+        char** dnames = static_cast<char**>(palloc(sizeof(char*) * (n + 1)));
+        int64* dadds = static_cast<int64*>(palloc(sizeof(int64) * (n + 1)));
+        int nd = 0;
+        for (int j = 0; j < nkeyed; j++) {
+            char* k = keys[order[j]];
+            if (nd > 0 && strcmp(dnames[nd - 1], k) == 0) {
+                dadds[nd - 1]++;
+                continue;
+            }
+            dnames[nd] = k;
+            dkeys[nd] = CStringGetTextDatum(k);
+            dadds[nd++] = 1;
+        }
+        CounterBump* bumped = static_cast<CounterBump*>(palloc(sizeof(CounterBump) * (nd + 1)));
+        int64* dlast = static_cast<int64*>(palloc(sizeof(int64) * (nd + 1)));
+        key_counter_bump_batch(nd, dkeys, dadds, bumped, dlast);
         char** rkeys = static_cast<char**>(palloc(sizeof(char*) * (n + 1)));
         int64* rlast = static_cast<int64*>(palloc(sizeof(int64) * (n + 1)));
-        for (int j = 0; j < nupdated; j++) {
-            rkeys[j] = SPI_getvalue(SPI_tuptable->vals[j], SPI_tuptable->tupdesc, 1);
-            rlast[j] = spi_int64(j, 2);
+        Datum* missing = static_cast<Datum*>(palloc(sizeof(Datum) * (n + 1)));
+        int nres = 0;
+        int m = 0;
+        for (int d = 0; d < nd; d++) {
+            if (bumped[d] == CounterBump::Bumped) {
+                rkeys[nres] = dnames[d];
+                rlast[nres++] = dlast[d];
+            } else {
+                for (int64 c = 0; c < dadds[d]; c++) missing[m++] = dkeys[d];
+            }
         }
-        int nres = nupdated;
-        bool* uncounted = static_cast<bool*>(palloc(sizeof(bool) * (n + 1)));
-        int nuncounted = 0;
-        char err[kErrLen];
-        if (!run_core([&](std::string* why) {
-                return mark_uncounted(n, keys, key_lens, key_nulls, nupdated, rkeys, uncounted,
-                                      &nuncounted, why);
-            }, err))
-            elog(ERROR, "relaybus: %s", err);
-        if (nuncounted > 0) {
-            Datum* missing = static_cast<Datum*>(palloc(sizeof(Datum) * nuncounted));
-            int m = 0;
-            for (int i = 0; i < n; i++)
-                if (uncounted[i]) missing[m++] = CStringGetTextDatum(keys[i]);
+        if (m > 0) {
+            SpiScope scope;
+            spi_begin(&scope);
             Datum missing_array =
                 PointerGetDatum(construct_array(missing, m, TEXTOID, -1, false, TYPALIGN_INT));
             spi_exec_latest(&batch_seq_plan, &missing_array, nullptr, false, 0);
@@ -577,13 +557,14 @@ RELAYBUS_SQL_FUNCTION(relay_publish_batch) {
                 rkeys[nres] = SPI_getvalue(SPI_tuptable->vals[j], SPI_tuptable->tupdesc, 1);
                 rlast[nres] = spi_int64(static_cast<int>(j), 2);
             }
+            spi_end(&scope);
         }
+        char err[kErrLen];
         if (!run_core([&](std::string* why) {
                 return assign_batch_seqs(n, keys, key_lens, key_nulls, nres, rkeys, rlast, seqs,
                                          lanes, why);
             }, err))
             elog(ERROR, "relaybus: %s", err);
-        spi_end(&scope);
     }
 
     // Event ids in batch order, drawn after the keys' counters are locked.
