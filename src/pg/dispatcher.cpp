@@ -31,6 +31,7 @@
 #include "pg/http_delivery.hpp"
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
+#include "pg/sched_slice.hpp"
 #include "pg/session_settings.hpp"
 #include "pg/settings.hpp"
 #include "pg/worker_signals.hpp"
@@ -555,6 +556,7 @@ extern "C" void relay_dispatcher_main(Datum) {
     loop_cxt = cxt;
     worker_xact_set_loop_context(cxt);
     pin_session_settings();
+    (void)request_time_slice(guc_dispatcher_time_slice_us);
     // Responses trickle in one socket event at a time; completing and claiming
     // per response would cost two transactions per delivery. Results wait for
     // a batch (or 2 ms, or the last one in flight), and an iteration runs only
@@ -569,6 +571,7 @@ extern "C" void relay_dispatcher_main(Datum) {
             ConfigReloadPending = false;
             ProcessConfigFile(PGC_SIGHUP);
             pin_session_settings();
+            (void)request_time_slice(guc_dispatcher_time_slice_us);
         }
         if (!guc_enabled) break;
         bool busy = false;
