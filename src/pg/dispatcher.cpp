@@ -30,6 +30,7 @@
 #include "pg/complete.hpp"
 #include "pg/http_delivery.hpp"
 #include "pg/leases.hpp"
+#include "pg/notify_payload.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/sched_slice.hpp"
 #include "pg/session_settings.hpp"
@@ -244,7 +245,7 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
     req.per_key = ack ? 1 : req.max;  // fire mode sends a key's run in order in one transaction
     req.lease_ms = h->options.lease_ms;
     claim_lanes(&req);
-    req.with_notify_json = true;
+    req.with_notify_json = false;  // the payload text is built here (notify_payload.cpp)
     // Ack mode: the lease waits for the consumer's relay_ack, and relay_claim of
     // the handler may take it over (a consumer draining at start).
     req.kind = ack ? LeaseKind::Notified : LeaseKind::Dispatcher;
@@ -278,7 +279,7 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
             unsent[nunsent++] = id;
             continue;
         }
-        char* json = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, kNotifyJsonColumn);
+        char* json = notify_payload_json(row);
         // Ack mode adds the lease field below: it counts against the limit.
         // "inline_payload": false sends every delivery by reference: any role
         // that can connect may LISTEN, only relay_consumer may call relay_payload.
