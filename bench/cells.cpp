@@ -334,10 +334,11 @@ std::vector<Cell> all_cells(bool full_matrix) {
     add_with_floor(b, disp_river(1, 2000), floors, true);
     add_with_floor(b, disp_river(2, 2000), floors, false);
 
-    // Mixed: paced publishing while notify-fire dispatching; the floor first.
+    // Mixed: paced publishing while notify-fire dispatching; the floors first.
     Cell mf = mixed_floor(1000);
     mf.quick = true;
     b.add(mf);
+    b.add(mixed_floor(5000));
     for (auto rt : {std::make_pair(1000, false), std::make_pair(1000, true), std::make_pair(5000, false),
                     std::make_pair(5000, true)}) {
         Cell m = mixed(rt.first, rt.second);

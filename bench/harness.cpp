@@ -261,7 +261,10 @@ public:
         if (mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
         dir_ = tmpl;
         g_clusters[dir_] = pg_config_;
-        setenv("RELAYBUS_EXTRA_CONF", kClusterConf, 1);
+        // RELAYBUS_BENCH_CONF: lines appended to the cluster's settings (an A/B of one setting).
+        std::string conf = kClusterConf;
+        if (const char* extra = getenv("RELAYBUS_BENCH_CONF")) conf += std::string("\n") + extra;
+        setenv("RELAYBUS_EXTRA_CONF", conf.c_str(), 1);
         setenv("RELAYBUS_PRELOAD", "relaybus,pg_stat_statements", 1);
         cluster("start");
         std::string env = read_file(dir_ + "/env");

@@ -13,6 +13,7 @@ extern char* guc_databases;
 extern int guc_workers_per_database;
 extern int guc_batch_size;
 extern int guc_poll_interval_ms;
+extern int guc_dispatcher_time_slice_us;
 extern int guc_lease_timeout_ms;
 extern int guc_max_in_flight;
 extern int guc_notify_payload_limit;
