@@ -109,16 +109,6 @@ static SavedPlan heads_lanes_plan = {KEY_HEADS(" AND lane = ANY ($4)"), 4,
 
 static SavedPlan fetch_plan = {FETCH_COLUMNS FETCH_FROM, 3, {INT8ARRAYOID, INT4OID, TIMESTAMPTZOID}, nullptr,
                                PlanShape::IndexScans};
-// The dispatcher's variant adds the NOTIFY payload, built by PostgreSQL's JSON code.
-static SavedPlan fetch_notify_plan = {
-    FETCH_COLUMNS ", pg_catalog.jsonb_build_object('id', d.id, 'event_id', d.event_id,"
-                  " 'topic', coalesce(d.wire_topic, d.topic), 'key', d.key, 'seq', d.seq,"
-                  " 'attempt', d.attempt + 1, 'headers', d.headers, 'payload', d.payload)::text"
-                  FETCH_FROM,
-    3,
-    {INT8ARRAYOID, INT4OID, TIMESTAMPTZOID},
-    nullptr,
-    PlanShape::IndexScans};
 
 
 
@@ -527,7 +517,7 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
         Datum values[3] = {
             PointerGetDatum(construct_array(id_datums, nchosen, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
             Int32GetDatum(req->handler_id), TimestampTzGetDatum(now)};
-        spi_exec_latest(req->with_notify_json ? &fetch_notify_plan : &fetch_plan, values, nullptr, true, 0);
+        spi_exec_latest(&fetch_plan, values, nullptr, true, 0);
 
         int* order = static_cast<int*>(palloc(sizeof(int) * (nchosen + 1)));
         int nout = finalize(chosen, got, nchosen, order);

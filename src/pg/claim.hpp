@@ -8,9 +8,8 @@
 namespace relaybus::pg {
 
 // Columns of a claimed row in SPI_tuptable (1-based): id, event_id, topic, key,
-// seq, payload, headers, attempt, priority, published_at, valid[, notify_json].
+// seq, payload, headers, attempt, priority, published_at, valid.
 constexpr int kFetchColumns = 10;
-constexpr int kNotifyJsonColumn = 12;
 
 struct ClaimRequest {
     int32 handler_id;
@@ -19,7 +18,6 @@ struct ClaimRequest {
     int64 lease_ms;
     const int16* lanes;  // nullptr: every lane
     int nlanes;
-    bool with_notify_json;
     LeaseKind kind;      // who the leases are for
     bool take_notified;  // relay_claim of an ack-mode notify handler: take over unacked NOTIFYs
     bool use_frontier;   // relay_claim of a pull handler: start at the claim frontier (claim_frontier.hpp)

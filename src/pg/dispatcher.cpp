@@ -245,7 +245,6 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
     req.per_key = ack ? 1 : req.max;  // fire mode sends a key's run in order in one transaction
     req.lease_ms = h->options.lease_ms;
     claim_lanes(&req);
-    req.with_notify_json = false;  // the payload text is built here (notify_payload.cpp)
     // Ack mode: the lease waits for the consumer's relay_ack, and relay_claim of
     // the handler may take it over (a consumer draining at start).
     req.kind = ack ? LeaseKind::Notified : LeaseKind::Dispatcher;
@@ -411,7 +410,6 @@ static bool iterate() {
             req.per_key = 1;  // a key's next delivery waits for this one's success
             req.lease_ms = http_lease_ms(h);
             claim_lanes(&req);
-            req.with_notify_json = false;  // the core builds the webhook body (http_stage)
             req.kind = LeaseKind::Dispatcher;
             ClaimResult res;
             claim_deliveries(&req, &res);
