@@ -97,9 +97,15 @@ void Dispatcher::lease_tick() {
   auto docs = store_.load_handlers(&bad);
   for (const auto& b : bad)
     if (warned_.insert("handler " + b).second) log_warn("handler skipped", {{"error", b}});
-  std::set<std::string> seen;
+  std::set<std::string> seen, seen_pull;
   for (auto& d : docs) {
     seen.insert(d.name);
+    if (d.kind == core::HandlerKind::Pull) {  // served by the pull API, not sent
+      seen_pull.insert(d.name);
+      handlers_.erase(d.name);  // dropped as http and created again as pull
+      pull_handlers_[d.name] = d;
+      continue;
+    }
     if (d.kind != core::HandlerKind::Http) {
       if (warned_.insert("kind " + d.name).second)
         log_warn("handler kind not served by relaybus-mongo (http only)",
@@ -121,8 +127,10 @@ void Dispatcher::lease_tick() {
   }
   for (auto it = handlers_.begin(); it != handlers_.end();)
     it = seen.count(it->first) ? std::next(it) : handlers_.erase(it);
+  for (auto it = pull_handlers_.begin(); it != pull_handlers_.end();)
+    it = seen_pull.count(it->first) ? std::next(it) : pull_handlers_.erase(it);
 
-  store_.heartbeat(cfg_.instance, now + cfg_.lease_ms);
+  store_.heartbeat_load(cfg_.instance, now + cfg_.lease_ms, handler_load());
   const int live = std::max(1, store_.live_instances(now));
   const int share = (core::kLanes + live - 1) / live;
 
@@ -147,6 +155,7 @@ void Dispatcher::lease_tick() {
   // back once nothing of theirs is in flight or awaiting completion.
   std::map<int, int> busy;  // lane -> queued, in flight or awaiting completion
   if (pipeline_) pipeline_->for_each_receipt([&](const core::Receipt& r) { busy[static_cast<int>(r.a)]++; });
+  if (pull_) pull_->for_each_lane([&](int lane) { busy[lane]++; });  // a consumer still works on it
   int active = 0;
   for (const auto& [lane, h] : held_) active += h.draining ? 0 : 1;
   for (auto it = held_.rbegin(); it != held_.rend() && active > share; ++it)
@@ -226,6 +235,14 @@ void Dispatcher::lease_tick() {
   if (!taken.empty() || !released.empty() || !lost.empty())
     log_info("lanes", {{"taken", taken}, {"released", released}, {"lost", lost}, {"held", held_.size()},
                        {"instances", live}, {"share", share}});
+  if (now >= next_backlog_ms_ && !stopping_) {  // after the leases: counting must not delay renewals
+    try {
+      refresh_backlog(now);
+    } catch (const StoreError& e) {
+      metrics_.store_errors++;
+      log_warn("counting the backlog failed", {{"error", e.what()}});
+    }
+  }
 }
 
 void Dispatcher::release_all() {
@@ -272,11 +289,35 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     if (!held.draining && lane_valid(lane, now)) lanes.push_back(lane);
   if (lanes.empty()) return;
   const int window = cfg_.scan_window > 0 ? cfg_.scan_window : std::max(64, 4 * cfg_.batch_size);
-  std::vector<Delivery> rows = store_.fetch_window(h.doc.name, lanes, window);
+  // Priority across the whole backlog: while it fits in a window, one read of
+  // the oldest rows sees everything. Beyond, the head of each class may lie
+  // far behind the oldest rows, so each class's own window is read
+  // (plan_claim's class streams; a class's rows in the union are a prefix of
+  // that class in id order). Rows with a priority outside 0..3 are found
+  // (and dead-lettered) by the first kind of read.
+  std::vector<Delivery> rows;
+  bool truncated = false;
+  if (!h.deep) {
+    rows = store_.fetch_window(h.doc.name, lanes, window);
+    truncated = static_cast<int>(rows.size()) >= window;
+  }
+  if (h.deep || truncated) {
+    const int class_window = std::max(64, window / 2);
+    std::set<int64_t> have;
+    for (const auto& d : rows) have.insert(d.id);
+    bool any_full = false;
+    for (int c = 0; c < 4; c++) {
+      auto part = store_.fetch_class_window(h.doc.name, lanes, c, class_window);
+      any_full |= static_cast<int>(part.size()) >= class_window;
+      for (auto& d : part)
+        if (have.insert(d.id).second) rows.push_back(std::move(d));
+    }
+    truncated = any_full;  // else the union holds every row
+    h.deep = any_full;
+  }
   metrics_.fetches++;
   metrics_.last_store_ok_ms = wall_ms();
   if (rows.empty()) return;
-  const bool truncated = static_cast<int>(rows.size()) >= window;
 
   // Malformed documents: dead letters at once, with the reason (they would
   // never become deliverable). Their keys stay blocked until then.
@@ -517,6 +558,18 @@ int Dispatcher::run() {
            {{"instance", cfg_.instance}, {"database", cfg_.database}, {"metrics", server_.bound()},
             {"lease_ms", cfg_.lease_ms}, {"batch_size", cfg_.batch_size}, {"config_file", cfg_.config_file}});
   if (!ensure_engine()) return 1;
+  const PullHost& host = *this;
+  pull_ = std::make_unique<PullApi>(store_, metrics_, host, rng_());
+  server_.set_api([this](const std::string& method, const std::string& path, const std::string& auth,
+                         const std::string& body) {
+    const int64_t window = cfg_.scan_window > 0 ? cfg_.scan_window : std::max(64, 4 * cfg_.batch_size);
+    ApiResponse r = pull_->handle(method, path, auth, body, cfg_.api_token, window, cfg_.priority_aging_ms);
+    return std::make_pair(r.status, r.body);
+  });
+  if (!wait_for_server()) {  // stopped before the server answered
+    log_info("relaybus-mongo dispatcher stopped", {{"delivered", 0}, {"commands", store_.commands()}});
+    return 0;
+  }
   int64_t store_backoff_until = 0;
   for (;;) {
     const int64_t now = wall_ms();
@@ -549,6 +602,14 @@ int Dispatcher::run() {
         next_tick_ms_ = now + 1000;
       }
     }
+    if (pull_->leased() > 0) {
+      try {
+        pull_->expire(wall_ms());  // pull leases that ran out: failed attempts
+      } catch (const StoreError& e) {
+        metrics_.store_errors++;
+        log_warn("recording expired pull leases failed", {{"error", e.what()}});
+      }
+    }
     pipeline_->pump(*this, wall_ms());  // queued deliveries go out as responses made room
     collect_results();
     if (pipeline_->completion_due(wall_ms())) flush();
@@ -560,6 +621,7 @@ int Dispatcher::run() {
     if (probe >= 0) wait_ms = std::min<int64_t>(wait_ms, probe - wall_ms() + 1);
     wait(std::clamp<int64_t>(wait_ms, 0, 1000));
   }
+  pull_.reset();  // its leases end with the process (a later ack gets 409): their lanes go back too
   release_all();
   log_info("relaybus-mongo dispatcher stopped", {{"delivered", [&] {
                                                     uint64_t n = 0;
@@ -568,6 +630,25 @@ int Dispatcher::run() {
                                                   }()},
                                                  {"commands", store_.commands()}});
   return 0;
+}
+
+// ---------------------------------------------------------------- pull handlers
+
+const HandlerDoc* Dispatcher::pull_handler(const std::string& name) const {
+  auto it = pull_handlers_.find(name);
+  return it == pull_handlers_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::pair<int, int64_t>> Dispatcher::claimable_lanes(int64_t now) const {
+  std::vector<std::pair<int, int64_t>> out;
+  if (stopping_) return out;
+  for (const auto& [lane, h] : held_)
+    if (!h.draining && lane_valid(lane, now)) out.emplace_back(lane, h.since_epoch);
+  return out;
+}
+
+bool Dispatcher::lane_holds(int lane, int64_t since_epoch, int64_t now) const {
+  return receipt_holds(core::Receipt{static_cast<uint64_t>(lane), static_cast<uint64_t>(since_epoch)}, now);
 }
 
 }  // namespace relaybus::mongo

@@ -36,11 +36,12 @@
 #include "core/http_engine.hpp"
 #include "mongo/config.hpp"
 #include "mongo/metrics.hpp"
+#include "mongo/pull_api.hpp"
 #include "mongo/store.hpp"
 
 namespace relaybus::mongo {
 
-class Dispatcher final : private core::DeliveryStore {
+class Dispatcher final : private core::DeliveryStore, private PullHost {
  public:
   // signal_fd: the read end of the self-pipe the signal handlers write 'T'
   // (SIGTERM/SIGINT) or 'H' (SIGHUP) to. reload() re-reads the config.
@@ -62,6 +63,7 @@ class Dispatcher final : private core::DeliveryStore {
     HandlerDoc doc;
     int key = 0;
     std::shared_ptr<const core::PipelineHandler> pipe;  // the doc, as the pipeline sends it
+    bool deep = false;  // the last fetch found more than a window: read per priority class
   };
 
   // core::DeliveryStore: completions and releases of the pipeline.
@@ -80,6 +82,18 @@ class Dispatcher final : private core::DeliveryStore {
   bool lane_valid(int lane, int64_t now) const;
   bool ensure_engine();
   void wait(int64_t max_ms);
+  bool wait_for_server();  // server_wait.cpp
+
+  // PullHost: the pull API's view of the catalog and the lanes.
+  const HandlerDoc* pull_handler(const std::string& name) const override;
+  std::vector<std::pair<int, int64_t>> claimable_lanes(int64_t now_ms) const override;
+  bool lane_holds(int lane, int64_t since_epoch, int64_t now_ms) const override;
+  std::map<std::string, HandlerDoc> pull_handlers_;
+  // stats.cpp: the heartbeat's per-handler load, and the backlog gauges.
+  std::map<std::string, Store::HandlerLoad> handler_load();
+  void refresh_backlog(int64_t now_ms);
+  int64_t next_backlog_ms_ = 0;
+  std::unique_ptr<PullApi> pull_;
 
   Config cfg_;
   std::map<std::string, std::string> flags_;

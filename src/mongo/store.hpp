@@ -155,6 +155,42 @@ class Store {
   std::vector<HandlerStats> stats();
   int64_t count_deliveries();
 
+  // Handler administration (handler_admin.cpp).
+  bool insert_handler(const HandlerDoc& h);  // false: the name exists already
+  int64_t count_pending(const std::string& handler);
+  // Moves every delivery of `handler` into relay_dead_letters with `reason`
+  // (batches of 1000: find, insert, delete) and marks all of the handler's
+  // dead letters dropped (`handler_dropped_at`), so that neither a recreated
+  // handler nor `replay` revives them. Returns how many deliveries moved.
+  int64_t dead_letter_handler(const std::string& handler, const std::string& reason, int64_t now_ms);
+
+  // The handler's deliveries of one priority class in the lanes, oldest
+  // first (one find): with one per class, the planner sees the head of every
+  // class however deep the backlog is.
+  std::vector<Delivery> fetch_class_window(const std::string& handler, const std::vector<int>& lanes, int priority,
+                                           int limit);
+
+  // Stats (stats.cpp and /metrics), the PostgreSQL views' columns.
+  struct Backlog {
+    int64_t pending = 0;
+    int64_t ready = 0;     // not_before passed (in flight ones included)
+    int64_t delayed = 0;   // not_before ahead: scheduled or in backoff
+    int64_t retrying = 0;  // attempt > 0
+    int64_t dead = 0;      // dead letters (not of a dropped handler)
+    int64_t oldest_ms = 0; // published_at of the oldest pending, 0 = none
+  };
+  Backlog backlog(const std::string& handler, int64_t now_ms);  // 5 counts + 1 find
+  // An instance's load per handler, written with its heartbeat so that
+  // `stats` can sum the live instances' in-flight counts and latencies.
+  struct HandlerLoad {
+    int64_t in_flight = 0;
+    std::vector<int64_t> latency_buckets;  // cumulative, Metrics::kBucketsS
+    int64_t latency_count = 0;
+    double latency_sum_s = 0;
+  };
+  void heartbeat_load(const std::string& instance, int64_t until_ms, const std::map<std::string, HandlerLoad>& load);
+  std::map<std::string, HandlerLoad> live_load(int64_t now_ms);  // summed over live instances
+
   uint64_t commands() const { return commands_; }
   const std::map<std::string, uint64_t>& command_counts() const { return by_op_; }
 
