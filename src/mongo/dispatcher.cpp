@@ -10,6 +10,7 @@
 #include "core/lane_hash.hpp"
 #include "core/outbound_policy.hpp"
 #include "mongo/util.hpp"
+#include "mongo/window_plan.hpp"
 
 namespace relaybus::mongo {
 
@@ -335,25 +336,9 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     metrics_.handlers[h.doc.name].dead += bad.size();
   }
 
-  // Planner ids: the window is in _id order; within a key, seq order is the
-  // truth, so each key's rows get that key's ids re-dealt in seq order (on a
-  // server without transactions two publishers of one key may draw ids and
-  // seqs in different orders).
-  std::vector<size_t> idx;
-  for (size_t i = 0; i < rows.size(); i++)
-    if (rows[i].malformed.empty()) idx.push_back(i);
-  std::map<std::string, std::vector<size_t>> by_key;
-  for (size_t i : idx)
-    if (rows[i].has_key) by_key[rows[i].key].push_back(i);
-  std::vector<int64_t> plan_id(rows.size());
-  for (size_t i : idx) plan_id[i] = rows[i].id;
-  for (auto& [key, members] : by_key) {
-    std::vector<int64_t> ids;
-    for (size_t i : members) ids.push_back(rows[i].id);
-    std::sort(ids.begin(), ids.end());
-    std::sort(members.begin(), members.end(), [&](size_t a, size_t b) { return rows[a].seq < rows[b].seq; });
-    for (size_t k = 0; k < members.size(); k++) plan_id[members[k]] = ids[k];
-  }
+  const WindowPlanIds planned = window_plan_ids(rows);
+  const std::vector<size_t>& idx = planned.rows;
+  const std::vector<int64_t>& plan_id = planned.plan_id;
   std::unordered_map<int64_t, size_t> row_of;
   std::array<std::vector<core::ClaimRow>, 4> streams;
   for (size_t i : idx) {
