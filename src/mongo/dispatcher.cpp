@@ -24,7 +24,7 @@ Dispatcher::Dispatcher(Config cfg, std::map<std::string, std::string> flags, Sto
   metrics_.started_ms = wall_ms();
 }
 
-Dispatcher::~Dispatcher() = default;
+Dispatcher::~Dispatcher() { store_.set_command_hook(nullptr); }
 
 // Lease margin: a lane's results are completed only while its lease has at
 // least this much left (clock skew between instances + the completing write).
@@ -171,7 +171,10 @@ void Dispatcher::lease_tick() {
   };
   std::vector<LaneDoc> inserts;
   std::vector<Op> ops;
-  const int64_t until = now + cfg_.lease_ms;
+  // Counted from now, after the reads above (a slow store makes them take
+  // seconds): the insert is sent after this instant, so no other instance can
+  // see the lease run out earlier than this instance does.
+  const int64_t until = wall_ms() + cfg_.lease_ms;
   for (const auto& [lane, h] : held_) {
     bool release = stopping_ ? busy[lane] == 0 : (h.draining && busy[lane] == 0);
     inserts.push_back({lane, h.epoch + 1, release ? std::string() : cfg_.instance, release ? 0 : until});
@@ -196,6 +199,7 @@ void Dispatcher::lease_tick() {
     }
   }
   auto ok = store_.insert_lanes(inserts);
+  renewed_at_ms_ = until - cfg_.lease_ms;
   std::vector<std::pair<int, int64_t>> old;
   std::vector<int> taken, released, lost;
   for (size_t i = 0; i < ops.size(); i++) {
@@ -244,6 +248,36 @@ void Dispatcher::lease_tick() {
       log_warn("counting the backlog failed", {{"error", e.what()}});
     }
   }
+}
+
+void Dispatcher::renew_if_due() {
+  if (!held_.empty() && wall_ms() >= renewed_at_ms_ + std::max<int64_t>(100, cfg_.lease_ms / 3)) renew_leases();
+}
+
+void Dispatcher::renew_leases() {
+  if (held_.empty()) return;
+  const int64_t until = wall_ms() + cfg_.lease_ms;
+  std::vector<LaneDoc> inserts;
+  for (const auto& [lane, h] : held_) inserts.push_back({lane, h.epoch + 1, cfg_.instance, until});
+  auto ok = store_.insert_lanes(inserts);
+  renewed_at_ms_ = until - cfg_.lease_ms;
+  std::vector<int> lost;
+  for (size_t i = 0; i < inserts.size(); i++) {
+    const int lane = inserts[i].lane;
+    if (ok[i]) {
+      held_[lane].epoch = inserts[i].epoch;
+      held_[lane].until_ms = until;
+    } else {
+      lost.push_back(lane);
+      held_.erase(lane);
+      metrics_.lanes_lost++;
+    }
+  }
+  // The epochs this skipped past are removed by the next lease_tick (it
+  // deletes the three below each new epoch).
+  metrics_.lanes_held = static_cast<int>(held_.size());
+  metrics_.last_store_ok_ms = wall_ms();
+  if (!lost.empty()) log_warn("lane lease lost", {{"lost", lost}, {"held", held_.size()}});
 }
 
 void Dispatcher::release_all() {
@@ -378,6 +412,12 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     chosen = plan.ids;
   }
 
+  // The reads above may have outlasted a tick interval (a deep backlog on a
+  // slow store: seconds). Renew before the plan's deliveries are queued:
+  // with the lease's slack used up their receipts would not hold when the
+  // pipeline sends them, and every one would go back unsent, pass after pass.
+  renew_if_due();
+
   std::vector<core::ClaimedDelivery> claimed;
   claimed.reserve(chosen.size());
   for (int64_t pid : chosen) {
@@ -399,8 +439,10 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     c.published = d.published_ms;
     claimed.push_back(std::move(c));
   }
-  // Held while the lane is: a queued delivery goes out only while its receipt holds.
-  pipeline_->enqueue(h.pipe, std::move(claimed), now + cfg_.lease_ms);
+  // Held while the lane is: a queued delivery goes out only while its receipt
+  // holds, and for a lease from now at most (not from the fetch's start: its
+  // reads may have taken longer than that).
+  pipeline_->enqueue(h.pipe, std::move(claimed), wall_ms() + cfg_.lease_ms);
   pipeline_->pump(*this, wall_ms());
   metrics_.in_flight = static_cast<int>(engine_->in_flight());
   // More may be waiting: look again as soon as there is room.
@@ -423,12 +465,27 @@ bool Dispatcher::receipt_holds(const core::Receipt& r, int64_t now) const {
 
 bool Dispatcher::still_held(const core::ClaimedDelivery& d, int64_t now) { return receipt_holds(d.receipt, now); }
 
-void Dispatcher::release(const std::vector<core::ClaimedDelivery>&) {
+void Dispatcher::release(const std::vector<core::ClaimedDelivery>& never_sent) {
   // Nothing to write: a delivery is leased with its lane, and read again
-  // from the lane's window.
+  // from the lane's window. Said when it is for a lapsed lease (a loop pass
+  // longer than the lease's slack), which a healthy instance never sees.
+  const int64_t now = wall_ms();
+  size_t lapsed = 0;
+  for (const auto& d : never_sent) lapsed += receipt_holds(d.receipt, now) ? 0 : 1;
+  if (lapsed > 0)
+    log_warn("deliveries given back unsent: their lane lease lapsed before they were sent",
+             {{"deliveries", lapsed}, {"lease_ms", cfg_.lease_ms}});
 }
 
 void Dispatcher::complete(const std::vector<core::Completion>& batch) {
+  // As before queuing: a pass of slow store calls since the last renewal
+  // must not turn finished deliveries into dropped results (sent again).
+  try {
+    renew_if_due();
+  } catch (const StoreError& e) {
+    metrics_.store_errors++;
+    log_warn("lease renewal failed", {{"error", e.what()}});
+  }
   const int64_t now = wall_ms();
   std::vector<int64_t> ok_ids;
   std::vector<Failure> failures;
@@ -483,9 +540,20 @@ void Dispatcher::flush() {
 
 // ---------------------------------------------------------------- loop
 
-void Dispatcher::wait(int64_t max_ms) {
+void Dispatcher::io_turn() {
+  if (in_io_turn_) return;
+  in_io_turn_ = true;
+  server_.pause_api(true);
+  poll_io(0, false);
+  server_.pause_api(false);
+  in_io_turn_ = false;
+}
+
+void Dispatcher::wait(int64_t max_ms) { poll_io(max_ms, true); }
+
+void Dispatcher::poll_io(int64_t max_ms, bool signals) {
   std::vector<pollfd> fds;
-  fds.push_back({signal_fd_, POLLIN, 0});
+  fds.push_back({signals ? signal_fd_ : -1, POLLIN, 0});  // a negative fd is ignored by poll
   const size_t engine_from = fds.size();
   if (engine_)
     for (const auto& w : engine_->sockets())
@@ -500,7 +568,7 @@ void Dispatcher::wait(int64_t max_ms) {
   t = std::max<int64_t>(0, t);
   int n = poll(fds.data(), fds.size(), static_cast<int>(t));
   if (n < 0 && errno != EINTR) log_warn("poll failed", {{"error", strerror(errno)}});
-  if (n > 0) {
+  {  // also with nothing ready: API requests read during an io_turn are answered now
     if (fds[0].revents & POLLIN) {
       char buf[64];
       ssize_t k = read(signal_fd_, buf, sizeof buf);
@@ -543,6 +611,7 @@ int Dispatcher::run() {
            {{"instance", cfg_.instance}, {"database", cfg_.database}, {"metrics", server_.bound()},
             {"lease_ms", cfg_.lease_ms}, {"batch_size", cfg_.batch_size}, {"config_file", cfg_.config_file}});
   if (!ensure_engine()) return 1;
+  store_.set_command_hook([this] { io_turn(); });
   const PullHost& host = *this;
   pull_ = std::make_unique<PullApi>(store_, metrics_, host, rng_());
   server_.set_api([this](const std::string& method, const std::string& path, const std::string& auth,
@@ -595,6 +664,15 @@ int Dispatcher::run() {
         log_warn("recording expired pull leases failed", {{"error", e.what()}});
       }
     }
+    if (wall_ms() >= store_backoff_until) {
+      try {
+        renew_if_due();  // the tick's own reads (the backlog counts) may have used up the slack
+      } catch (const StoreError& e) {
+        metrics_.store_errors++;
+        log_warn("lease renewal failed", {{"error", e.what()}});
+        store_backoff_until = wall_ms() + 1000;
+      }
+    }
     pipeline_->pump(*this, wall_ms());  // queued deliveries go out as responses made room
     collect_results();
     if (pipeline_->completion_due(wall_ms())) flush();
@@ -608,6 +686,7 @@ int Dispatcher::run() {
   }
   pull_.reset();  // its leases end with the process (a later ack gets 409): their lanes go back too
   release_all();
+  store_.set_command_hook(nullptr);
   log_info("relaybus-mongo dispatcher stopped", {{"delivered", [&] {
                                                     uint64_t n = 0;
                                                     for (auto& [_, m] : metrics_.handlers) n += m.delivered;

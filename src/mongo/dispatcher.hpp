@@ -74,6 +74,13 @@ class Dispatcher final : private core::DeliveryStore, private PullHost {
 
   void reload();
   void lease_tick();
+  // Renews every held lane and nothing else (one insertMany): for a fetch
+  // whose reads outlasted a tick interval, before its deliveries are queued.
+  void renew_leases();
+  // renew_leases when a tick interval has passed since the last renewal was
+  // sent: before the lease is used (queuing, sending, completing).
+  void renew_if_due();
+  int64_t renewed_at_ms_ = 0;
   void fetch_all();
   void fetch_handler(HandlerState& h);
   void collect_results();
@@ -82,6 +89,12 @@ class Dispatcher final : private core::DeliveryStore, private PullHost {
   bool lane_valid(int lane, int64_t now) const;
   bool ensure_engine();
   void wait(int64_t max_ms);
+  // One non-blocking turn of the engine's sockets and of /metrics and
+  // /healthz (not the pull API, not signals), before every store command:
+  // HTTP requests in flight progress while a loop pass waits on slow reads.
+  void io_turn();
+  void poll_io(int64_t max_ms, bool signals);
+  bool in_io_turn_ = false;
   bool wait_for_server();  // server_wait.cpp
 
   // PullHost: the pull API's view of the catalog and the lanes.

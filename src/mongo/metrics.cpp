@@ -243,6 +243,7 @@ void MetricsServer::respond(Conn& c, const Metrics& m, const std::function<bool(
     status = ok ? 200 : 503;
     body = ok ? "ok\n" : "unhealthy: the store did not answer recently\n";
   } else if (api_ && line.find(" /v1/") != std::string::npos) {
+    if (api_paused_) return;  // answered by the next on_ready that is not paused
     const size_t sp1 = line.find(' '), sp2 = line.find(' ', sp1 + 1);
     const std::string method = line.substr(0, sp1);
     const std::string path = line.substr(sp1 + 1, sp2 == std::string::npos ? std::string::npos : sp2 - sp1 - 1);
@@ -264,6 +265,9 @@ void MetricsServer::respond(Conn& c, const Metrics& m, const std::function<bool(
 void MetricsServer::on_ready(const std::vector<pollfd>& fds, const Metrics& m, const std::function<bool()>& healthy) {
   if (listen_fd_ < 0) return;
   const int64_t now = monotonic_ms();
+  if (!api_paused_)  // API requests read while paused
+    for (auto& c : conns_)
+      if (c.out.empty() && c.sent != SIZE_MAX && request_complete(c.in)) respond(c, m, healthy);
   for (const pollfd& p : fds) {
     if (p.revents == 0) continue;
     if (p.fd == listen_fd_) {

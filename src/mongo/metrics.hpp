@@ -66,6 +66,10 @@ class MetricsServer {
   using ApiHandler = std::function<std::pair<int, std::string>(const std::string&, const std::string&,
                                                                const std::string&, const std::string&)>;
   void set_api(ApiHandler api) { api_ = std::move(api); }
+  // While paused, API requests wait (buffered) and /metrics and /healthz
+  // are still answered: on_ready is then called between two store commands,
+  // where the API (which calls the store) must not run.
+  void pause_api(bool paused) { api_paused_ = paused; }
 
  private:
   struct Conn {
@@ -80,6 +84,7 @@ class MetricsServer {
   std::string bound_;
   std::vector<Conn> conns_;
   ApiHandler api_;
+  bool api_paused_ = false;
 };
 
 }  // namespace relaybus::mongo

@@ -9,6 +9,7 @@
 #include "core/lane_hash.hpp"
 #include "core/text_util.hpp"
 #include "core/topic.hpp"
+#include "mongo/command_trace.hpp"
 #include "mongo/util.hpp"
 
 namespace relaybus::mongo {
@@ -163,6 +164,7 @@ Store::Store(const std::string& uri, const std::string& database) : db_(database
   if (client_ == nullptr) throw StoreError("cannot create a MongoDB client for " + uri, 0);
   mongoc_client_set_error_api(client_, MONGOC_ERROR_API_VERSION_2);
   mongoc_client_set_appname(client_, "relaybus-mongo");
+  install_command_trace(client_);
 }
 
 Store::~Store() {

@@ -19,6 +19,7 @@
 #include <mongoc/mongoc.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -193,12 +194,18 @@ class Store {
 
   uint64_t commands() const { return commands_; }
   const std::map<std::string, uint64_t>& command_counts() const { return by_op_; }
+  // Called before every command (same thread): the dispatcher gives its
+  // sockets a turn there, so that one loop pass of slow store commands does
+  // not hold up HTTP requests in flight, /metrics or /healthz. It must not
+  // call the store.
+  void set_command_hook(std::function<void()> hook) { hook_ = std::move(hook); }
 
  private:
   mongoc_collection_t* coll(const char* name);
   void count(const char* op) {
     commands_++;
     by_op_[op]++;
+    if (hook_) hook_();
   }
   int64_t increment(const char* collection, const char* id, const char* field, int64_t by, const char* what);
   int64_t next_ids(int n);
@@ -209,6 +216,7 @@ class Store {
   std::map<std::string, mongoc_collection_t*> colls_;
   uint64_t commands_ = 0;
   std::map<std::string, uint64_t> by_op_;
+  std::function<void()> hook_;
 };
 
 // A delivery document as written by publish (or by an application in its own
