@@ -36,6 +36,7 @@
 #include "core/http_engine.hpp"
 #include "mongo/config.hpp"
 #include "mongo/metrics.hpp"
+#include "mongo/sequencer.hpp"
 #include "mongo/store.hpp"
 
 namespace relaybus::mongo {
@@ -80,6 +81,9 @@ class Dispatcher final : private core::DeliveryStore {
   bool lane_valid(int lane, int64_t now) const;
   bool ensure_engine();
   void wait(int64_t max_ms);
+  // The sequencer role (sequencer.hpp): leased with the lanes, one batch per call.
+  void sequence_some();
+  void renew_if_due(int64_t& store_backoff_until);  // lease_tick when due
 
   Config cfg_;
   std::map<std::string, std::string> flags_;
@@ -100,6 +104,10 @@ class Dispatcher final : private core::DeliveryStore {
   int64_t stop_deadline_ms_ = 0;
   std::mt19937_64 rng_;
   std::set<std::string> warned_;
+  Held seq_lease_;  // the sequencer role's lease, while seq_held_
+  bool seq_held_ = false;
+  std::unique_ptr<Sequencer> sequencer_;
+  int64_t next_sequence_ms_ = 0;
 };
 
 }  // namespace relaybus::mongo

@@ -4,7 +4,8 @@
 //   relaybus-mongo handler create NAME http URL [--options JSON]
 //   relaybus-mongo handler drop NAME | handler list
 //   relaybus-mongo route PATTERN HANDLER [--wire NAME] | unroute PATTERN HANDLER
-//   relaybus-mongo publish TOPIC PAYLOAD [--key K] [--priority 0..3] [--not-before T] [--headers JSON]
+//   relaybus-mongo publish TOPIC PAYLOAD [--key K] [--priority 0..3] [--not-before T] [--headers JSON] [--dedupe-key K]
+//   relaybus-mongo sequence                           sequence the outbox once (role free)
 //   relaybus-mongo run                                the dispatcher
 //   relaybus-mongo replay [--handler NAME] [--id N]...
 //   relaybus-mongo stats
@@ -35,6 +36,8 @@
 #include "core/version.hpp"
 #include "mongo/config.hpp"
 #include "mongo/dispatcher.hpp"
+#include "mongo/outbox.hpp"
+#include "mongo/sequencer.hpp"
 #include "mongo/store.hpp"
 #include "mongo/util.hpp"
 
@@ -58,6 +61,8 @@ const char* kUsage =
     "  route PATTERN HANDLER [--wire NAME]    route a topic pattern to a handler\n"
     "  unroute PATTERN HANDLER\n"
     "  publish TOPIC PAYLOAD [--key K] [--priority 0..3] [--not-before DURATION|ISO-8601] [--headers JSON]\n"
+    "          [--dedupe-key K]               one insert into relay_outbox\n"
+    "  sequence                               sequence the outbox now (if no instance holds the role)\n"
     "  run                                    the dispatcher (SIGTERM drains, SIGHUP reloads)\n"
     "  replay [--handler NAME] [--id N]...    move dead letters back into delivery\n"
     "  stats                                  per-handler counts as JSON\n"
@@ -71,7 +76,7 @@ struct UsageError : std::runtime_error {
 };
 
 // Command-specific options (not settings).
-const std::vector<std::string> kCommandOptions = {"key", "priority", "not_before", "headers", "options", "wire",
+const std::vector<std::string> kCommandOptions = {"key", "priority", "not_before", "headers", "dedupe_key", "options", "wire",
                                                   "handler", "id"};
 
 struct Args {
@@ -160,18 +165,18 @@ int64_t parse_not_before(const std::string& text, int64_t now) {
 }
 
 int cmd_publish(Store& store, const Config& cfg, const Args& a) {
-  only_options(a, {"key", "priority", "not_before", "headers"}, "publish");
+  only_options(a, {"key", "priority", "not_before", "headers", "dedupe_key"}, "publish");
   if (a.positional.size() != 3) throw UsageError("publish needs TOPIC and PAYLOAD");
-  PublishRequest req;
-  req.topic = a.positional[1];
-  req.payload_json = a.positional[2];
+  OutboxMessage m;
+  m.topic = a.positional[1];
+  m.payload_json = a.positional[2];
   std::string why;
-  if (!core::is_valid_topic(req.topic, &why)) throw UsageError("invalid topic " + core::text::quote(req.topic) + ": " + why);
-  if (static_cast<int64_t>(req.payload_json.size()) > cfg.max_payload_bytes)
-    throw UsageError("payload is too large: " + std::to_string(req.payload_json.size()) + " bytes (max_payload_bytes is " +
+  if (!core::is_valid_topic(m.topic, &why)) throw UsageError("invalid topic " + core::text::quote(m.topic) + ": " + why);
+  if (static_cast<int64_t>(m.payload_json.size()) > cfg.max_payload_bytes)
+    throw UsageError("payload is too large: " + std::to_string(m.payload_json.size()) + " bytes (max_payload_bytes is " +
                      std::to_string(cfg.max_payload_bytes) + ")");
   try {
-    json parsed = json::parse(req.payload_json);
+    json parsed = json::parse(m.payload_json);
     (void)parsed;
   } catch (const json::parse_error& e) {
     throw UsageError(std::string("payload is not valid JSON: ") + e.what());
@@ -182,41 +187,75 @@ int cmd_publish(Store& store, const Config& cfg, const Args& a) {
     if (static_cast<int>(key.size()) > cfg.max_key_bytes)
       throw UsageError("key is too long: " + std::to_string(key.size()) + " bytes (max_key_bytes is " +
                        std::to_string(cfg.max_key_bytes) + ")");
-    req.key = key;
+    m.key = key;
   }
   if (has_opt(a, "priority")) {
     const std::string p = opt(a, "priority");
     if (p.size() != 1 || p[0] < '0' || p[0] > '3') throw UsageError("priority must be 0, 1, 2 or 3 (got " + core::text::quote(p) + ")");
-    req.priority = p[0] - '0';
+    m.priority = p[0] - '0';
   }
   if (has_opt(a, "headers")) {
-    req.headers_json = opt(a, "headers");
+    m.headers_json = opt(a, "headers");
     json h;
     try {
-      h = json::parse(req.headers_json);
+      h = json::parse(m.headers_json);
     } catch (const json::parse_error& e) {
       throw UsageError(std::string("headers are not valid JSON: ") + e.what());
     }
     if (!h.is_object()) throw UsageError("headers must be a JSON object");
   }
+  if (has_opt(a, "dedupe_key")) {
+    m.dedupe_key = opt(a, "dedupe_key");
+    if (m.dedupe_key.empty()) throw UsageError("dedupe key must not be empty");
+  }
   const int64_t now = wall_ms();
-  if (has_opt(a, "not_before")) req.not_before_ms = parse_not_before(opt(a, "not_before"), now);
-  PublishResult r;
-  try {
-    r = store.publish(req, now);
-  } catch (const StoreError& e) {
-    if (e.code == -1) throw UsageError(e.what());  // the payload could not be stored as BSON
-    throw;
-  }
-  json out = {{"event_id", r.event_id}, {"deliveries", r.delivery_ids}};
-  if (req.key) {
-    out["key"] = *req.key;
-    out["seq"] = r.seq;
-  }
-  if (!r.lanes.empty()) out["lane"] = r.lanes[0];  // as stored
-  if (req.key) {
+  if (has_opt(a, "not_before")) m.not_before_ms = parse_not_before(opt(a, "not_before"), now);
+  // One insert into relay_outbox, as an application does; the sequencer assigns
+  // the event id, the key's seq and the deliveries (docs/mongo.md, "The outbox").
+  Bson doc;
+  std::string oid;
+  if (!build_outbox_doc(m, doc, &oid, &why)) throw UsageError(why);  // not storable as BSON
+  store.insert_outbox(doc);
+  json out = {{"outbox_id", oid}};
+  if (m.key) {
+    out["key"] = *m.key;
+    out["lane"] = core::lane_for_key(*m.key);
   }
   std::cout << out.dump() << "\n";
+  return 0;
+}
+
+// `sequence`: takes the sequencer role if it is free, sequences the outbox
+// until it is empty, gives the role back. For operations and tests; `run`
+// sequences on its own.
+int cmd_sequence(Store& store, const Config& cfg, const Args& a) {
+  only_options(a, {}, "sequence");
+  const int64_t now = wall_ms();
+  LaneDoc top{kSequencerLane, 0, "", 0};
+  for (const auto& l : store.read_lanes())
+    if (l.lane == kSequencerLane && l.epoch > top.epoch) top = l;
+  if (!top.owner.empty() && top.owner != cfg.instance && top.until_ms >= now)
+    throw StoreError("the sequencer role is held by " + core::text::quote(top.owner) + " until " + iso8601_ms(top.until_ms) +
+                         " (its `run` sequences the outbox)", 0);
+  LaneDoc mine{kSequencerLane, top.epoch + 1, cfg.instance, now + cfg.lease_ms};
+  if (!store.insert_lanes({mine})[0]) throw StoreError("the sequencer role was taken by another instance just now", 0);
+  Sequencer seq(store, cfg.instance, cfg.max_key_bytes);
+  seq.begin(mine.epoch);
+  const int64_t margin = std::max<int64_t>(200, cfg.lease_ms / 5);
+  auto holds = [&] { return wall_ms() < mine.until_ms - margin; };
+  int64_t total = 0;
+  for (;;) {
+    if (!holds()) {  // renew: the same insert of epoch + 1
+      LaneDoc next{kSequencerLane, mine.epoch + 1, cfg.instance, wall_ms() + cfg.lease_ms};
+      if (!store.insert_lanes({next})[0]) throw StoreError("the sequencer role was lost", 0);
+      mine = next;
+    }
+    const int n = seq.step(cfg.batch_size, wall_ms(), holds);
+    total += n;
+    if (n == 0) break;
+  }
+  store.insert_lanes({{kSequencerLane, mine.epoch + 1, "", 0}});  // give it back
+  std::cout << json({{"sequenced", total}, {"outbox_left", store.count_outbox()}}).dump() << "\n";
   return 0;
 }
 
@@ -381,7 +420,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "lane") return cmd_lane(a);
     static const std::vector<std::string> known = {"init", "handler", "route", "unroute", "publish",
-                                                   "run", "replay", "stats"};
+                                                   "run", "replay", "stats", "sequence"};
     if (std::find(known.begin(), known.end(), cmd) == known.end()) throw UsageError("unknown command \"" + cmd + "\"");
     Config cfg;
     std::string why;
@@ -403,6 +442,7 @@ int main(int argc, char** argv) {
     if (cmd == "unroute") return cmd_route(store, a, false);
     if (cmd == "publish") return cmd_publish(store, cfg, a);
     if (cmd == "replay") return cmd_replay(store, a);
+    if (cmd == "sequence") return cmd_sequence(store, cfg, a);
     if (cmd == "stats") return cmd_stats(store);
     if (cmd == "run") return cmd_run(store, cfg, a);
   } catch (const UsageError& e) {
