@@ -242,6 +242,19 @@ print(f'deliveries={len(ds)} missing={missing} twice={twice} gaps={gaps} ids_uni
 check_eq "after the crashes: every event once, key seqs 1..n, ids unique" \
     "deliveries=120 missing=0 twice=0 gaps=0 ids_unique=True" "$res"
 
+# ------------------------------------------------------------------ 100 keys in one batch
+# FerretDB v1.24 hung on an update command of 100 statements (one key seq
+# upsert per key of the batch): each statement holds a SQLite connection until
+# the command ends. The sequencer sends at most 25 per command.
+log "a batch of 100 new keys"
+DB=t_keys
+setup_db $DB /keys
+$PYM "$INTEG/mongo_preload.py" "$URI" $DB o.e 100 100 --many >/dev/null
+timeout 30 "$BIN" sequence --database $DB >/dev/null 2>"$TMP/keys.err"
+rc=$?
+n=$($PYM -c "import pymongo; print(pymongo.MongoClient('$URI', serverSelectionTimeoutMS=3000)['$DB'].relay_key_seqs.count_documents({}))" 2>&1 | tail -1)
+check_eq "100 keys in one batch: sequenced, the server still answers" "0 100" "$rc $n"
+
 # ------------------------------------------------------------------ outbox input
 log "outbox documents the sequencer refuses or folds"
 DB=t_input
