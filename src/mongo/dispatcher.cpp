@@ -22,6 +22,7 @@ Dispatcher::Dispatcher(Config cfg, std::map<std::string, std::string> flags, Sto
     : cfg_(std::move(cfg)), flags_(std::move(flags)), store_(store), signal_fd_(signal_fd), rng_(std::random_device{}()) {
   metrics_.commands = &store_.command_counts();
   metrics_.started_ms = wall_ms();
+  sequencer_ = std::make_unique<Sequencer>(store_, cfg_.instance, cfg_.max_key_bytes);
 }
 
 Dispatcher::~Dispatcher() { store_.set_command_hook(nullptr); }
@@ -152,6 +153,14 @@ void Dispatcher::lease_tick() {
       ++it;
     }
   }
+  // The sequencer role: one more lease in this tick's insert, outside the lane share.
+  auto seq_top = top.find(kSequencerLane);
+  if (seq_held_ && seq_top != top.end() && seq_top->second.epoch > seq_lease_.epoch) {
+    log_warn("sequencer role lost", {{"epoch", seq_lease_.epoch}, {"now_epoch", seq_top->second.epoch},
+                                     {"owner", seq_top->second.owner}});
+    seq_held_ = false;
+    sequencer_->end();
+  }
   // Above the fair share: drain the extra lanes (no new fetches), give them
   // back once nothing of theirs is in flight or awaiting completion.
   std::map<int, int> busy;  // lane -> queued, in flight or awaiting completion
@@ -198,6 +207,15 @@ void Dispatcher::lease_tick() {
       active++;
     }
   }
+  if (seq_held_) {
+    inserts.push_back({kSequencerLane, seq_lease_.epoch + 1, stopping_ ? std::string() : cfg_.instance,
+                       stopping_ ? 0 : until});
+    ops.push_back({kSequencerLane, stopping_ ? Op::Release : Op::Renew});
+  } else if (!stopping_ && (seq_top == top.end() || seq_top->second.owner.empty() || seq_top->second.until_ms < now ||
+                            seq_top->second.owner == cfg_.instance)) {
+    inserts.push_back({kSequencerLane, seq_top == top.end() ? 1 : seq_top->second.epoch + 1, cfg_.instance, until});
+    ops.push_back({kSequencerLane, Op::Take});
+  }
   auto ok = store_.insert_lanes(inserts);
   renewed_at_ms_ = until - cfg_.lease_ms;
   std::vector<std::pair<int, int64_t>> old;
@@ -205,6 +223,25 @@ void Dispatcher::lease_tick() {
   for (size_t i = 0; i < ops.size(); i++) {
     const int lane = ops[i].lane;
     const int64_t epoch = inserts[i].epoch;
+    if (lane == kSequencerLane) {
+      if (ops[i].what == Op::Take && ok[i]) {
+        seq_lease_ = Held{epoch, until, false, epoch};
+        seq_held_ = true;
+        sequencer_->begin(epoch);
+        next_sequence_ms_ = 0;
+        log_info("sequencer role taken", {{"epoch", epoch}});
+      } else if (ops[i].what == Op::Renew && ok[i]) {
+        seq_lease_.epoch = epoch;
+        seq_lease_.until_ms = until;
+      } else if (ops[i].what != Op::Take) {
+        if (!ok[i]) log_warn("sequencer role lost", {{"epoch", seq_lease_.epoch}});
+        seq_held_ = false;
+        sequencer_->end();
+      }
+      if (ok[i])
+        for (int64_t e = std::max<int64_t>(1, epoch - 3); e < epoch; e++) old.emplace_back(lane, e);
+      continue;
+    }
     switch (ops[i].what) {
       case Op::Renew:
         if (ok[i]) {
@@ -248,23 +285,39 @@ void Dispatcher::lease_tick() {
       log_warn("counting the backlog failed", {{"error", e.what()}});
     }
   }
+  // The next tick a tick interval after this one ends, not after it started:
+  // a tick whose reads took longer than the interval (a slow store) would
+  // otherwise be due again at once and leave no time to deliver. Renewals
+  // do not wait for it (renew_if_due).
+  next_tick_ms_ = wall_ms() + std::max<int64_t>(100, cfg_.lease_ms / 3);
 }
 
 void Dispatcher::renew_if_due() {
-  if (!held_.empty() && wall_ms() >= renewed_at_ms_ + std::max<int64_t>(100, cfg_.lease_ms / 3)) renew_leases();
+  if ((!held_.empty() || seq_held_) && wall_ms() >= renewed_at_ms_ + std::max<int64_t>(100, cfg_.lease_ms / 3))
+    renew_leases();
 }
 
 void Dispatcher::renew_leases() {
-  if (held_.empty()) return;
+  if (held_.empty() && !seq_held_) return;
   const int64_t until = wall_ms() + cfg_.lease_ms;
   std::vector<LaneDoc> inserts;
   for (const auto& [lane, h] : held_) inserts.push_back({lane, h.epoch + 1, cfg_.instance, until});
+  if (seq_held_) inserts.push_back({kSequencerLane, seq_lease_.epoch + 1, cfg_.instance, until});
   auto ok = store_.insert_lanes(inserts);
   renewed_at_ms_ = until - cfg_.lease_ms;
   std::vector<int> lost;
   for (size_t i = 0; i < inserts.size(); i++) {
     const int lane = inserts[i].lane;
-    if (ok[i]) {
+    if (lane == kSequencerLane) {
+      if (ok[i]) {
+        seq_lease_.epoch = inserts[i].epoch;
+        seq_lease_.until_ms = until;
+      } else {
+        log_warn("sequencer role lost", {{"epoch", seq_lease_.epoch}});
+        seq_held_ = false;
+        sequencer_->end();
+      }
+    } else if (ok[i]) {
       held_[lane].epoch = inserts[i].epoch;
       held_[lane].until_ms = until;
     } else {
@@ -282,7 +335,7 @@ void Dispatcher::renew_leases() {
 
 void Dispatcher::release_all() {
   stopping_ = true;
-  if (held_.empty()) return;
+  if (held_.empty() && !seq_held_) return;
   try {
     lease_tick();  // with stopping_ set: every idle lane gets a release document
     store_.remove_instance(cfg_.instance);
@@ -336,7 +389,8 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     rows = store_.fetch_window(h.doc.name, lanes, window);
     truncated = static_cast<int>(rows.size()) >= window;
   }
-  if (h.deep || truncated) {
+  const bool read_classes = h.deep || truncated;
+  if (read_classes) {
     const int class_window = std::max(64, window / 2);
     std::set<int64_t> have;
     for (const auto& d : rows) have.insert(d.id);
@@ -391,9 +445,16 @@ void Dispatcher::fetch_handler(HandlerState& h) {
   if (plan.ids.empty()) return;
 
   // Fence, when the window was cut short: a chosen row is a key's head only if
-  // no earlier seq of its key exists outside the window.
+  // no earlier seq of its key exists outside the window. On FerretDB the window
+  // is the handler's first rows in these lanes in insertion order, which is
+  // each key's seq order (the sequencer inserts in id order, and a retry stays
+  // in place), so a key's earlier pending seq is never outside it; the fence
+  // read would be a scan of the whole collection there. (A replayed dead letter
+  // is inserted again at the end: it follows what of its key is pending.)
+  // Not so for the class windows: a key whose events have different
+  // priorities may have an earlier seq beyond another class's window.
   std::vector<int64_t> chosen;
-  if (truncated) {
+  if (truncated && (read_classes || !store_.is_ferretdb())) {
     std::vector<std::pair<std::string, int64_t>> ks;
     for (int64_t pid : plan.ids) {
       const Delivery& d = rows[row_of[pid]];
@@ -447,6 +508,48 @@ void Dispatcher::fetch_handler(HandlerState& h) {
   metrics_.in_flight = static_cast<int>(engine_->in_flight());
   // More may be waiting: look again as soon as there is room.
   if (static_cast<int>(chosen.size()) >= cap || plan.may_have_more) next_fetch_ms_ = 0;
+}
+
+void Dispatcher::tick_if_due(int64_t& store_backoff_until) {
+  const int64_t now = wall_ms();
+  if (now < next_tick_ms_ || now < store_backoff_until) return;
+  try {
+    lease_tick();
+  } catch (const StoreError& e) {
+    metrics_.store_errors++;
+    log_warn("lease renewal failed", {{"error", e.what()}});
+    store_backoff_until = now + 1000;
+    next_tick_ms_ = now + 1000;
+  }
+}
+
+// ---------------------------------------------------------------- sequencing
+
+void Dispatcher::sequence_some() {
+  const int64_t now = wall_ms();
+  next_sequence_ms_ = now + cfg_.poll_interval_ms;
+  const int64_t since = seq_lease_.since_epoch;
+  // Every write of the sequencer is fenced by its tenure: the same lease epoch,
+  // with the lease margin still ahead.
+  // Asked before every write: renewed first when due, as before any use of a
+  // lease (a batch's commands on a slow store outlast the lease's slack).
+  auto holds = [this, since] {
+    renew_if_due();
+    return seq_held_ && seq_lease_.since_epoch == since && wall_ms() < seq_lease_.until_ms - margin_ms(cfg_.lease_ms);
+  };
+  try {
+    if (!holds()) return;
+    const int n = sequencer_->step(cfg_.batch_size, now, holds);
+    if (n > 0) {
+      next_fetch_ms_ = 0;  // new deliveries
+      metrics_.last_store_ok_ms = wall_ms();
+    }
+    if (n >= cfg_.batch_size) next_sequence_ms_ = 0;  // more may be waiting
+  } catch (const StoreError& e) {
+    metrics_.store_errors++;
+    log_warn("sequencing failed; will retry", {{"error", e.what()}});
+    next_sequence_ms_ = now + 500;
+  }
 }
 
 // ---------------------------------------------------------------- completing
@@ -626,7 +729,6 @@ int Dispatcher::run() {
   }
   int64_t store_backoff_until = 0;
   for (;;) {
-    const int64_t now = wall_ms();
     if (stopping_) {
       pipeline_->release_queued(*this);  // not sent: read again by the lanes' next holder
       collect_results();
@@ -646,16 +748,7 @@ int Dispatcher::run() {
       wait(50);
       continue;
     }
-    if (now >= next_tick_ms_ && now >= store_backoff_until) {
-      try {
-        lease_tick();
-      } catch (const StoreError& e) {
-        metrics_.store_errors++;
-        log_warn("lease renewal failed", {{"error", e.what()}});
-        store_backoff_until = now + 1000;
-        next_tick_ms_ = now + 1000;
-      }
-    }
+    tick_if_due(store_backoff_until);
     if (pull_->leased() > 0) {
       try {
         pull_->expire(wall_ms());  // pull leases that ran out: failed attempts
@@ -676,8 +769,18 @@ int Dispatcher::run() {
     pipeline_->pump(*this, wall_ms());  // queued deliveries go out as responses made room
     collect_results();
     if (pipeline_->completion_due(wall_ms())) flush();
-    if (wall_ms() >= next_fetch_ms_) fetch_all();
+    // Store calls block this loop (FerretDB: up to seconds each at a large
+    // backlog): a renewal that fell due meanwhile goes first.
+    if (wall_ms() >= next_fetch_ms_) {
+      tick_if_due(store_backoff_until);
+      fetch_all();
+    }
+    if (seq_held_ && wall_ms() >= next_sequence_ms_) {
+      tick_if_due(store_backoff_until);
+      sequence_some();
+    }
     int64_t wait_ms = std::min(next_tick_ms_, next_fetch_ms_) - wall_ms();
+    if (seq_held_) wait_ms = std::min(wait_ms, next_sequence_ms_ - wall_ms());
     // The pipeline's batching delay; an open breaker's probe.
     if (pipeline_->waiting() > 0) wait_ms = std::min<int64_t>(wait_ms, 2);
     const int64_t probe = pipeline_->next_probe_ms(wall_ms());

@@ -37,6 +37,7 @@
 #include "mongo/config.hpp"
 #include "mongo/metrics.hpp"
 #include "mongo/pull_api.hpp"
+#include "mongo/sequencer.hpp"
 #include "mongo/store.hpp"
 
 namespace relaybus::mongo {
@@ -107,6 +108,9 @@ class Dispatcher final : private core::DeliveryStore, private PullHost {
   void refresh_backlog(int64_t now_ms);
   int64_t next_backlog_ms_ = 0;
   std::unique_ptr<PullApi> pull_;
+  // The sequencer role (sequencer.hpp): leased with the lanes, one batch per call.
+  void sequence_some();
+  void tick_if_due(int64_t& store_backoff_until);  // lease_tick when due
 
   Config cfg_;
   std::map<std::string, std::string> flags_;
@@ -127,6 +131,10 @@ class Dispatcher final : private core::DeliveryStore, private PullHost {
   int64_t stop_deadline_ms_ = 0;
   std::mt19937_64 rng_;
   std::set<std::string> warned_;
+  Held seq_lease_;  // the sequencer role's lease, while seq_held_
+  bool seq_held_ = false;
+  std::unique_ptr<Sequencer> sequencer_;
+  int64_t next_sequence_ms_ = 0;
 };
 
 }  // namespace relaybus::mongo

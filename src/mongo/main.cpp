@@ -5,7 +5,8 @@
 //   relaybus-mongo handler alter NAME [--target URL] [--options JSON]
 //   relaybus-mongo handler drop NAME [--force] | handler list
 //   relaybus-mongo route PATTERN HANDLER [--wire NAME] | unroute PATTERN HANDLER
-//   relaybus-mongo publish TOPIC PAYLOAD [--key K] [--priority 0..3] [--not-before T] [--headers JSON]
+//   relaybus-mongo publish TOPIC PAYLOAD [--key K] [--priority 0..3] [--not-before T] [--headers JSON] [--dedupe-key K]
+//   relaybus-mongo sequence                           sequence the outbox once (role free)
 //   relaybus-mongo run                                the dispatcher
 //   relaybus-mongo replay [--handler NAME] [--id N]...
 //   relaybus-mongo stats
@@ -38,6 +39,8 @@
 #include "mongo/config.hpp"
 #include "mongo/dispatcher.hpp"
 #include "mongo/handler_admin.hpp"
+#include "mongo/outbox.hpp"
+#include "mongo/sequencer.hpp"
 #include "mongo/stats.hpp"
 #include "mongo/store.hpp"
 #include "mongo/util.hpp"
@@ -64,7 +67,10 @@ const char* kUsage =
     "  route PATTERN HANDLER [--wire NAME]    route a topic pattern to a handler\n"
     "  unroute PATTERN HANDLER\n"
     "  publish TOPIC PAYLOAD [--key K] [--priority 0..3] [--not-before DURATION|ISO-8601] [--headers JSON]\n"
-    "  publish --batch FILE|-                 JSON lines {topic, payload, key?, priority?, headers?, not_before?}\n"
+    "          [--dedupe-key K]               one insert into relay_outbox\n"
+    "  publish --batch FILE|-                 JSON lines {topic, payload, key?, priority?, headers?, not_before?,\n"
+    "                                         dedupe_key?}: one insertMany into relay_outbox\n"
+    "  sequence                               sequence the outbox now (if no instance holds the role)\n"
     "  run                                    the dispatcher (SIGTERM drains, SIGHUP reloads)\n"
     "  replay [--handler NAME] [--id N]...    move dead letters back into delivery\n"
     "  stats                                  per-handler counts as JSON\n"
@@ -78,8 +84,8 @@ struct UsageError : std::runtime_error {
 };
 
 // Command-specific options (not settings).
-const std::vector<std::string> kCommandOptions = {"key", "priority", "not_before", "headers", "options", "wire",
-                                                  "handler", "id", "target", "force", "batch"};
+const std::vector<std::string> kCommandOptions = {"key", "priority", "not_before", "headers", "dedupe_key", "options",
+                                                  "wire", "handler", "id", "target", "force", "batch"};
 // Command options that take no value.
 const std::vector<std::string> kFlagOptions = {"force"};
 
@@ -172,19 +178,19 @@ int64_t parse_not_before(const std::string& text, int64_t now) {
 
 // One event's fields, validated as `publish` validates its arguments (the
 // batch's lines too). Optional fields: nullptr when absent.
-PublishRequest build_request(const Config& cfg, const std::string& topic, const std::string& payload,
-                             const std::string* key, const std::string* priority, const std::string* headers,
-                             const std::string* not_before, int64_t now) {
-  PublishRequest req;
-  req.topic = topic;
-  req.payload_json = payload;
+OutboxMessage build_message(const Config& cfg, const std::string& topic, const std::string& payload,
+                            const std::string* key, const std::string* priority, const std::string* headers,
+                            const std::string* not_before, const std::string* dedupe_key, int64_t now) {
+  OutboxMessage m;
+  m.topic = topic;
+  m.payload_json = payload;
   std::string why;
-  if (!core::is_valid_topic(req.topic, &why)) throw UsageError("invalid topic " + core::text::quote(req.topic) + ": " + why);
-  if (static_cast<int64_t>(req.payload_json.size()) > cfg.max_payload_bytes)
-    throw UsageError("payload is too large: " + std::to_string(req.payload_json.size()) + " bytes (max_payload_bytes is " +
+  if (!core::is_valid_topic(m.topic, &why)) throw UsageError("invalid topic " + core::text::quote(m.topic) + ": " + why);
+  if (static_cast<int64_t>(m.payload_json.size()) > cfg.max_payload_bytes)
+    throw UsageError("payload is too large: " + std::to_string(m.payload_json.size()) + " bytes (max_payload_bytes is " +
                      std::to_string(cfg.max_payload_bytes) + ")");
   try {
-    json parsed = json::parse(req.payload_json);
+    json parsed = json::parse(m.payload_json);
     (void)parsed;
   } catch (const json::parse_error& e) {
     throw UsageError(std::string("payload is not valid JSON: ") + e.what());
@@ -194,50 +200,52 @@ PublishRequest build_request(const Config& cfg, const std::string& topic, const 
     if (static_cast<int>(key->size()) > cfg.max_key_bytes)
       throw UsageError("key is too long: " + std::to_string(key->size()) + " bytes (max_key_bytes is " +
                        std::to_string(cfg.max_key_bytes) + ")");
-    req.key = *key;
+    m.key = *key;
   }
   if (priority != nullptr) {
     const std::string& p = *priority;
     if (p.size() != 1 || p[0] < '0' || p[0] > '3') throw UsageError("priority must be 0, 1, 2 or 3 (got " + core::text::quote(p) + ")");
-    req.priority = p[0] - '0';
+    m.priority = p[0] - '0';
   }
   if (headers != nullptr) {
-    req.headers_json = *headers;
+    m.headers_json = *headers;
     json h;
     try {
-      h = json::parse(req.headers_json);
+      h = json::parse(m.headers_json);
     } catch (const json::parse_error& e) {
       throw UsageError(std::string("headers are not valid JSON: ") + e.what());
     }
     if (!h.is_object()) throw UsageError("headers must be a JSON object");
   }
-  if (not_before != nullptr) req.not_before_ms = parse_not_before(*not_before, now);
-  return req;
+  if (not_before != nullptr) m.not_before_ms = parse_not_before(*not_before, now);
+  if (dedupe_key != nullptr) {
+    if (dedupe_key->empty()) throw UsageError("dedupe key must not be empty");
+    m.dedupe_key = *dedupe_key;
+  }
+  return m;
 }
 
-json publish_one(Store& store, const PublishRequest& req, int64_t now) {
-  PublishResult r;
-  try {
-    r = store.publish(req, now);
-  } catch (const StoreError& e) {
-    if (e.code == -1) throw UsageError(e.what());  // the payload could not be stored as BSON
-    throw;
+// The outbox document of one message, and the line `publish` prints for it.
+// The sequencer assigns the event id, the key's seq and the deliveries
+// (docs/mongo.md, "The outbox").
+json outbox_doc(const OutboxMessage& m, Bson& doc) {
+  std::string oid, why;
+  if (!build_outbox_doc(m, doc, &oid, &why)) throw UsageError(why);  // not storable as BSON
+  json out = {{"outbox_id", oid}};
+  if (m.key) {
+    out["key"] = *m.key;
+    out["lane"] = core::lane_for_key(*m.key);
   }
-  json out = {{"event_id", r.event_id}, {"deliveries", r.delivery_ids}};
-  if (req.key) {
-    out["key"] = *req.key;
-    out["seq"] = r.seq;
-  }
-  if (!r.lanes.empty()) out["lane"] = r.lanes[0];  // as stored
   return out;
 }
 
 // publish --batch FILE ("-": stdin): one JSON object per line, {"topic",
-// "payload", "key"?, "priority"?, "headers"?, "not_before"?}. Every line is
-// checked before the first is published (a bad line publishes nothing, exit 2
-// naming the line); then a loop over the single publish, one output line each,
-// in order. A store failure midway stops there (exit 1): the lines printed
-// were published, the rest were not.
+// "payload", "key"?, "priority"?, "headers"?, "not_before"?, "dedupe_key"?}.
+// Every line is checked before anything is published (a bad line publishes
+// nothing, exit 2 naming the line); then one insertMany into relay_outbox
+// (ordered, in line order: the sequencer takes the outbox in _id order, and
+// the ObjectIds grow in line order) and one output line per event, in order.
+// A store failure (exit 1) may leave a prefix of the lines inserted.
 int cmd_publish_batch(Store& store, const Config& cfg, const Args& a) {
   only_options(a, {"batch"}, "publish --batch");
   if (a.positional.size() != 1) throw UsageError("publish --batch FILE takes no TOPIC or PAYLOAD");
@@ -249,7 +257,8 @@ int cmd_publish_batch(Store& store, const Config& cfg, const Args& a) {
   }
   std::istream& in = file == "-" ? std::cin : f;
   const int64_t now = wall_ms();
-  std::vector<PublishRequest> reqs;
+  std::vector<std::unique_ptr<Bson>> docs;
+  std::vector<json> lines;
   std::string line;
   for (int n = 1; std::getline(in, line); n++) {
     if (core::text::trim(line).empty()) continue;
@@ -262,7 +271,8 @@ int cmd_publish_batch(Store& store, const Config& cfg, const Args& a) {
       }
       if (!j.is_object()) throw UsageError("must be a JSON object");
       for (auto& [k, v] : j.items())
-        if (k != "topic" && k != "payload" && k != "key" && k != "priority" && k != "headers" && k != "not_before")
+        if (k != "topic" && k != "payload" && k != "key" && k != "priority" && k != "headers" && k != "not_before" &&
+            k != "dedupe_key")
           throw UsageError("unknown field " + core::text::quote(k));
       if (!j.contains("topic") || !j["topic"].is_string()) throw UsageError("\"topic\" must be a string");
       if (!j.contains("payload")) throw UsageError("\"payload\" is missing");
@@ -279,32 +289,87 @@ int cmd_publish_batch(Store& store, const Config& cfg, const Args& a) {
         }
         return out;
       };
-      std::string key, priority, headers, not_before;
-      reqs.push_back(build_request(cfg, j["topic"].get<std::string>(), j["payload"].dump(), text("key", &key),
-                                   text("priority", &priority), text("headers", &headers),
-                                   text("not_before", &not_before), now));
+      std::string key, priority, headers, not_before, dedupe_key;
+      OutboxMessage m = build_message(cfg, j["topic"].get<std::string>(), j["payload"].dump(), text("key", &key),
+                                      text("priority", &priority), text("headers", &headers),
+                                      text("not_before", &not_before), text("dedupe_key", &dedupe_key), now);
+      // Ids strictly growing in line order (MongoDB sequences in _id order; two
+      // ids of one microsecond would order by their random bytes).
+      json out;
+      do {
+        docs.push_back(std::make_unique<Bson>());
+        out = outbox_doc(m, *docs.back());
+        if (!lines.empty() && out["outbox_id"].get<std::string>() <= lines.back()["outbox_id"].get<std::string>()) {
+          docs.pop_back();
+          continue;
+        }
+        break;
+      } while (true);
+      lines.push_back(std::move(out));
     } catch (const UsageError& e) {
       throw UsageError("--batch " + file + " line " + std::to_string(n) + ": " + e.what());
     }
   }
-  for (const auto& req : reqs) std::cout << publish_one(store, req, now).dump() << "\n" << std::flush;
+  std::vector<const bson_t*> ptrs;
+  for (const auto& d : docs) ptrs.push_back(*d);
+  store.insert_outbox_many(ptrs);
+  for (const auto& l : lines) std::cout << l.dump() << "\n";
   return 0;
 }
 
 int cmd_publish(Store& store, const Config& cfg, const Args& a) {
   if (has_opt(a, "batch")) return cmd_publish_batch(store, cfg, a);
-  only_options(a, {"key", "priority", "not_before", "headers"}, "publish");
+  only_options(a, {"key", "priority", "not_before", "headers", "dedupe_key"}, "publish");
   if (a.positional.size() != 3) throw UsageError("publish needs TOPIC and PAYLOAD");
   auto get = [&](const char* name, std::string* out) -> const std::string* {
     if (!has_opt(a, name)) return nullptr;
     *out = opt(a, name);
     return out;
   };
-  std::string key, priority, headers, not_before;
+  std::string key, priority, headers, not_before, dedupe_key;
   const int64_t now = wall_ms();
-  PublishRequest req = build_request(cfg, a.positional[1], a.positional[2], get("key", &key), get("priority", &priority),
-                                     get("headers", &headers), get("not_before", &not_before), now);
-  std::cout << publish_one(store, req, now).dump() << "\n";
+  OutboxMessage m = build_message(cfg, a.positional[1], a.positional[2], get("key", &key), get("priority", &priority),
+                                  get("headers", &headers), get("not_before", &not_before),
+                                  get("dedupe_key", &dedupe_key), now);
+  // One insert into relay_outbox, as an application does.
+  Bson doc;
+  json out = outbox_doc(m, doc);
+  store.insert_outbox(doc);
+  std::cout << out.dump() << "\n";
+  return 0;
+}
+
+// `sequence`: takes the sequencer role if it is free, sequences the outbox
+// until it is empty, gives the role back. For operations and tests; `run`
+// sequences on its own.
+int cmd_sequence(Store& store, const Config& cfg, const Args& a) {
+  only_options(a, {}, "sequence");
+  const int64_t now = wall_ms();
+  LaneDoc top{kSequencerLane, 0, "", 0};
+  for (const auto& l : store.read_lanes())
+    if (l.lane == kSequencerLane && l.epoch > top.epoch) top = l;
+  if (!top.owner.empty() && top.owner != cfg.instance && top.until_ms >= now)
+    throw StoreError("the sequencer role is held by " + core::text::quote(top.owner) + " until " + iso8601_ms(top.until_ms) +
+                         " (its `run` sequences the outbox)", 0);
+  LaneDoc mine{kSequencerLane, top.epoch + 1, cfg.instance, now + cfg.lease_ms};
+  if (!store.insert_lanes({mine})[0]) throw StoreError("the sequencer role was taken by another instance just now", 0);
+  Sequencer seq(store, cfg.instance, cfg.max_key_bytes);
+  seq.begin(mine.epoch);
+  const int64_t margin = std::max<int64_t>(200, cfg.lease_ms / 5);
+  auto holds = [&] { return wall_ms() < mine.until_ms - margin; };
+  int64_t total = 0;
+  for (;;) {
+    if (!holds()) {  // renew: the same insert of epoch + 1
+      LaneDoc next{kSequencerLane, mine.epoch + 1, cfg.instance, wall_ms() + cfg.lease_ms};
+      if (!store.insert_lanes({next})[0]) throw StoreError("the sequencer role was lost", 0);
+      mine = next;
+    }
+    const int n = seq.step(cfg.batch_size, wall_ms(), holds);
+    total += n;
+    if (n == 0) break;
+  }
+  store.insert_lanes({{kSequencerLane, mine.epoch + 1, "", 0}});  // give it back
+  std::cout << json({{"sequenced", total}, {"outbox_left", store.count_outbox()}}).dump() << "\n";
   return 0;
 }
 
@@ -456,7 +521,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "lane") return cmd_lane(a);
     static const std::vector<std::string> known = {"init", "handler", "route", "unroute", "publish",
-                                                   "run", "replay", "stats"};
+                                                   "run", "replay", "stats", "sequence"};
     if (std::find(known.begin(), known.end(), cmd) == known.end()) throw UsageError("unknown command \"" + cmd + "\"");
     Config cfg;
     std::string why;
@@ -478,6 +543,7 @@ int main(int argc, char** argv) {
     if (cmd == "unroute") return cmd_route(store, a, false);
     if (cmd == "publish") return cmd_publish(store, cfg, a);
     if (cmd == "replay") return cmd_replay(store, a);
+    if (cmd == "sequence") return cmd_sequence(store, cfg, a);
     if (cmd == "stats") return cmd_stats(store);
     if (cmd == "run") return cmd_run(store, cfg, a);
   } catch (const UsageError& e) {

@@ -1,19 +1,26 @@
 """Inserts a backlog of delivery documents for one handler in bulk (one
 insert_many per 500), in the documented format (docs/mongo.md, "Data model"),
-with ids counted on from the database's relay_counters. Faster than one
-publish per event, for tests that need thousands of pending deliveries.
+with ids counted on from the database's relay_counters (a sequencer that
+starts later reads it and continues above). Bypasses the outbox: for tests
+that need thousands of pending deliveries at once.
 
     python3 mongo_bulk_load.py URI DB HANDLER TOPIC COUNT NKEYS PRIORITY [PAYLOAD_TAG]
 
 NKEYS 0 = unkeyed events. Prints the number of documents inserted.
 """
 import datetime
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "examples"))
-import pymongo  # noqa: E402
-from publish_pymongo import lane_for_key  # noqa: E402
+import pymongo
+
+
+def lane_for_key(key):
+    """fnv1a64(UTF-8 bytes) mod 64: relay.lane_of() and relaybus-mongo's lane."""
+    h = 0xCBF29CE484222325
+    for b in key.encode("utf-8"):
+        h ^= b
+        h = (h * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h % 64
 
 
 def main():

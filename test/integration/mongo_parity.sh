@@ -28,6 +28,7 @@ check_rc "handler alter without a change (exit 2)" 2 'needs --target and/or --op
     "$BIN" handler alter hook --database $DB
 "$BIN" route 'adm.#' hook --database $DB
 for i in 1 2 3; do "$BIN" publish adm.x "{\"n\":$i}" --key a --database $DB >/dev/null; done
+"$BIN" sequence --database $DB >/dev/null  # the outbox becomes deliveries (no instance runs)
 check_rc "handler drop refuses pending deliveries (exit 2)" 2 'handler "hook" has 3 pending deliveries; drop refused' \
     "$BIN" handler drop hook --database $DB
 check_eq "the refused drop changed nothing" "3 1" \
@@ -107,6 +108,7 @@ check_rc "handler create NAME pull" 0 '"kind":"pull"' "$BIN" handler create work
 "$BIN" publish job.x '{"n":"A2"}' --key A --database $DB >/dev/null
 "$BIN" publish job.x '{"n":"B1"}' --key B --database $DB >/dev/null
 "$BIN" publish job.x '{"n":"U"}' --database $DB >/dev/null
+"$BIN" sequence --database $DB >/dev/null
 start_instance pull $DB --api-token $TOKEN
 local P1=$IPID
 wait_until 15 grep -q '"held":64' "$TMP/pull.err" || fail "lanes not taken"
@@ -193,7 +195,8 @@ check_eq "... and never sent to the old http target" 0 "$(count_path /never)"
 check_rc "a nack without its lease: 400" 0 '^400 ' api nack "{\"id\":${I[A1]}}"
 # SIGTERM with a pull lease outstanding: every lane is given back at once.
 "$BIN" publish job.x '{"n":"S"}' --key S --database $DB >/dev/null
-[[ "$(api claim '{}')" == *'"n":"S"'* ]] || fail "S not claimed"
+claimed_s() { [[ "$(api claim '{}')" == *'"n":"S"'* ]]; }
+wait_until 10 claimed_s || fail "S not claimed"
 stop_instance $P1
 grep '"msg":"lanes"' "$TMP/pull.err" | tail -1 | grep -q '"held":0' && pass "SIGTERM gives back lanes with pull leases outstanding" ||
     fail "lanes kept at SIGTERM" "$(grep '"msg":"lanes"' "$TMP/pull.err" | tail -1)"
@@ -277,7 +280,7 @@ wait_until 10 test -s "$TMP/slow_port" || fail "slow link did not start"
 start_instance slow $DB --uri "mongodb://127.0.0.1:$(cat "$TMP/slow_port")/?serverSelectionTimeoutMS=5000" \
     --batch-size 10 --scan-window 64
 local P1=$IPID
-if wait_until 40 has_requests /slow 20; then pass "20 deliveries went out through a store 0.35 s away"; else
+if wait_until 60 has_requests /slow 20; then pass "20 deliveries went out through a store 0.35 s away"; else
     fail "requests to /slow did not flow" "$(count_path /slow) sent; $(grep -c 'given back' "$TMP/slow.err") give-back lines" \
         "$(grep -v '"store command"' "$TMP/slow.err" | tail -3)"; fi
 check_eq "no result dropped for a lapsed lease" 0 "$(grep -c 'result dropped' "$TMP/slow.err")"
@@ -301,16 +304,26 @@ cat >"$TMP/batch.jsonl" <<'JSON'
 JSON
 local out
 out=$("$BIN" publish --batch "$TMP/batch.jsonl" --database $DB)
-check_eq "publish --batch: one line per event, in order, key seqs 1 and 2" "5 k:1 k:2" \
+check_eq "publish --batch: one line per event, in order, outbox ids growing" "5 ok" \
     "$(wc -l <<<"$out") $($PY -c "
 import json,sys
-print(' '.join(f\"{j['key']}:{j['seq']}\" for j in map(json.loads, filter(None, sys.stdin.read().splitlines())) if 'key' in j))" <<<"$out")"
+ids=[json.loads(l)['outbox_id'] for l in sys.stdin.read().splitlines() if l]
+print('ok' if ids==sorted(ids) and len(set(ids))==len(ids) else ids)" <<<"$out")"
+check_eq "publish --batch is one insert" 1 "$(grep -c '"command":"insert"' <("$BIN" publish --batch - --database t_batch_cmds --log-level debug <<<'{"topic":"b.x","payload":1}
+{"topic":"b.x","payload":2}' 2>&1))"
+"$BIN" sequence --database $DB >/dev/null
+check_eq "sequenced: key k's seqs 1 and 2 in line order" "1:1 2:2" "$($PYM -c "
+import pymongo
+db=pymongo.MongoClient('$URI')['$DB']
+print(' '.join(f\"{d['payload']['n']}:{d['seq']}\" for d in db.relay_deliveries.find({'key':'k'}).sort('seq',1)))")"
 printf '%s\n' '{"topic":"b.x","payload":{"n":5}}' '{"topic":"b..x","payload":{}}' >"$TMP/bad.jsonl"
 check_rc "a bad line: exit 2 naming the line" 2 'line 2: invalid topic "b..x"' "$BIN" publish --batch "$TMP/bad.jsonl" --database $DB
 printf '%s\n' '{"topic":"b.x","payload":{},"prio":1}' >"$TMP/bad2.jsonl"
 check_rc "an unknown field: exit 2" 2 'line 1: unknown field "prio"' "$BIN" publish --batch "$TMP/bad2.jsonl" --database $DB
+"$BIN" sequence --database $DB >/dev/null
 check_eq "a refused batch publishes nothing" 5 "$(stats_field $DB pending)"
-check_rc "publish --batch - reads stdin" 0 '"event_id"' bash -c "echo '{\"topic\":\"b.y\",\"payload\":{\"n\":6}}' | '$BIN' publish --batch - --database $DB"
+check_rc "publish --batch - reads stdin" 0 '"outbox_id"' bash -c "echo '{\"topic\":\"b.y\",\"payload\":{\"n\":6}}' | '$BIN' publish --batch - --database $DB"
+"$BIN" sequence --database $DB >/dev/null
 local st
 st=$("$BIN" stats --database $DB | $PY -c "
 import json,sys
