@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 
 #include "core/claim_planner.hpp"
@@ -390,6 +391,7 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     truncated = static_cast<int>(rows.size()) >= window;
   }
   const bool read_classes = h.deep || truncated;
+  std::array<bool, 4> class_full{};  // a class window came back full: more of it lies beyond
   if (read_classes) {
     const int class_window = std::max(64, window / 2);
     std::set<int64_t> have;
@@ -397,7 +399,8 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     bool any_full = false;
     for (int c = 0; c < 4; c++) {
       auto part = store_.fetch_class_window(h.doc.name, lanes, c, class_window);
-      any_full |= static_cast<int>(part.size()) >= class_window;
+      class_full[c] = static_cast<int>(part.size()) >= class_window;
+      any_full |= class_full[c];
       for (auto& d : part)
         if (have.insert(d.id).second) rows.push_back(std::move(d));
     }
@@ -452,17 +455,28 @@ void Dispatcher::fetch_handler(HandlerState& h) {
   // read would be a scan of the whole collection there. (A replayed dead letter
   // is inserted again at the end: it follows what of its key is pending.)
   // Not so for the class windows: a key whose events have different
-  // priorities may have an earlier seq beyond another class's window.
-  std::vector<int64_t> chosen;
-  if (truncated && (read_classes || !store_.is_ferretdb())) {
-    std::vector<std::pair<std::string, int64_t>> ks;
+  // priorities may have an earlier seq beyond another class's window (within
+  // its own class the earlier seqs come first, in the window). So on FerretDB
+  // a row is fenced only when a class other than its own came back full.
+  const bool ferretdb = store_.is_ferretdb();
+  auto needs_fence = [&](const Delivery& d) {
+    if (!d.has_key) return false;
+    if (!ferretdb) return true;
+    if (!read_classes) return false;
+    for (int c = 0; c < 4; c++)
+      if (c != d.priority && class_full[c]) return true;
+    return false;
+  };
+  std::vector<std::pair<std::string, int64_t>> ks;
+  if (truncated)
     for (int64_t pid : plan.ids) {
       const Delivery& d = rows[row_of[pid]];
-      if (d.has_key) ks.emplace_back(d.key, d.seq);
+      if (needs_fence(d)) ks.emplace_back(d.key, d.seq);
     }
+  std::vector<int64_t> chosen;
+  if (!ks.empty()) {
     std::set<std::string> earlier;  // keys with an earlier seq still pending
-    if (!ks.empty())
-      for (auto& k : store_.earlier_keys(h.doc.name, ks)) earlier.insert(std::move(k));
+    for (auto& k : store_.earlier_keys(h.doc.name, ks)) earlier.insert(std::move(k));
     std::vector<core::CheckedRow> checked;
     for (int64_t pid : plan.ids) {
       const Delivery& d = rows[row_of[pid]];

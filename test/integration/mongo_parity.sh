@@ -257,6 +257,38 @@ log "positions of the five aged priority-0 deliveries: $pos"
 check_eq "aged priority-0 deliveries are not starved by a priority-2 backlog (within 5 + concurrency)" "5 ok" \
     "$(wc -w <<<"$pos") $(for p in $pos; do ((p <= 9)) || echo late; done | grep -q late && echo late || echo ok)"
 stop_instance $P1
+
+# One key's events in two classes of a deep backlog: seq 1 at priority 0
+# beyond class 0's full window, seq 2 at priority 3. The planner sees only
+# seq 2; the fence read must hold it back (FerretDB too: its single window
+# needs no fence, the class windows do).
+DB=t_mixed
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/mixed" --options '{"concurrency":4}' --database $DB >/dev/null
+$PYM -c "
+import datetime, sys
+sys.path.insert(0, '$INTEG')
+import pymongo
+from mongo_bulk_load import lane_for_key
+db = pymongo.MongoClient('$URI')['$DB']
+now = datetime.datetime.now(datetime.timezone.utc)
+def doc(i, key, seq, prio):
+    return {'_id': i, 'event_id': i, 'handler': 'hook', 'priority': prio, 'not_before': now, 'published_at': now,
+            'attempt': 0, 'topic': 'mixed.x', 'payload': {'key': key, 'seq': seq}, 'key': key, 'seq': seq,
+            'lane': lane_for_key(key)}
+docs = [doc(i + 1, 'fill-%d' % (i % 10), i // 10 + 1, 0) for i in range(100)]
+docs += [doc(101, 'K', 1, 0), doc(102, 'K', 2, 3)]
+db.relay_deliveries.insert_many(docs)
+db.relay_counters.update_one({'_id': 'ids'}, {'\$set': {'n': 102}}, upsert=True)
+" || fail "mixed setup"
+start_instance mixed $DB --scan-window 64 --batch-size 16
+P1=$IPID
+wait_until 60 has_requests /mixed 102 || fail "requests to /mixed did not all arrive" "$(count_path /mixed) of 102"
+check_eq "a key's seq 1 (priority 0, beyond its class's window) goes before its seq 2 (priority 3)" "1 2" \
+    "$(curl -s "$HOOK/_requests" | $PY -c "
+import json,sys
+print(' '.join(str(json.loads(r['body'])['seq']) for r in json.load(sys.stdin) if r['path']=='/mixed' and json.loads(r['body'])['key']=='K'))")"
+stop_instance $P1
 }
 
 # ------------------------------------------------------------------ 4b. a store slower than the lease's slack
