@@ -5,9 +5,13 @@
 #
 #   bash bench/mongo_backlog.sh [EVENTS=1000] [KEYS=100]
 #
+# The backlog is published through the outbox (insert_many of the documented
+# fields) and sequenced by `relaybus-mongo sequence` before the dispatchers
+# start (sequenced/s is printed), so the drain measures delivery alone.
 # Per run: deliveries/s (first delivery to last), MongoDB commands per delivery
 # (relaybus_mongo_commands_total / delivered, from /metrics: the sidecar counts
-# every command it sends), and the sidecar's peak RSS (VmHWM).
+# every command it sends), /metrics latency during the drain (the polling
+# loop's own requests: median and max), and the sidecar's peak RSS (VmHWM).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
 N=${1:-1000}
@@ -30,7 +34,12 @@ run() {  # INSTANCES
     "$BIN" init --database $db >/dev/null
     "$BIN" handler create hook http "http://127.0.0.1:$RPORT/$db" --options '{"concurrency":64}' --database $db >/dev/null
     "$BIN" route 'bench.#' hook --database $db
-    $PYM "$ROOT/test/integration/mongo_preload.py" "$RELAYBUS_MONGO_URI" $db bench.e "$N" "$KEYS" >/dev/null
+    $PYM "$ROOT/test/integration/mongo_preload.py" "$RELAYBUS_MONGO_URI" $db bench.e "$N" "$KEYS" --many >/dev/null
+    local s0 s1
+    s0=$(date +%s.%N)
+    "$BIN" sequence --database $db --log-level warn >/dev/null
+    s1=$(date +%s.%N)
+    python3 -c "print(f'sequenced={$N} seconds={$s1-$s0:.2f} sequenced_per_s={$N/($s1-$s0):.0f}')"
     local pids=() t0 t1
     for i in $(seq "$k"); do
         "$BIN" run --database $db --instance "b$i" --lease 10s --poll-interval 20ms --batch-size 100 \
@@ -44,10 +53,12 @@ run() {  # INSTANCES
     done
     t0=$(date +%s.%N)
     local delivered=0 commands=0
+    : >"$TMP/lat$k"
     while :; do
         delivered=0; commands=0
         for a in "${addrs[@]}"; do
-            m=$(curl -s "http://$a/metrics")
+            m=$(curl -s -w '\n#time %{time_total}\n' "http://$a/metrics")
+            awk '/^#time/ {print $2}' <<<"$m" >>"$TMP/lat$k"
             delivered=$((delivered + $(awk '/^relaybus_mongo_delivered_total/ {s+=$2} END {print s+0}' <<<"$m")))
             commands=$((commands + $(awk '/^relaybus_mongo_commands_total/ {s+=$2} END {print s+0}' <<<"$m")))
         done
@@ -60,7 +71,8 @@ run() {  # INSTANCES
     wait "${pids[@]}" 2>/dev/null
     python3 -c "
 n=$delivered; dt=$t1-$t0
-print(f'instances=$k delivered={n} seconds={dt:.2f} deliveries_per_s={n/dt:.0f} commands={$commands} commands_per_delivery={$commands/n:.3f} peak_rss=$rss')"
+lat=sorted(float(x) for x in open('$TMP/lat$k') if x.strip())
+print(f'instances=$k delivered={n} seconds={dt:.2f} deliveries_per_s={n/dt:.0f} commands={$commands} commands_per_delivery={$commands/n:.3f} metrics_ms_median={lat[len(lat)//2]*1000:.0f} metrics_ms_max={lat[-1]*1000:.0f} peak_rss=$rss')"
 }
 run 1
 run 2

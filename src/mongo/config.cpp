@@ -32,6 +32,7 @@ const std::vector<SettingInfo> kSettings = {
     {"drain_timeout", "duration", "30s", true, "on SIGTERM, how long in-flight requests may finish"},
     {"max_payload_bytes", "int", "1048576", true, "largest payload publish accepts (JSON text bytes)"},
     {"max_key_bytes", "int", "512", true, "longest ordering key"},
+    {"api_token", "text", "", true, "bearer token of the pull API on metrics_listen (\"\": the API is off)"},
 };
 
 namespace {
@@ -120,6 +121,9 @@ bool apply(Config* c, const std::string& name, const std::string& value, std::st
     return integer(1, 15 * 1024 * 1024, &c->max_payload_bytes);
   } else if (name == "max_key_bytes") {
     return integer(1, 2048, &c->max_key_bytes);
+  } else if (name == "api_token") {
+    if (!value.empty() && value.size() < 16) return bad("must be empty or at least 16 characters");
+    c->api_token = value;
   } else {
     *why = "unknown setting \"" + name + "\"";
     return false;

@@ -4,12 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 
 #include "core/claim_planner.hpp"
 #include "core/lane_hash.hpp"
 #include "core/outbound_policy.hpp"
 #include "mongo/util.hpp"
+#include "mongo/window_plan.hpp"
 
 namespace relaybus::mongo {
 
@@ -21,9 +23,10 @@ Dispatcher::Dispatcher(Config cfg, std::map<std::string, std::string> flags, Sto
     : cfg_(std::move(cfg)), flags_(std::move(flags)), store_(store), signal_fd_(signal_fd), rng_(std::random_device{}()) {
   metrics_.commands = &store_.command_counts();
   metrics_.started_ms = wall_ms();
+  sequencer_ = std::make_unique<Sequencer>(store_, cfg_.instance, cfg_.max_key_bytes);
 }
 
-Dispatcher::~Dispatcher() = default;
+Dispatcher::~Dispatcher() { store_.set_command_hook(nullptr); }
 
 // Lease margin: a lane's results are completed only while its lease has at
 // least this much left (clock skew between instances + the completing write).
@@ -97,9 +100,15 @@ void Dispatcher::lease_tick() {
   auto docs = store_.load_handlers(&bad);
   for (const auto& b : bad)
     if (warned_.insert("handler " + b).second) log_warn("handler skipped", {{"error", b}});
-  std::set<std::string> seen;
+  std::set<std::string> seen, seen_pull;
   for (auto& d : docs) {
     seen.insert(d.name);
+    if (d.kind == core::HandlerKind::Pull) {  // served by the pull API, not sent
+      seen_pull.insert(d.name);
+      handlers_.erase(d.name);  // dropped as http and created again as pull
+      pull_handlers_[d.name] = d;
+      continue;
+    }
     if (d.kind != core::HandlerKind::Http) {
       if (warned_.insert("kind " + d.name).second)
         log_warn("handler kind not served by relaybus-mongo (http only)",
@@ -121,8 +130,10 @@ void Dispatcher::lease_tick() {
   }
   for (auto it = handlers_.begin(); it != handlers_.end();)
     it = seen.count(it->first) ? std::next(it) : handlers_.erase(it);
+  for (auto it = pull_handlers_.begin(); it != pull_handlers_.end();)
+    it = seen_pull.count(it->first) ? std::next(it) : pull_handlers_.erase(it);
 
-  store_.heartbeat(cfg_.instance, now + cfg_.lease_ms);
+  store_.heartbeat_load(cfg_.instance, now + cfg_.lease_ms, handler_load());
   const int live = std::max(1, store_.live_instances(now));
   const int share = (core::kLanes + live - 1) / live;
 
@@ -143,10 +154,19 @@ void Dispatcher::lease_tick() {
       ++it;
     }
   }
+  // The sequencer role: one more lease in this tick's insert, outside the lane share.
+  auto seq_top = top.find(kSequencerLane);
+  if (seq_held_ && seq_top != top.end() && seq_top->second.epoch > seq_lease_.epoch) {
+    log_warn("sequencer role lost", {{"epoch", seq_lease_.epoch}, {"now_epoch", seq_top->second.epoch},
+                                     {"owner", seq_top->second.owner}});
+    seq_held_ = false;
+    sequencer_->end();
+  }
   // Above the fair share: drain the extra lanes (no new fetches), give them
   // back once nothing of theirs is in flight or awaiting completion.
   std::map<int, int> busy;  // lane -> queued, in flight or awaiting completion
   if (pipeline_) pipeline_->for_each_receipt([&](const core::Receipt& r) { busy[static_cast<int>(r.a)]++; });
+  if (pull_) pull_->for_each_lane([&](int lane) { busy[lane]++; });  // a consumer still works on it
   int active = 0;
   for (const auto& [lane, h] : held_) active += h.draining ? 0 : 1;
   for (auto it = held_.rbegin(); it != held_.rend() && active > share; ++it)
@@ -161,7 +181,10 @@ void Dispatcher::lease_tick() {
   };
   std::vector<LaneDoc> inserts;
   std::vector<Op> ops;
-  const int64_t until = now + cfg_.lease_ms;
+  // Counted from now, after the reads above (a slow store makes them take
+  // seconds): the insert is sent after this instant, so no other instance can
+  // see the lease run out earlier than this instance does.
+  const int64_t until = wall_ms() + cfg_.lease_ms;
   for (const auto& [lane, h] : held_) {
     bool release = stopping_ ? busy[lane] == 0 : (h.draining && busy[lane] == 0);
     inserts.push_back({lane, h.epoch + 1, release ? std::string() : cfg_.instance, release ? 0 : until});
@@ -185,12 +208,41 @@ void Dispatcher::lease_tick() {
       active++;
     }
   }
+  if (seq_held_) {
+    inserts.push_back({kSequencerLane, seq_lease_.epoch + 1, stopping_ ? std::string() : cfg_.instance,
+                       stopping_ ? 0 : until});
+    ops.push_back({kSequencerLane, stopping_ ? Op::Release : Op::Renew});
+  } else if (!stopping_ && (seq_top == top.end() || seq_top->second.owner.empty() || seq_top->second.until_ms < now ||
+                            seq_top->second.owner == cfg_.instance)) {
+    inserts.push_back({kSequencerLane, seq_top == top.end() ? 1 : seq_top->second.epoch + 1, cfg_.instance, until});
+    ops.push_back({kSequencerLane, Op::Take});
+  }
   auto ok = store_.insert_lanes(inserts);
+  renewed_at_ms_ = until - cfg_.lease_ms;
   std::vector<std::pair<int, int64_t>> old;
   std::vector<int> taken, released, lost;
   for (size_t i = 0; i < ops.size(); i++) {
     const int lane = ops[i].lane;
     const int64_t epoch = inserts[i].epoch;
+    if (lane == kSequencerLane) {
+      if (ops[i].what == Op::Take && ok[i]) {
+        seq_lease_ = Held{epoch, until, false, epoch};
+        seq_held_ = true;
+        sequencer_->begin(epoch);
+        next_sequence_ms_ = 0;
+        log_info("sequencer role taken", {{"epoch", epoch}});
+      } else if (ops[i].what == Op::Renew && ok[i]) {
+        seq_lease_.epoch = epoch;
+        seq_lease_.until_ms = until;
+      } else if (ops[i].what != Op::Take) {
+        if (!ok[i]) log_warn("sequencer role lost", {{"epoch", seq_lease_.epoch}});
+        seq_held_ = false;
+        sequencer_->end();
+      }
+      if (ok[i])
+        for (int64_t e = std::max<int64_t>(1, epoch - 3); e < epoch; e++) old.emplace_back(lane, e);
+      continue;
+    }
     switch (ops[i].what) {
       case Op::Renew:
         if (ok[i]) {
@@ -226,11 +278,65 @@ void Dispatcher::lease_tick() {
   if (!taken.empty() || !released.empty() || !lost.empty())
     log_info("lanes", {{"taken", taken}, {"released", released}, {"lost", lost}, {"held", held_.size()},
                        {"instances", live}, {"share", share}});
+  if (now >= next_backlog_ms_ && !stopping_) {  // after the leases: counting must not delay renewals
+    try {
+      refresh_backlog(now);
+    } catch (const StoreError& e) {
+      metrics_.store_errors++;
+      log_warn("counting the backlog failed", {{"error", e.what()}});
+    }
+  }
+  // The next tick a tick interval after this one ends, not after it started:
+  // a tick whose reads took longer than the interval (a slow store) would
+  // otherwise be due again at once and leave no time to deliver. Renewals
+  // do not wait for it (renew_if_due).
+  next_tick_ms_ = wall_ms() + std::max<int64_t>(100, cfg_.lease_ms / 3);
+}
+
+void Dispatcher::renew_if_due() {
+  if ((!held_.empty() || seq_held_) && wall_ms() >= renewed_at_ms_ + std::max<int64_t>(100, cfg_.lease_ms / 3))
+    renew_leases();
+}
+
+void Dispatcher::renew_leases() {
+  if (held_.empty() && !seq_held_) return;
+  const int64_t until = wall_ms() + cfg_.lease_ms;
+  std::vector<LaneDoc> inserts;
+  for (const auto& [lane, h] : held_) inserts.push_back({lane, h.epoch + 1, cfg_.instance, until});
+  if (seq_held_) inserts.push_back({kSequencerLane, seq_lease_.epoch + 1, cfg_.instance, until});
+  auto ok = store_.insert_lanes(inserts);
+  renewed_at_ms_ = until - cfg_.lease_ms;
+  std::vector<int> lost;
+  for (size_t i = 0; i < inserts.size(); i++) {
+    const int lane = inserts[i].lane;
+    if (lane == kSequencerLane) {
+      if (ok[i]) {
+        seq_lease_.epoch = inserts[i].epoch;
+        seq_lease_.until_ms = until;
+      } else {
+        log_warn("sequencer role lost", {{"epoch", seq_lease_.epoch}});
+        seq_held_ = false;
+        sequencer_->end();
+      }
+    } else if (ok[i]) {
+      held_[lane].epoch = inserts[i].epoch;
+      held_[lane].until_ms = until;
+    } else {
+      lost.push_back(lane);
+      held_.erase(lane);
+      metrics_.lanes_lost++;
+    }
+  }
+  // The epochs this skipped past are removed by the next lease_tick (it
+  // deletes the three below each new epoch).
+  metrics_.lanes_held = static_cast<int>(held_.size());
+  metrics_.last_store_ok_ms = wall_ms();
+  if (!lost.empty()) log_warn("lane lease lost", {{"lost", lost}, {"held", held_.size()}});
 }
 
 void Dispatcher::release_all() {
   stopping_ = true;
-  if (held_.empty()) return;
+  if (held_.empty() && !seq_held_) return;
   try {
     lease_tick();  // with stopping_ set: every idle lane gets a release document
     store_.remove_instance(cfg_.instance);
@@ -272,11 +378,38 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     if (!held.draining && lane_valid(lane, now)) lanes.push_back(lane);
   if (lanes.empty()) return;
   const int window = cfg_.scan_window > 0 ? cfg_.scan_window : std::max(64, 4 * cfg_.batch_size);
-  std::vector<Delivery> rows = store_.fetch_window(h.doc.name, lanes, window);
+  // Priority across the whole backlog: while it fits in a window, one read of
+  // the oldest rows sees everything. Beyond, the head of each class may lie
+  // far behind the oldest rows, so each class's own window is read
+  // (plan_claim's class streams; a class's rows in the union are a prefix of
+  // that class in id order). Rows with a priority outside 0..3 are found
+  // (and dead-lettered) by the first kind of read.
+  std::vector<Delivery> rows;
+  bool truncated = false;
+  if (!h.deep) {
+    rows = store_.fetch_window(h.doc.name, lanes, window);
+    truncated = static_cast<int>(rows.size()) >= window;
+  }
+  const bool read_classes = h.deep || truncated;
+  std::array<bool, 4> class_full{};  // a class window came back full: more of it lies beyond
+  if (read_classes) {
+    const int class_window = std::max(64, window / 2);
+    std::set<int64_t> have;
+    for (const auto& d : rows) have.insert(d.id);
+    bool any_full = false;
+    for (int c = 0; c < 4; c++) {
+      auto part = store_.fetch_class_window(h.doc.name, lanes, c, class_window);
+      class_full[c] = static_cast<int>(part.size()) >= class_window;
+      any_full |= class_full[c];
+      for (auto& d : part)
+        if (have.insert(d.id).second) rows.push_back(std::move(d));
+    }
+    truncated = any_full;  // else the union holds every row
+    h.deep = any_full;
+  }
   metrics_.fetches++;
   metrics_.last_store_ok_ms = wall_ms();
   if (rows.empty()) return;
-  const bool truncated = static_cast<int>(rows.size()) >= window;
 
   // Malformed documents: dead letters at once, with the reason (they would
   // never become deliverable). Their keys stay blocked until then.
@@ -294,25 +427,9 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     metrics_.handlers[h.doc.name].dead += bad.size();
   }
 
-  // Planner ids: the window is in _id order; within a key, seq order is the
-  // truth, so each key's rows get that key's ids re-dealt in seq order (on a
-  // server without transactions two publishers of one key may draw ids and
-  // seqs in different orders).
-  std::vector<size_t> idx;
-  for (size_t i = 0; i < rows.size(); i++)
-    if (rows[i].malformed.empty()) idx.push_back(i);
-  std::map<std::string, std::vector<size_t>> by_key;
-  for (size_t i : idx)
-    if (rows[i].has_key) by_key[rows[i].key].push_back(i);
-  std::vector<int64_t> plan_id(rows.size());
-  for (size_t i : idx) plan_id[i] = rows[i].id;
-  for (auto& [key, members] : by_key) {
-    std::vector<int64_t> ids;
-    for (size_t i : members) ids.push_back(rows[i].id);
-    std::sort(ids.begin(), ids.end());
-    std::sort(members.begin(), members.end(), [&](size_t a, size_t b) { return rows[a].seq < rows[b].seq; });
-    for (size_t k = 0; k < members.size(); k++) plan_id[members[k]] = ids[k];
-  }
+  const WindowPlanIds planned = window_plan_ids(rows);
+  const std::vector<size_t>& idx = planned.rows;
+  const std::vector<int64_t>& plan_id = planned.plan_id;
   std::unordered_map<int64_t, size_t> row_of;
   std::array<std::vector<core::ClaimRow>, 4> streams;
   for (size_t i : idx) {
@@ -331,17 +448,35 @@ void Dispatcher::fetch_handler(HandlerState& h) {
   if (plan.ids.empty()) return;
 
   // Fence, when the window was cut short: a chosen row is a key's head only if
-  // no earlier seq of its key exists outside the window.
-  std::vector<int64_t> chosen;
-  if (truncated) {
-    std::vector<std::pair<std::string, int64_t>> ks;
+  // no earlier seq of its key exists outside the window. On FerretDB the window
+  // is the handler's first rows in these lanes in insertion order, which is
+  // each key's seq order (the sequencer inserts in id order, and a retry stays
+  // in place), so a key's earlier pending seq is never outside it; the fence
+  // read would be a scan of the whole collection there. (A replayed dead letter
+  // is inserted again at the end: it follows what of its key is pending.)
+  // Not so for the class windows: a key whose events have different
+  // priorities may have an earlier seq beyond another class's window (within
+  // its own class the earlier seqs come first, in the window). So on FerretDB
+  // a row is fenced only when a class other than its own came back full.
+  const bool ferretdb = store_.is_ferretdb();
+  auto needs_fence = [&](const Delivery& d) {
+    if (!d.has_key) return false;
+    if (!ferretdb) return true;
+    if (!read_classes) return false;
+    for (int c = 0; c < 4; c++)
+      if (c != d.priority && class_full[c]) return true;
+    return false;
+  };
+  std::vector<std::pair<std::string, int64_t>> ks;
+  if (truncated)
     for (int64_t pid : plan.ids) {
       const Delivery& d = rows[row_of[pid]];
-      if (d.has_key) ks.emplace_back(d.key, d.seq);
+      if (needs_fence(d)) ks.emplace_back(d.key, d.seq);
     }
+  std::vector<int64_t> chosen;
+  if (!ks.empty()) {
     std::set<std::string> earlier;  // keys with an earlier seq still pending
-    if (!ks.empty())
-      for (auto& k : store_.earlier_keys(h.doc.name, ks)) earlier.insert(std::move(k));
+    for (auto& k : store_.earlier_keys(h.doc.name, ks)) earlier.insert(std::move(k));
     std::vector<core::CheckedRow> checked;
     for (int64_t pid : plan.ids) {
       const Delivery& d = rows[row_of[pid]];
@@ -351,6 +486,12 @@ void Dispatcher::fetch_handler(HandlerState& h) {
   } else {
     chosen = plan.ids;
   }
+
+  // The reads above may have outlasted a tick interval (a deep backlog on a
+  // slow store: seconds). Renew before the plan's deliveries are queued:
+  // with the lease's slack used up their receipts would not hold when the
+  // pipeline sends them, and every one would go back unsent, pass after pass.
+  renew_if_due();
 
   std::vector<core::ClaimedDelivery> claimed;
   claimed.reserve(chosen.size());
@@ -373,12 +514,56 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     c.published = d.published_ms;
     claimed.push_back(std::move(c));
   }
-  // Held while the lane is: a queued delivery goes out only while its receipt holds.
-  pipeline_->enqueue(h.pipe, std::move(claimed), now + cfg_.lease_ms);
+  // Held while the lane is: a queued delivery goes out only while its receipt
+  // holds, and for a lease from now at most (not from the fetch's start: its
+  // reads may have taken longer than that).
+  pipeline_->enqueue(h.pipe, std::move(claimed), wall_ms() + cfg_.lease_ms);
   pipeline_->pump(*this, wall_ms());
   metrics_.in_flight = static_cast<int>(engine_->in_flight());
   // More may be waiting: look again as soon as there is room.
   if (static_cast<int>(chosen.size()) >= cap || plan.may_have_more) next_fetch_ms_ = 0;
+}
+
+void Dispatcher::tick_if_due(int64_t& store_backoff_until) {
+  const int64_t now = wall_ms();
+  if (now < next_tick_ms_ || now < store_backoff_until) return;
+  try {
+    lease_tick();
+  } catch (const StoreError& e) {
+    metrics_.store_errors++;
+    log_warn("lease renewal failed", {{"error", e.what()}});
+    store_backoff_until = now + 1000;
+    next_tick_ms_ = now + 1000;
+  }
+}
+
+// ---------------------------------------------------------------- sequencing
+
+void Dispatcher::sequence_some() {
+  const int64_t now = wall_ms();
+  next_sequence_ms_ = now + cfg_.poll_interval_ms;
+  const int64_t since = seq_lease_.since_epoch;
+  // Every write of the sequencer is fenced by its tenure: the same lease epoch,
+  // with the lease margin still ahead.
+  // Asked before every write: renewed first when due, as before any use of a
+  // lease (a batch's commands on a slow store outlast the lease's slack).
+  auto holds = [this, since] {
+    renew_if_due();
+    return seq_held_ && seq_lease_.since_epoch == since && wall_ms() < seq_lease_.until_ms - margin_ms(cfg_.lease_ms);
+  };
+  try {
+    if (!holds()) return;
+    const int n = sequencer_->step(cfg_.batch_size, now, holds);
+    if (n > 0) {
+      next_fetch_ms_ = 0;  // new deliveries
+      metrics_.last_store_ok_ms = wall_ms();
+    }
+    if (n >= cfg_.batch_size) next_sequence_ms_ = 0;  // more may be waiting
+  } catch (const StoreError& e) {
+    metrics_.store_errors++;
+    log_warn("sequencing failed; will retry", {{"error", e.what()}});
+    next_sequence_ms_ = now + 500;
+  }
 }
 
 // ---------------------------------------------------------------- completing
@@ -397,12 +582,27 @@ bool Dispatcher::receipt_holds(const core::Receipt& r, int64_t now) const {
 
 bool Dispatcher::still_held(const core::ClaimedDelivery& d, int64_t now) { return receipt_holds(d.receipt, now); }
 
-void Dispatcher::release(const std::vector<core::ClaimedDelivery>&) {
+void Dispatcher::release(const std::vector<core::ClaimedDelivery>& never_sent) {
   // Nothing to write: a delivery is leased with its lane, and read again
-  // from the lane's window.
+  // from the lane's window. Said when it is for a lapsed lease (a loop pass
+  // longer than the lease's slack), which a healthy instance never sees.
+  const int64_t now = wall_ms();
+  size_t lapsed = 0;
+  for (const auto& d : never_sent) lapsed += receipt_holds(d.receipt, now) ? 0 : 1;
+  if (lapsed > 0)
+    log_warn("deliveries given back unsent: their lane lease lapsed before they were sent",
+             {{"deliveries", lapsed}, {"lease_ms", cfg_.lease_ms}});
 }
 
 void Dispatcher::complete(const std::vector<core::Completion>& batch) {
+  // As before queuing: a pass of slow store calls since the last renewal
+  // must not turn finished deliveries into dropped results (sent again).
+  try {
+    renew_if_due();
+  } catch (const StoreError& e) {
+    metrics_.store_errors++;
+    log_warn("lease renewal failed", {{"error", e.what()}});
+  }
   const int64_t now = wall_ms();
   std::vector<int64_t> ok_ids;
   std::vector<Failure> failures;
@@ -457,9 +657,20 @@ void Dispatcher::flush() {
 
 // ---------------------------------------------------------------- loop
 
-void Dispatcher::wait(int64_t max_ms) {
+void Dispatcher::io_turn() {
+  if (in_io_turn_) return;
+  in_io_turn_ = true;
+  server_.pause_api(true);
+  poll_io(0, false);
+  server_.pause_api(false);
+  in_io_turn_ = false;
+}
+
+void Dispatcher::wait(int64_t max_ms) { poll_io(max_ms, true); }
+
+void Dispatcher::poll_io(int64_t max_ms, bool signals) {
   std::vector<pollfd> fds;
-  fds.push_back({signal_fd_, POLLIN, 0});
+  fds.push_back({signals ? signal_fd_ : -1, POLLIN, 0});  // a negative fd is ignored by poll
   const size_t engine_from = fds.size();
   if (engine_)
     for (const auto& w : engine_->sockets())
@@ -474,7 +685,7 @@ void Dispatcher::wait(int64_t max_ms) {
   t = std::max<int64_t>(0, t);
   int n = poll(fds.data(), fds.size(), static_cast<int>(t));
   if (n < 0 && errno != EINTR) log_warn("poll failed", {{"error", strerror(errno)}});
-  if (n > 0) {
+  {  // also with nothing ready: API requests read during an io_turn are answered now
     if (fds[0].revents & POLLIN) {
       char buf[64];
       ssize_t k = read(signal_fd_, buf, sizeof buf);
@@ -517,9 +728,21 @@ int Dispatcher::run() {
            {{"instance", cfg_.instance}, {"database", cfg_.database}, {"metrics", server_.bound()},
             {"lease_ms", cfg_.lease_ms}, {"batch_size", cfg_.batch_size}, {"config_file", cfg_.config_file}});
   if (!ensure_engine()) return 1;
+  store_.set_command_hook([this] { io_turn(); });
+  const PullHost& host = *this;
+  pull_ = std::make_unique<PullApi>(store_, metrics_, host, rng_());
+  server_.set_api([this](const std::string& method, const std::string& path, const std::string& auth,
+                         const std::string& body) {
+    const int64_t window = cfg_.scan_window > 0 ? cfg_.scan_window : std::max(64, 4 * cfg_.batch_size);
+    ApiResponse r = pull_->handle(method, path, auth, body, cfg_.api_token, window, cfg_.priority_aging_ms);
+    return std::make_pair(r.status, r.body);
+  });
+  if (!wait_for_server()) {  // stopped before the server answered
+    log_info("relaybus-mongo dispatcher stopped", {{"delivered", 0}, {"commands", store_.commands()}});
+    return 0;
+  }
   int64_t store_backoff_until = 0;
   for (;;) {
-    const int64_t now = wall_ms();
     if (stopping_) {
       pipeline_->release_queued(*this);  // not sent: read again by the lanes' next holder
       collect_results();
@@ -539,28 +762,48 @@ int Dispatcher::run() {
       wait(50);
       continue;
     }
-    if (now >= next_tick_ms_ && now >= store_backoff_until) {
+    tick_if_due(store_backoff_until);
+    if (pull_->leased() > 0) {
       try {
-        lease_tick();
+        pull_->expire(wall_ms());  // pull leases that ran out: failed attempts
+      } catch (const StoreError& e) {
+        metrics_.store_errors++;
+        log_warn("recording expired pull leases failed", {{"error", e.what()}});
+      }
+    }
+    if (wall_ms() >= store_backoff_until) {
+      try {
+        renew_if_due();  // the tick's own reads (the backlog counts) may have used up the slack
       } catch (const StoreError& e) {
         metrics_.store_errors++;
         log_warn("lease renewal failed", {{"error", e.what()}});
-        store_backoff_until = now + 1000;
-        next_tick_ms_ = now + 1000;
+        store_backoff_until = wall_ms() + 1000;
       }
     }
     pipeline_->pump(*this, wall_ms());  // queued deliveries go out as responses made room
     collect_results();
     if (pipeline_->completion_due(wall_ms())) flush();
-    if (wall_ms() >= next_fetch_ms_) fetch_all();
+    // Store calls block this loop (FerretDB: up to seconds each at a large
+    // backlog): a renewal that fell due meanwhile goes first.
+    if (wall_ms() >= next_fetch_ms_) {
+      tick_if_due(store_backoff_until);
+      fetch_all();
+    }
+    if (seq_held_ && wall_ms() >= next_sequence_ms_) {
+      tick_if_due(store_backoff_until);
+      sequence_some();
+    }
     int64_t wait_ms = std::min(next_tick_ms_, next_fetch_ms_) - wall_ms();
+    if (seq_held_) wait_ms = std::min(wait_ms, next_sequence_ms_ - wall_ms());
     // The pipeline's batching delay; an open breaker's probe.
     if (pipeline_->waiting() > 0) wait_ms = std::min<int64_t>(wait_ms, 2);
     const int64_t probe = pipeline_->next_probe_ms(wall_ms());
     if (probe >= 0) wait_ms = std::min<int64_t>(wait_ms, probe - wall_ms() + 1);
     wait(std::clamp<int64_t>(wait_ms, 0, 1000));
   }
+  pull_.reset();  // its leases end with the process (a later ack gets 409): their lanes go back too
   release_all();
+  store_.set_command_hook(nullptr);
   log_info("relaybus-mongo dispatcher stopped", {{"delivered", [&] {
                                                     uint64_t n = 0;
                                                     for (auto& [_, m] : metrics_.handlers) n += m.delivered;
@@ -568,6 +811,25 @@ int Dispatcher::run() {
                                                   }()},
                                                  {"commands", store_.commands()}});
   return 0;
+}
+
+// ---------------------------------------------------------------- pull handlers
+
+const HandlerDoc* Dispatcher::pull_handler(const std::string& name) const {
+  auto it = pull_handlers_.find(name);
+  return it == pull_handlers_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::pair<int, int64_t>> Dispatcher::claimable_lanes(int64_t now) const {
+  std::vector<std::pair<int, int64_t>> out;
+  if (stopping_) return out;
+  for (const auto& [lane, h] : held_)
+    if (!h.draining && lane_valid(lane, now)) out.emplace_back(lane, h.since_epoch);
+  return out;
+}
+
+bool Dispatcher::lane_holds(int lane, int64_t since_epoch, int64_t now) const {
+  return receipt_holds(core::Receipt{static_cast<uint64_t>(lane), static_cast<uint64_t>(since_epoch)}, now);
 }
 
 }  // namespace relaybus::mongo

@@ -36,11 +36,13 @@
 #include "core/http_engine.hpp"
 #include "mongo/config.hpp"
 #include "mongo/metrics.hpp"
+#include "mongo/pull_api.hpp"
+#include "mongo/sequencer.hpp"
 #include "mongo/store.hpp"
 
 namespace relaybus::mongo {
 
-class Dispatcher final : private core::DeliveryStore {
+class Dispatcher final : private core::DeliveryStore, private PullHost {
  public:
   // signal_fd: the read end of the self-pipe the signal handlers write 'T'
   // (SIGTERM/SIGINT) or 'H' (SIGHUP) to. reload() re-reads the config.
@@ -62,6 +64,7 @@ class Dispatcher final : private core::DeliveryStore {
     HandlerDoc doc;
     int key = 0;
     std::shared_ptr<const core::PipelineHandler> pipe;  // the doc, as the pipeline sends it
+    bool deep = false;  // the last fetch found more than a window: read per priority class
   };
 
   // core::DeliveryStore: completions and releases of the pipeline.
@@ -72,6 +75,13 @@ class Dispatcher final : private core::DeliveryStore {
 
   void reload();
   void lease_tick();
+  // Renews every held lane and nothing else (one insertMany): for a fetch
+  // whose reads outlasted a tick interval, before its deliveries are queued.
+  void renew_leases();
+  // renew_leases when a tick interval has passed since the last renewal was
+  // sent: before the lease is used (queuing, sending, completing).
+  void renew_if_due();
+  int64_t renewed_at_ms_ = 0;
   void fetch_all();
   void fetch_handler(HandlerState& h);
   void collect_results();
@@ -80,6 +90,27 @@ class Dispatcher final : private core::DeliveryStore {
   bool lane_valid(int lane, int64_t now) const;
   bool ensure_engine();
   void wait(int64_t max_ms);
+  // One non-blocking turn of the engine's sockets and of /metrics and
+  // /healthz (not the pull API, not signals), before every store command:
+  // HTTP requests in flight progress while a loop pass waits on slow reads.
+  void io_turn();
+  void poll_io(int64_t max_ms, bool signals);
+  bool in_io_turn_ = false;
+  bool wait_for_server();  // server_wait.cpp
+
+  // PullHost: the pull API's view of the catalog and the lanes.
+  const HandlerDoc* pull_handler(const std::string& name) const override;
+  std::vector<std::pair<int, int64_t>> claimable_lanes(int64_t now_ms) const override;
+  bool lane_holds(int lane, int64_t since_epoch, int64_t now_ms) const override;
+  std::map<std::string, HandlerDoc> pull_handlers_;
+  // stats.cpp: the heartbeat's per-handler load, and the backlog gauges.
+  std::map<std::string, Store::HandlerLoad> handler_load();
+  void refresh_backlog(int64_t now_ms);
+  int64_t next_backlog_ms_ = 0;
+  std::unique_ptr<PullApi> pull_;
+  // The sequencer role (sequencer.hpp): leased with the lanes, one batch per call.
+  void sequence_some();
+  void tick_if_due(int64_t& store_backoff_until);  // lease_tick when due
 
   Config cfg_;
   std::map<std::string, std::string> flags_;
@@ -100,6 +131,10 @@ class Dispatcher final : private core::DeliveryStore {
   int64_t stop_deadline_ms_ = 0;
   std::mt19937_64 rng_;
   std::set<std::string> warned_;
+  Held seq_lease_;  // the sequencer role's lease, while seq_held_
+  bool seq_held_ = false;
+  std::unique_ptr<Sequencer> sequencer_;
+  int64_t next_sequence_ms_ = 0;
 };
 
 }  // namespace relaybus::mongo

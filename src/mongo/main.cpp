@@ -2,9 +2,11 @@
 //
 //   relaybus-mongo init                               collections and indexes (idempotent)
 //   relaybus-mongo handler create NAME http URL [--options JSON]
-//   relaybus-mongo handler drop NAME | handler list
+//   relaybus-mongo handler alter NAME [--target URL] [--options JSON]
+//   relaybus-mongo handler drop NAME [--force] | handler list
 //   relaybus-mongo route PATTERN HANDLER [--wire NAME] | unroute PATTERN HANDLER
-//   relaybus-mongo publish TOPIC PAYLOAD [--key K] [--priority 0..3] [--not-before T] [--headers JSON]
+//   relaybus-mongo publish TOPIC PAYLOAD [--key K] [--priority 0..3] [--not-before T] [--headers JSON] [--dedupe-key K]
+//   relaybus-mongo sequence                           sequence the outbox once (role free)
 //   relaybus-mongo run                                the dispatcher
 //   relaybus-mongo replay [--handler NAME] [--id N]...
 //   relaybus-mongo stats
@@ -20,6 +22,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
@@ -35,6 +38,10 @@
 #include "core/version.hpp"
 #include "mongo/config.hpp"
 #include "mongo/dispatcher.hpp"
+#include "mongo/handler_admin.hpp"
+#include "mongo/outbox.hpp"
+#include "mongo/sequencer.hpp"
+#include "mongo/stats.hpp"
 #include "mongo/store.hpp"
 #include "mongo/util.hpp"
 
@@ -52,12 +59,18 @@ const char* kUsage =
     "\n"
     "Commands:\n"
     "  init                                   create collections and indexes (idempotent)\n"
-    "  handler create NAME http URL [--options JSON]\n"
-    "  handler drop NAME\n"
+    "  handler create NAME http URL [--options JSON]   (an existing NAME is refused)\n"
+    "  handler create NAME pull [--options JSON]\n"
+    "  handler alter NAME [--target URL] [--options JSON]   (options merged; null restores a default)\n"
+    "  handler drop NAME [--force]            (--force dead-letters its pending deliveries)\n"
     "  handler list\n"
     "  route PATTERN HANDLER [--wire NAME]    route a topic pattern to a handler\n"
     "  unroute PATTERN HANDLER\n"
     "  publish TOPIC PAYLOAD [--key K] [--priority 0..3] [--not-before DURATION|ISO-8601] [--headers JSON]\n"
+    "          [--dedupe-key K]               one insert into relay_outbox\n"
+    "  publish --batch FILE|-                 JSON lines {topic, payload, key?, priority?, headers?, not_before?,\n"
+    "                                         dedupe_key?}: one insertMany into relay_outbox\n"
+    "  sequence                               sequence the outbox now (if no instance holds the role)\n"
     "  run                                    the dispatcher (SIGTERM drains, SIGHUP reloads)\n"
     "  replay [--handler NAME] [--id N]...    move dead letters back into delivery\n"
     "  stats                                  per-handler counts as JSON\n"
@@ -71,8 +84,10 @@ struct UsageError : std::runtime_error {
 };
 
 // Command-specific options (not settings).
-const std::vector<std::string> kCommandOptions = {"key", "priority", "not_before", "headers", "options", "wire",
-                                                  "handler", "id"};
+const std::vector<std::string> kCommandOptions = {"key", "priority", "not_before", "headers", "dedupe_key", "options",
+                                                  "wire", "handler", "id", "target", "force", "batch"};
+// Command options that take no value.
+const std::vector<std::string> kFlagOptions = {"force"};
 
 struct Args {
   std::vector<std::string> positional;
@@ -94,6 +109,8 @@ Args parse_args(int argc, char** argv) {
       if (eq != std::string::npos) {
         value = name.substr(eq + 1);
         name = name.substr(0, eq);
+      } else if (std::find(kFlagOptions.begin(), kFlagOptions.end(), name) != kFlagOptions.end()) {
+        value = "true";
       } else {
         if (i + 1 >= argc) throw UsageError("option --" + name + " needs a value");
         value = argv[++i];
@@ -159,99 +176,228 @@ int64_t parse_not_before(const std::string& text, int64_t now) {
                    " is neither a duration (\"30s\", \"5min\") nor an ISO-8601 UTC time (\"2024-05-01T12:00:00Z\")");
 }
 
-int cmd_publish(Store& store, const Config& cfg, const Args& a) {
-  only_options(a, {"key", "priority", "not_before", "headers"}, "publish");
-  if (a.positional.size() != 3) throw UsageError("publish needs TOPIC and PAYLOAD");
-  PublishRequest req;
-  req.topic = a.positional[1];
-  req.payload_json = a.positional[2];
+// One event's fields, validated as `publish` validates its arguments (the
+// batch's lines too). Optional fields: nullptr when absent.
+OutboxMessage build_message(const Config& cfg, const std::string& topic, const std::string& payload,
+                            const std::string* key, const std::string* priority, const std::string* headers,
+                            const std::string* not_before, const std::string* dedupe_key, int64_t now) {
+  OutboxMessage m;
+  m.topic = topic;
+  m.payload_json = payload;
   std::string why;
-  if (!core::is_valid_topic(req.topic, &why)) throw UsageError("invalid topic " + core::text::quote(req.topic) + ": " + why);
-  if (static_cast<int64_t>(req.payload_json.size()) > cfg.max_payload_bytes)
-    throw UsageError("payload is too large: " + std::to_string(req.payload_json.size()) + " bytes (max_payload_bytes is " +
+  if (!core::is_valid_topic(m.topic, &why)) throw UsageError("invalid topic " + core::text::quote(m.topic) + ": " + why);
+  if (static_cast<int64_t>(m.payload_json.size()) > cfg.max_payload_bytes)
+    throw UsageError("payload is too large: " + std::to_string(m.payload_json.size()) + " bytes (max_payload_bytes is " +
                      std::to_string(cfg.max_payload_bytes) + ")");
   try {
-    json parsed = json::parse(req.payload_json);
+    json parsed = json::parse(m.payload_json);
     (void)parsed;
   } catch (const json::parse_error& e) {
     throw UsageError(std::string("payload is not valid JSON: ") + e.what());
   }
-  if (has_opt(a, "key")) {
-    std::string key = opt(a, "key");
-    if (key.empty()) throw UsageError("key must not be empty (omit --key for an event without an ordering key)");
-    if (static_cast<int>(key.size()) > cfg.max_key_bytes)
-      throw UsageError("key is too long: " + std::to_string(key.size()) + " bytes (max_key_bytes is " +
+  if (key != nullptr) {
+    if (key->empty()) throw UsageError("key must not be empty (omit --key for an event without an ordering key)");
+    if (static_cast<int>(key->size()) > cfg.max_key_bytes)
+      throw UsageError("key is too long: " + std::to_string(key->size()) + " bytes (max_key_bytes is " +
                        std::to_string(cfg.max_key_bytes) + ")");
-    req.key = key;
+    m.key = *key;
   }
-  if (has_opt(a, "priority")) {
-    const std::string p = opt(a, "priority");
+  if (priority != nullptr) {
+    const std::string& p = *priority;
     if (p.size() != 1 || p[0] < '0' || p[0] > '3') throw UsageError("priority must be 0, 1, 2 or 3 (got " + core::text::quote(p) + ")");
-    req.priority = p[0] - '0';
+    m.priority = p[0] - '0';
   }
-  if (has_opt(a, "headers")) {
-    req.headers_json = opt(a, "headers");
+  if (headers != nullptr) {
+    m.headers_json = *headers;
     json h;
     try {
-      h = json::parse(req.headers_json);
+      h = json::parse(m.headers_json);
     } catch (const json::parse_error& e) {
       throw UsageError(std::string("headers are not valid JSON: ") + e.what());
     }
     if (!h.is_object()) throw UsageError("headers must be a JSON object");
   }
+  if (not_before != nullptr) m.not_before_ms = parse_not_before(*not_before, now);
+  if (dedupe_key != nullptr) {
+    if (dedupe_key->empty()) throw UsageError("dedupe key must not be empty");
+    m.dedupe_key = *dedupe_key;
+  }
+  return m;
+}
+
+// The outbox document of one message, and the line `publish` prints for it.
+// The sequencer assigns the event id, the key's seq and the deliveries
+// (docs/mongo.md, "The outbox").
+json outbox_doc(const OutboxMessage& m, Bson& doc) {
+  std::string oid, why;
+  if (!build_outbox_doc(m, doc, &oid, &why)) throw UsageError(why);  // not storable as BSON
+  json out = {{"outbox_id", oid}};
+  if (m.key) {
+    out["key"] = *m.key;
+    out["lane"] = core::lane_for_key(*m.key);
+  }
+  return out;
+}
+
+// publish --batch FILE ("-": stdin): one JSON object per line, {"topic",
+// "payload", "key"?, "priority"?, "headers"?, "not_before"?, "dedupe_key"?}.
+// Every line is checked before anything is published (a bad line publishes
+// nothing, exit 2 naming the line); then one insertMany into relay_outbox
+// (ordered, in line order: the sequencer takes the outbox in _id order, and
+// the ObjectIds grow in line order) and one output line per event, in order.
+// A store failure (exit 1) may leave a prefix of the lines inserted.
+int cmd_publish_batch(Store& store, const Config& cfg, const Args& a) {
+  only_options(a, {"batch"}, "publish --batch");
+  if (a.positional.size() != 1) throw UsageError("publish --batch FILE takes no TOPIC or PAYLOAD");
+  const std::string file = opt(a, "batch");
+  std::ifstream f;
+  if (file != "-") {
+    f.open(file);
+    if (!f) throw UsageError("--batch: " + file + " cannot be read");
+  }
+  std::istream& in = file == "-" ? std::cin : f;
   const int64_t now = wall_ms();
-  if (has_opt(a, "not_before")) req.not_before_ms = parse_not_before(opt(a, "not_before"), now);
-  PublishResult r;
-  try {
-    r = store.publish(req, now);
-  } catch (const StoreError& e) {
-    if (e.code == -1) throw UsageError(e.what());  // the payload could not be stored as BSON
-    throw;
+  std::vector<std::unique_ptr<Bson>> docs;
+  std::vector<json> lines;
+  std::string line;
+  for (int n = 1; std::getline(in, line); n++) {
+    if (core::text::trim(line).empty()) continue;
+    try {
+      json j;
+      try {
+        j = json::parse(line);
+      } catch (const json::parse_error& e) {
+        throw UsageError(std::string("not valid JSON: ") + e.what());
+      }
+      if (!j.is_object()) throw UsageError("must be a JSON object");
+      for (auto& [k, v] : j.items())
+        if (k != "topic" && k != "payload" && k != "key" && k != "priority" && k != "headers" && k != "not_before" &&
+            k != "dedupe_key")
+          throw UsageError("unknown field " + core::text::quote(k));
+      if (!j.contains("topic") || !j["topic"].is_string()) throw UsageError("\"topic\" must be a string");
+      if (!j.contains("payload")) throw UsageError("\"payload\" is missing");
+      auto text = [&](const char* name, std::string* out) -> const std::string* {
+        if (!j.contains(name) || j[name].is_null()) return nullptr;
+        if (std::string(name) == "priority") {
+          if (!j[name].is_number_integer()) throw UsageError("priority must be 0, 1, 2 or 3");
+          *out = std::to_string(j[name].get<int64_t>());
+        } else if (std::string(name) == "headers") {
+          *out = j[name].dump();
+        } else {
+          if (!j[name].is_string()) throw UsageError(core::text::quote(name) + " must be a string");
+          *out = j[name].get<std::string>();
+        }
+        return out;
+      };
+      std::string key, priority, headers, not_before, dedupe_key;
+      OutboxMessage m = build_message(cfg, j["topic"].get<std::string>(), j["payload"].dump(), text("key", &key),
+                                      text("priority", &priority), text("headers", &headers),
+                                      text("not_before", &not_before), text("dedupe_key", &dedupe_key), now);
+      // Ids strictly growing in line order (MongoDB sequences in _id order; two
+      // ids of one microsecond would order by their random bytes).
+      json out;
+      do {
+        docs.push_back(std::make_unique<Bson>());
+        out = outbox_doc(m, *docs.back());
+        if (!lines.empty() && out["outbox_id"].get<std::string>() <= lines.back()["outbox_id"].get<std::string>()) {
+          docs.pop_back();
+          continue;
+        }
+        break;
+      } while (true);
+      lines.push_back(std::move(out));
+    } catch (const UsageError& e) {
+      throw UsageError("--batch " + file + " line " + std::to_string(n) + ": " + e.what());
+    }
   }
-  json out = {{"event_id", r.event_id}, {"deliveries", r.delivery_ids}};
-  if (req.key) {
-    out["key"] = *req.key;
-    out["seq"] = r.seq;
-  }
-  if (!r.lanes.empty()) out["lane"] = r.lanes[0];  // as stored
-  if (req.key) {
-  }
+  std::vector<const bson_t*> ptrs;
+  for (const auto& d : docs) ptrs.push_back(*d);
+  store.insert_outbox_many(ptrs);
+  for (const auto& l : lines) std::cout << l.dump() << "\n";
+  return 0;
+}
+
+int cmd_publish(Store& store, const Config& cfg, const Args& a) {
+  if (has_opt(a, "batch")) return cmd_publish_batch(store, cfg, a);
+  only_options(a, {"key", "priority", "not_before", "headers", "dedupe_key"}, "publish");
+  if (a.positional.size() != 3) throw UsageError("publish needs TOPIC and PAYLOAD");
+  auto get = [&](const char* name, std::string* out) -> const std::string* {
+    if (!has_opt(a, name)) return nullptr;
+    *out = opt(a, name);
+    return out;
+  };
+  std::string key, priority, headers, not_before, dedupe_key;
+  const int64_t now = wall_ms();
+  OutboxMessage m = build_message(cfg, a.positional[1], a.positional[2], get("key", &key), get("priority", &priority),
+                                  get("headers", &headers), get("not_before", &not_before),
+                                  get("dedupe_key", &dedupe_key), now);
+  // One insert into relay_outbox, as an application does.
+  Bson doc;
+  json out = outbox_doc(m, doc);
+  store.insert_outbox(doc);
   std::cout << out.dump() << "\n";
   return 0;
 }
 
+// `sequence`: takes the sequencer role if it is free, sequences the outbox
+// until it is empty, gives the role back. For operations and tests; `run`
+// sequences on its own.
+int cmd_sequence(Store& store, const Config& cfg, const Args& a) {
+  only_options(a, {}, "sequence");
+  const int64_t now = wall_ms();
+  LaneDoc top{kSequencerLane, 0, "", 0};
+  for (const auto& l : store.read_lanes())
+    if (l.lane == kSequencerLane && l.epoch > top.epoch) top = l;
+  if (!top.owner.empty() && top.owner != cfg.instance && top.until_ms >= now)
+    throw StoreError("the sequencer role is held by " + core::text::quote(top.owner) + " until " + iso8601_ms(top.until_ms) +
+                         " (its `run` sequences the outbox)", 0);
+  LaneDoc mine{kSequencerLane, top.epoch + 1, cfg.instance, now + cfg.lease_ms};
+  if (!store.insert_lanes({mine})[0]) throw StoreError("the sequencer role was taken by another instance just now", 0);
+  Sequencer seq(store, cfg.instance, cfg.max_key_bytes);
+  seq.begin(mine.epoch);
+  const int64_t margin = std::max<int64_t>(200, cfg.lease_ms / 5);
+  auto holds = [&] { return wall_ms() < mine.until_ms - margin; };
+  int64_t total = 0;
+  for (;;) {
+    if (!holds()) {  // renew: the same insert of epoch + 1
+      LaneDoc next{kSequencerLane, mine.epoch + 1, cfg.instance, wall_ms() + cfg.lease_ms};
+      if (!store.insert_lanes({next})[0]) throw StoreError("the sequencer role was lost", 0);
+      mine = next;
+    }
+    const int n = seq.step(cfg.batch_size, wall_ms(), holds);
+    total += n;
+    if (n == 0) break;
+  }
+  store.insert_lanes({{kSequencerLane, mine.epoch + 1, "", 0}});  // give it back
+  std::cout << json({{"sequenced", total}, {"outbox_left", store.count_outbox()}}).dump() << "\n";
+  return 0;
+}
+
 int cmd_handler(Store& store, const Args& a) {
-  if (a.positional.size() < 2) throw UsageError("handler needs create, drop or list");
+  if (a.positional.size() < 2) throw UsageError("handler needs create, alter, drop or list");
   const std::string& sub = a.positional[1];
   if (sub == "create") {
     only_options(a, {"options"}, "handler create");
-    if (a.positional.size() != 5) throw UsageError("handler create needs NAME KIND TARGET");
-    HandlerDoc h;
-    h.name = a.positional[2];
-    std::string why;
-    if (!core::is_valid_handler_name(h.name, &why)) throw UsageError("invalid handler name: " + why);
-    if (!core::parse_handler_kind(a.positional[3], &h.kind, &why)) throw UsageError("invalid handler kind: " + why);
-    if (h.kind != core::HandlerKind::Http)
-      throw UsageError(std::string("handler kind \"") + core::handler_kind_name(h.kind) +
-                       "\" is not served by relaybus-mongo (only http; notify is PostgreSQL's LISTEN/NOTIFY)");
-    h.target = a.positional[4];
-    if (!core::validate_target(h.kind, h.target, false, &why)) throw UsageError("invalid target: " + why);
-    h.options_json = opt(a, "options", "{}");
-    if (!core::parse_handler_options(h.kind, h.options_json, &h.options, &why)) throw UsageError("invalid options: " + why);
-    if (!core::check_secret_strength(h.options, &why)) throw UsageError("invalid options: " + why);
-    store.put_handler(h);
-    std::cout << json({{"handler", h.name}, {"kind", "http"}, {"target", h.target},
-                       {"options", json::parse(core::options_public_json(h.kind, h.options))}})
+    if (a.positional.size() < 4 || a.positional.size() > 5) throw UsageError("handler create needs NAME KIND [TARGET]");
+    std::cout << handler_create(store, a.positional[2], a.positional[3],
+                                a.positional.size() == 5 ? a.positional[4] : std::string(), opt(a, "options", "{}"))
                      .dump()
               << "\n";
     return 0;
   }
+  if (sub == "alter") {
+    only_options(a, {"target", "options"}, "handler alter");
+    if (a.positional.size() != 3) throw UsageError("handler alter needs NAME");
+    std::optional<std::string> target, options;
+    if (has_opt(a, "target")) target = opt(a, "target");
+    if (has_opt(a, "options")) options = opt(a, "options");
+    std::cout << handler_alter(store, a.positional[2], target, options).dump() << "\n";
+    return 0;
+  }
   if (sub == "drop") {
+    only_options(a, {"force"}, "handler drop");
     if (a.positional.size() != 3) throw UsageError("handler drop needs NAME");
-    if (!store.drop_handler(a.positional[2])) {
-      fprintf(stderr, "relaybus-mongo: error: handler \"%s\" does not exist\n", a.positional[2].c_str());
-      return kExitUsage;
-    }
+    std::cout << handler_drop(store, a.positional[2], has_opt(a, "force"), wall_ms()).dump() << "\n";
     return 0;
   }
   if (sub == "list") {
@@ -264,7 +410,7 @@ int cmd_handler(Store& store, const Args& a) {
     std::cout << out.dump() << "\n";
     return 0;
   }
-  throw UsageError("handler needs create, drop or list (got " + core::text::quote(sub) + ")");
+  throw UsageError("handler needs create, alter, drop or list (got " + core::text::quote(sub) + ")");
 }
 
 int cmd_route(Store& store, const Args& a, bool add) {
@@ -309,12 +455,7 @@ int cmd_replay(Store& store, const Args& a) {
 }
 
 int cmd_stats(Store& store) {
-  json out = json::array();
-  const int64_t now = wall_ms();
-  for (const auto& s : store.stats())
-    out.push_back({{"handler", s.handler}, {"pending", s.pending}, {"retrying", s.retrying}, {"dead", s.dead},
-                   {"oldest_age_ms", s.oldest_ms > 0 ? now - s.oldest_ms : 0}});
-  std::cout << out.dump() << "\n";
+  std::cout << stats_json(store, wall_ms()).dump() << "\n";
   return 0;
 }
 
@@ -354,7 +495,6 @@ int cmd_run(Store& store, const Config& cfg, const Args& a) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGHUP, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  store.ping();
   Dispatcher d(cfg, a.settings, store, g_signal_pipe[0]);
   return d.run();
 }
@@ -381,7 +521,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "lane") return cmd_lane(a);
     static const std::vector<std::string> known = {"init", "handler", "route", "unroute", "publish",
-                                                   "run", "replay", "stats"};
+                                                   "run", "replay", "stats", "sequence"};
     if (std::find(known.begin(), known.end(), cmd) == known.end()) throw UsageError("unknown command \"" + cmd + "\"");
     Config cfg;
     std::string why;
@@ -403,9 +543,13 @@ int main(int argc, char** argv) {
     if (cmd == "unroute") return cmd_route(store, a, false);
     if (cmd == "publish") return cmd_publish(store, cfg, a);
     if (cmd == "replay") return cmd_replay(store, a);
+    if (cmd == "sequence") return cmd_sequence(store, cfg, a);
     if (cmd == "stats") return cmd_stats(store);
     if (cmd == "run") return cmd_run(store, cfg, a);
   } catch (const UsageError& e) {
+    fprintf(stderr, "relaybus-mongo: error: %s\n", e.what());
+    return kExitUsage;
+  } catch (const BadInput& e) {
     fprintf(stderr, "relaybus-mongo: error: %s\n", e.what());
     return kExitUsage;
   } catch (const StoreError& e) {

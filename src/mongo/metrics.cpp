@@ -109,6 +109,30 @@ std::string Metrics::render() const {
     snprintf(buf, sizeof buf, "%s %.17g\n", name, v);
     o += buf;
   };
+  auto per_handler = [&](const char* name, const char* help, auto value) {
+    gauge(name, help);
+    for (const auto& [h, b] : backlog) {
+      snprintf(buf, sizeof buf, "%s{handler=\"%s\"} %.17g\n", name, label(h).c_str(), static_cast<double>(value(h, b)));
+      o += buf;
+    }
+  };
+  using B = Backlog;
+  per_handler("relaybus_mongo_pending", "Pending deliveries (refreshed every max(10s, lease)).",
+              [](const std::string&, const B& b) { return b.pending; });
+  per_handler("relaybus_mongo_ready", "Pending deliveries whose not_before passed.",
+              [](const std::string&, const B& b) { return b.ready; });
+  per_handler("relaybus_mongo_delayed", "Pending deliveries whose not_before is ahead (scheduled or in backoff).",
+              [](const std::string&, const B& b) { return b.delayed; });
+  per_handler("relaybus_mongo_retrying", "Pending deliveries with a failed attempt.",
+              [](const std::string&, const B& b) { return b.retrying; });
+  per_handler("relaybus_mongo_dead", "Dead letters.", [](const std::string&, const B& b) { return b.dead; });
+  per_handler("relaybus_mongo_oldest_pending_seconds", "Age of the oldest pending delivery.",
+              [](const std::string&, const B& b) { return b.oldest_age_s; });
+  per_handler("relaybus_mongo_handler_in_flight", "This instance's HTTP requests in flight or pull leases held.",
+              [this](const std::string& h, const B&) {
+                auto it = handler_in_flight.find(h);
+                return it == handler_in_flight.end() ? int64_t{0} : it->second;
+              });
   one("relaybus_mongo_fetches_total", "Window reads of deliveries.", true, static_cast<double>(fetches));
   one("relaybus_mongo_lanes_taken_total", "Lanes this instance acquired.", true, static_cast<double>(lanes_taken));
   one("relaybus_mongo_lanes_released_total", "Lanes this instance gave back.", true, static_cast<double>(lanes_released));
@@ -161,6 +185,52 @@ void MetricsServer::add_fds(std::vector<pollfd>* fds) const {
   for (const auto& c : conns_) fds->push_back({c.fd, static_cast<short>(c.out.empty() ? POLLIN : POLLOUT), 0});
 }
 
+namespace {
+
+const char* reason_phrase(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
+    case 413: return "Payload Too Large";
+    default: return "Service Unavailable";
+  }
+}
+
+// The value of a header (name in lower case) in the request head, "" if absent.
+std::string header_value(const std::string& head, const std::string& name) {
+  size_t pos = 0;
+  while ((pos = head.find("\r\n", pos)) != std::string::npos) {
+    pos += 2;
+    const size_t end = head.find("\r\n", pos);
+    std::string line = head.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string n = line.substr(0, colon);
+    for (char& ch : n) ch = static_cast<char>(tolower(static_cast<unsigned char>(ch)));
+    if (n != name) continue;
+    size_t v = colon + 1;
+    while (v < line.size() && line[v] == ' ') v++;
+    return line.substr(v);
+  }
+  return "";
+}
+
+// The request is complete: its head and Content-Length bytes of body.
+bool request_complete(const std::string& in) {
+  const size_t head_end = in.find("\r\n\r\n");
+  if (head_end == std::string::npos) return false;
+  const std::string len = header_value(in.substr(0, head_end), "content-length");
+  const size_t n = len.empty() ? 0 : strtoul(len.c_str(), nullptr, 10);
+  return in.size() >= head_end + 4 + n;
+}
+
+}  // namespace
+
 void MetricsServer::respond(Conn& c, const Metrics& m, const std::function<bool()>& healthy) {
   std::string line = c.in.substr(0, c.in.find("\r\n"));
   int status = 200;
@@ -172,11 +242,22 @@ void MetricsServer::respond(Conn& c, const Metrics& m, const std::function<bool(
     bool ok = healthy();
     status = ok ? 200 : 503;
     body = ok ? "ok\n" : "unhealthy: the store did not answer recently\n";
+  } else if (api_ && line.find(" /v1/") != std::string::npos) {
+    if (api_paused_) return;  // answered by the next on_ready that is not paused
+    const size_t sp1 = line.find(' '), sp2 = line.find(' ', sp1 + 1);
+    const std::string method = line.substr(0, sp1);
+    const std::string path = line.substr(sp1 + 1, sp2 == std::string::npos ? std::string::npos : sp2 - sp1 - 1);
+    const size_t head_end = c.in.find("\r\n\r\n");
+    std::string auth = header_value(c.in.substr(0, head_end), "authorization");
+    auto [st, b] = api_(method, path, auth, c.in.substr(head_end + 4));
+    status = st;
+    body = b + "\n";
+    type = "application/json";
   } else {
     status = 404;
     body = "not found\n";
   }
-  c.out = "HTTP/1.1 " + std::to_string(status) + (status == 200 ? " OK" : status == 404 ? " Not Found" : " Service Unavailable") +
+  c.out = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) +
           "\r\nContent-Type: " + type + "\r\nContent-Length: " + std::to_string(body.size()) +
           "\r\nConnection: close\r\n\r\n" + body;
 }
@@ -184,6 +265,9 @@ void MetricsServer::respond(Conn& c, const Metrics& m, const std::function<bool(
 void MetricsServer::on_ready(const std::vector<pollfd>& fds, const Metrics& m, const std::function<bool()>& healthy) {
   if (listen_fd_ < 0) return;
   const int64_t now = monotonic_ms();
+  if (!api_paused_)  // API requests read while paused
+    for (auto& c : conns_)
+      if (c.out.empty() && c.sent != SIZE_MAX && request_complete(c.in)) respond(c, m, healthy);
   for (const pollfd& p : fds) {
     if (p.revents == 0) continue;
     if (p.fd == listen_fd_) {
@@ -200,9 +284,9 @@ void MetricsServer::on_ready(const std::vector<pollfd>& fds, const Metrics& m, c
         char buf[4096];
         ssize_t n = read(c.fd, buf, sizeof buf);
         if (n > 0) c.in.append(buf, static_cast<size_t>(n));
-        if (n == 0 || (n < 0 && errno != EAGAIN) || c.in.size() > 16384) {
+        if (n == 0 || (n < 0 && errno != EAGAIN) || c.in.size() > (1 << 20)) {
           c.sent = SIZE_MAX;  // close
-        } else if (c.in.find("\r\n\r\n") != std::string::npos) {
+        } else if (request_complete(c.in)) {
           respond(c, m, healthy);
         }
       }

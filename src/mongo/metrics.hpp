@@ -36,6 +36,14 @@ struct Metrics {
   int64_t last_store_ok_ms = 0;
   int64_t started_ms = 0;
   const std::map<std::string, uint64_t>* commands = nullptr;  // the store's, by operation
+  // The PostgreSQL views' counts per handler, refreshed every max(10 s, lease)
+  // by the dispatcher (counting rows costs the server); in_flight is live.
+  struct Backlog {
+    int64_t pending = 0, ready = 0, delayed = 0, retrying = 0, dead = 0;
+    double oldest_age_s = 0;
+  };
+  std::map<std::string, Backlog> backlog;
+  std::map<std::string, int64_t> handler_in_flight;  // HTTP requests or pull leases
 
   static const std::array<double, 16> kBucketsS;
   void observe_latency(const std::string& handler, double seconds);
@@ -53,6 +61,15 @@ class MetricsServer {
   void add_fds(std::vector<pollfd>* fds) const;
   // After poll: serve what is ready. healthy() decides /healthz.
   void on_ready(const std::vector<pollfd>& fds, const Metrics& m, const std::function<bool()>& healthy);
+  // Requests under /v1/ go to this (method, path, Authorization header value,
+  // body) -> (status, JSON body): the pull API (pull_api.hpp).
+  using ApiHandler = std::function<std::pair<int, std::string>(const std::string&, const std::string&,
+                                                               const std::string&, const std::string&)>;
+  void set_api(ApiHandler api) { api_ = std::move(api); }
+  // While paused, API requests wait (buffered) and /metrics and /healthz
+  // are still answered: on_ready is then called between two store commands,
+  // where the API (which calls the store) must not run.
+  void pause_api(bool paused) { api_paused_ = paused; }
 
  private:
   struct Conn {
@@ -66,6 +83,8 @@ class MetricsServer {
   int listen_fd_ = -1;
   std::string bound_;
   std::vector<Conn> conns_;
+  ApiHandler api_;
+  bool api_paused_ = false;
 };
 
 }  // namespace relaybus::mongo

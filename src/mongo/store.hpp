@@ -5,8 +5,9 @@
 //   relay_deliveries    {_id: delivery id, event_id, handler, lane, key?, seq, priority,
 //                        not_before, published_at, attempt, topic, wire_topic?, payload,
 //                        headers?, last_error?, last_status?}
-//   relay_key_seqs      {_id: key, seq}
-//   relay_counters      {_id: "ids", n}
+//   relay_key_seqs      {_id: key, seq}              (the sequencer's; sequencer.hpp)
+//   relay_counters      {_id: "ids", n}              (0.1.0's id counter, read at recovery)
+//   relay_outbox, relay_sequence, relay_dedupe, relay_outbox_rejects: outbox.hpp
 //   relay_lanes         {_id: "<lane>:<epoch>", lane, epoch, owner, until}
 //   relay_instances     {_id: instance, until}
 //   relay_dead_letters  a delivery document plus attempts, last_error, last_status, failed_at
@@ -19,7 +20,9 @@
 #include <mongoc/mongoc.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -75,22 +78,6 @@ struct LaneDoc {
   int64_t until_ms = 0;
 };
 
-struct PublishRequest {
-  std::string topic;
-  std::string payload_json;
-  std::optional<std::string> key;
-  std::string headers_json;  // empty: none
-  int priority = 1;
-  int64_t not_before_ms = 0;  // 0: now
-};
-
-struct PublishResult {
-  int64_t event_id = 0;
-  std::vector<int64_t> delivery_ids;
-  int64_t seq = 0;  // keyed events
-  std::vector<int> lanes;
-};
-
 struct Failure {
   int64_t id;
   std::string error;
@@ -127,9 +114,6 @@ class Store {
   bool drop_route(const std::string& pattern, const std::string& handler);
   std::vector<RouteDoc> load_routes();
 
-  // Publishing without a transaction (see docs/mongo.md for the guarantees).
-  PublishResult publish(const PublishRequest& req, int64_t now_ms);
-
   // Lanes.
   std::vector<LaneDoc> read_lanes();
   // Inserts lane documents; result[i] = true if docs[i] was inserted, false on
@@ -155,24 +139,93 @@ class Store {
   std::vector<HandlerStats> stats();
   int64_t count_deliveries();
 
+  // Handler administration (handler_admin.cpp).
+  bool insert_handler(const HandlerDoc& h);  // false: the name exists already
+  int64_t count_pending(const std::string& handler);
+  // Moves every delivery of `handler` into relay_dead_letters with `reason`
+  // (batches of 1000: find, insert, delete) and marks all of the handler's
+  // dead letters dropped (`handler_dropped_at`), so that neither a recreated
+  // handler nor `replay` revives them. Returns how many deliveries moved.
+  int64_t dead_letter_handler(const std::string& handler, const std::string& reason, int64_t now_ms);
+
+  // The handler's deliveries of one priority class in the lanes, oldest
+  // first (one find): with one per class, the planner sees the head of every
+  // class however deep the backlog is.
+  std::vector<Delivery> fetch_class_window(const std::string& handler, const std::vector<int>& lanes, int priority,
+                                           int limit);
+
+  // Stats (stats.cpp and /metrics), the PostgreSQL views' columns.
+  struct Backlog {
+    int64_t pending = 0;
+    int64_t ready = 0;     // not_before passed (in flight ones included)
+    int64_t delayed = 0;   // not_before ahead: scheduled or in backoff
+    int64_t retrying = 0;  // attempt > 0
+    int64_t dead = 0;      // dead letters (not of a dropped handler)
+    int64_t oldest_ms = 0; // published_at of the oldest pending, 0 = none
+  };
+  Backlog backlog(const std::string& handler, int64_t now_ms);  // 5 counts + 1 find
+  // An instance's load per handler, written with its heartbeat so that
+  // `stats` can sum the live instances' in-flight counts and latencies.
+  struct HandlerLoad {
+    int64_t in_flight = 0;
+    std::vector<int64_t> latency_buckets;  // cumulative, Metrics::kBucketsS
+    int64_t latency_count = 0;
+    double latency_sum_s = 0;
+  };
+  void heartbeat_load(const std::string& instance, int64_t until_ms, const std::map<std::string, HandlerLoad>& load);
+  std::map<std::string, HandlerLoad> live_load(int64_t now_ms);  // summed over live instances
+
+  // ---- The outbox and its sequencer (outbox_store.cpp; docs/mongo.md, "The outbox").
+  // Applications insert into relay_outbox; only the sequencer reads it.
+  void insert_outbox(const bson_t* doc);  // one insert (the CLI's publish)
+  // One ordered insertMany (publish --batch): the documents in the given order.
+  void insert_outbox_many(const std::vector<const bson_t*>& docs);
+  // The outbox head: up to `limit` documents in _id order (owned copies).
+  std::vector<std::shared_ptr<bson_t>> read_outbox(int limit);
+  // Outbox documents by _id (the values of ids[i]'s "_id" field).
+  std::vector<std::shared_ptr<bson_t>> read_outbox_ids(const std::vector<const bson_t*>& ids);
+  // relay_sequence: the highest version document (owned), or null.
+  std::shared_ptr<bson_t> read_top_version();
+  // Inserts a version document; false if its _id exists (another writer got there first).
+  bool insert_version(const bson_t* doc);
+  void delete_versions_below(int64_t version);
+  int64_t read_id_counter();  // relay_counters "ids" (0.1.0 publishes), 0 if none
+  std::map<std::string, int64_t> read_key_seqs(const std::vector<std::string>& keys);
+  void raise_key_seqs(const std::map<std::string, int64_t>& seqs);  // $max, upsert; one bulk
+  std::map<std::string, int64_t> read_dedupe(const std::vector<std::string>& keys);  // key -> event id
+  // insertMany (unordered) into `collection`; duplicate keys count as done.
+  void insert_idempotent(const char* collection, const std::vector<bson_t*>& docs, const char* what);
+  // One deleteMany {_id: {$in: <ids[i]'s _id>...}} (FerretDB v1 scans the
+  // collection once per delete statement, whatever its filter).
+  int64_t delete_ids(const char* collection, const std::vector<const bson_t*>& ids, const char* what);
+  int64_t count_outbox();
+  // FerretDB (buildInfo has ferretdbVersion): it evaluates filters and sorts in
+  // Go over whole collections, but stops early at a limit without a sort. Asked once.
+  bool is_ferretdb();
+
   uint64_t commands() const { return commands_; }
   const std::map<std::string, uint64_t>& command_counts() const { return by_op_; }
+  // Called before every command (same thread): the dispatcher gives its
+  // sockets a turn there, so that one loop pass of slow store commands does
+  // not hold up HTTP requests in flight, /metrics or /healthz. It must not
+  // call the store.
+  void set_command_hook(std::function<void()> hook) { hook_ = std::move(hook); }
 
  private:
   mongoc_collection_t* coll(const char* name);
   void count(const char* op) {
     commands_++;
     by_op_[op]++;
+    if (hook_) hook_();
   }
-  int64_t increment(const char* collection, const char* id, const char* field, int64_t by, const char* what);
-  int64_t next_ids(int n);
-  int64_t next_seq(const std::string& key);
 
   mongoc_client_t* client_ = nullptr;
   std::string db_;
   std::map<std::string, mongoc_collection_t*> colls_;
   uint64_t commands_ = 0;
   std::map<std::string, uint64_t> by_op_;
+  std::function<void()> hook_;
+  int ferretdb_ = -1;  // unknown until is_ferretdb()
 };
 
 // A delivery document as written by publish (or by an application in its own

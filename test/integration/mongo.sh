@@ -2,97 +2,10 @@
 # relaybus-mongo against a real MongoDB-wire server (FerretDB v1.24.2, SQLite
 # backend, built from the Go module proxy by test/ferretdb/build.sh) and the
 # real HTTP receiver. Ignores the PostgreSQL cluster. Prints "N passed, N failed".
-set -uo pipefail
-
-ROOT=${RELAYBUS_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)}
-INTEG=$ROOT/test/integration
-BIN=$ROOT/relaybus-mongo
-TMP=$(mktemp -d /tmp/relaybus-mongo.XXXXXX)
-PY=python3
-# pymongo (Debian's python3-pymongo) for the application-side publishing path and raw documents.
-PYM=python3
-$PYM -c 'import pymongo' 2>/dev/null || PYM=/usr/bin/python3
-PASSED=0
-FAILED=0
-T0=$(date +%s%N)
-PIDS=()
-
-log() {
-    local ms=$((($(date +%s%N) - T0) / 1000000))
-    printf '# [mongo %d.%03ds] %s\n' $((ms / 1000)) $((ms % 1000)) "$*"
-}
-pass() { PASSED=$((PASSED + 1)); echo "ok - $1"; }
-fail() {
-    FAILED=$((FAILED + 1)); echo "FAIL - $1"; shift
-    (($# > 0)) && printf '    %s\n' "$@"
-    return 0
-}
-check_eq() { if [[ "$2" == "$3" ]]; then pass "$1"; else fail "$1" "expected: $2" "actual:   $3"; fi; }
-# check_rc NAME EXPECTED_RC PATTERN CMD...: exit code and a stderr/stdout pattern.
-check_rc() {
-    local name=$1 want=$2 pat=$3 out rc
-    shift 3
-    out=$("$@" 2>&1)
-    rc=$?
-    if [[ $rc == "$want" ]] && grep -qE -- "$pat" <<<"$out"; then
-        pass "$name"
-    else
-        fail "$name" "want exit $want and /$pat/, got exit $rc:" "$(head -c 600 <<<"$out")"
-    fi
-}
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-    PIDS=()
-    [[ "${RELAYBUS_KEEP_TMP:-0}" == 1 ]] || rm -rf "$TMP"
-}
-finish() {
-    cleanup
-    trap - EXIT
-    echo "$PASSED passed, $FAILED failed"
-    ((FAILED == 0))
-    exit $?
-}
-die() { fail "$*"; finish; }
-trap 'cleanup' EXIT
-trap 'cleanup; echo "$PASSED passed, $((FAILED + 1)) failed (interrupted)"; exit 1' INT TERM
-
-wait_until() {
-    local limit=$1 deadline
-    shift
-    deadline=$(($(date +%s%N) + limit * 1000000000))
-    while :; do
-        "$@" >/dev/null 2>&1 && return 0
-        (($(date +%s%N) > deadline)) && return 1
-        sleep 0.1
-    done
-}
-
-# ------------------------------------------------------------------ build and start
-log "building FerretDB (once) and relaybus-mongo"
-bash "$ROOT/test/ferretdb/build.sh" || die "FerretDB build failed (needs Go and the module proxy)"
-make -s -C "$ROOT/src/mongo" -j"$(nproc)" >"$TMP/make.log" 2>&1 || { cat "$TMP/make.log"; die "relaybus-mongo build failed"; }
-
-"$ROOT/test/ferretdb/bin/ferretdb-test" -dir "$TMP/fdb" -uri-file "$TMP/uri" >"$TMP/ferretdb.out" 2>"$TMP/ferretdb.err" &
-PIDS+=($!)
-wait_until 20 test -s "$TMP/uri" || { cat "$TMP/ferretdb.err"; die "FerretDB did not start"; }
-URI="$(cat "$TMP/uri")?serverSelectionTimeoutMS=5000"
-export RELAYBUS_MONGO_URI=$URI
-
-$PY "$INTEG/http_receiver.py" --port-file "$TMP/rport" --log "$TMP/requests.log" 2>"$TMP/receiver.err" &
-PIDS+=($!)
-wait_until 15 test -s "$TMP/rport" || die "HTTP receiver did not start"
-RPORT=$(cat "$TMP/rport")
-HOOK="http://127.0.0.1:$RPORT"
+# pymongo (Debian's python3-pymongo) serves the application-side publishing path and raw documents.
+SUITE=mongo
+source "$(dirname "${BASH_SOURCE[0]}")/mongo_lib.sh"
 SECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
-log "FerretDB at $URI, receiver on $RPORT"
-
-control() { curl -s -o /dev/null -X POST --data "$2" "$HOOK/_control${1}"; }
-count_path() {
-    curl -s "$HOOK/_requests" | $PY -c "import json,sys; print(sum(1 for r in json.load(sys.stdin) if r['path']=='$1'))"
-}
-has_requests() { (($(count_path "$1") >= $2)); }
 declare -A R
 analyze() {
     local line
@@ -100,29 +13,6 @@ analyze() {
     while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done \
         < <($PY "$INTEG/mongo_check.py" --receiver "$RPORT" "$@")
     [[ -n "${R[requests]:-}" ]]
-}
-# start_instance NAME DB [settings...]: runs `relaybus-mongo run` in the background; sets IPID.
-start_instance() {
-    local name=$1 db=$2
-    shift 2
-    "$BIN" run --database "$db" --instance "$name" --lease 3s --poll-interval 50ms \
-        --http-allowlist 127.0.0.1 --metrics-listen 127.0.0.1:0 "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" &
-    IPID=$!
-    PIDS+=($IPID)
-}
-metrics_addr() { $PY -c "
-import json,sys
-for l in open('$TMP/$1.err'):
-    try: j=json.loads(l)
-    except Exception: continue
-    if j.get('metrics'): print(j['metrics']); break"; }
-metric() { curl -s "http://$(metrics_addr "$1")/metrics" | awk -v m="$2" '$1==m {print $2}'; }
-stats_field() { "$BIN" stats --database "$1" | $PY -c "import json,sys; print(sum(h['$2'] for h in json.load(sys.stdin)))"; }
-pending_is() { [[ "$(stats_field "$1" pending)" == "$2" ]]; }
-stop_instance() {  # PID: SIGTERM, wait; exit code in STOP_RC
-    kill -TERM "$1" 2>/dev/null
-    wait "$1"
-    STOP_RC=$?
 }
 
 # ------------------------------------------------------------------ init, vectors
@@ -151,6 +41,7 @@ while IFS= read -r line; do
     n=$((n + 1))
     [[ "$got" == "$lane" ]] || { bad=$((bad + 1)); echo "    key $key: stored lane $got, vector $lane"; }
 done <"$TMP/vectors.tsv"
+"$BIN" sequence --database t_vec >/dev/null  # the outbox becomes deliveries (no instance runs)
 stored=$($PYM -c "
 import pymongo,sys
 db=pymongo.MongoClient('$URI')['t_vec']
@@ -176,10 +67,12 @@ check_eq "handler create refuses a secret key shorter than 24 bytes (exit 2)" "2
 : >"$TMP/pub_a"
 for i in $(seq 1 120); do
     if ((i % 10 == 0)); then
-        "$BIN" publish order.created "{\"n\":$i}" --database $DB >>"$TMP/pub_a" || fail "publish $i"
+        "$BIN" publish order.created "{\"n\":$i}" --database $DB >/dev/null || fail "publish $i"
+        echo "{\"payload\":{\"n\":$i}}" >>"$TMP/pub_a"
     else
         "$BIN" publish order.created "{\"n\":$i}" --key "order-$((i % 7))" --priority $((i % 4)) --database $DB \
-            >>"$TMP/pub_a" || fail "publish $i"
+            >/dev/null || fail "publish $i"
+        echo "{\"payload\":{\"n\":$i},\"key\":\"order-$((i % 7))\"}" >>"$TMP/pub_a"
     fi
 done
 start_instance one $DB
@@ -187,9 +80,9 @@ P1=$IPID
 if wait_until 60 has_requests /a 120; then pass "receiver got 120 requests"; else fail "receiver got $(count_path /a) of 120"; fi
 wait_until 10 pending_is $DB 0
 analyze --path /a --published "$TMP/pub_a" --secret "$SECRET"
-check_eq "every delivery once, in key order, seqs and ids as published, signatures verify" \
-    "missing=0 dups=0 extra=0 order=0 seq_mismatch=0 gaps=0 badsig=0 env=0" \
-    "missing=${R[missing]} dups=${R[dups]} extra=${R[extra]} order=${R[order_violations]} seq_mismatch=${R[seq_mismatch]} gaps=${R[seq_gap_keys]} badsig=${R[bad_signature]} env=${R[envelope_errors]}"
+check_eq "every delivery once, in key order, seqs in publish order, signatures verify" \
+    "missing=0 dups=0 extra=0 order=0 seq_mismatch=0 gaps=0 publish_order=0 badsig=0 env=0" \
+    "missing=${R[missing]} dups=${R[dups]} extra=${R[extra]} order=${R[order_violations]} seq_mismatch=${R[seq_mismatch]} gaps=${R[seq_gap_keys]} publish_order=${R[publish_order]} badsig=${R[bad_signature]} env=${R[envelope_errors]}"
 topic=$(curl -s "$HOOK/_requests" | $PY -c "import json,sys; print(sorted({json.loads(r['body'])['topic'] for r in json.load(sys.stdin) if r['path']=='/a'}))")
 check_eq "the most specific route's wire name is the topic" "['orders.v1.created']" "$topic"
 check_eq "metrics: delivered_total" 120 "$(metric one 'relaybus_mongo_delivered_total{handler="hook"}')"
@@ -368,7 +261,7 @@ now=datetime.datetime.now(datetime.timezone.utc)
 base={'event_id':1,'handler':'hook','priority':1,'not_before':now,'published_at':now,'attempt':0,'topic':'b.x','payload':{}}
 db.relay_deliveries.insert_many([
   dict(base, _id=900001, key='kx', lane=5, seq=1),                      # wrong lane for the key
-  dict({k:v for k,v in base.items() if k!='payload'}, _id=900002, key='order-42', lane=$("$BIN" lane order-42 | cut -f3), seq=1),  # no payload
+  dict({k:v for k,v in base.items() if k!='payload'}, _id=900002, key='order-42', lane=$("$BIN" lane order-42 | cut -f3), seq=0),  # no payload; before the sequencer's seq 1
   dict(base, _id=900003, lane=7, seq=900003, priority=9),               # priority out of range
 ])"
 "$BIN" publish b.ok '{"fine":true}' --key order-42 --database $DB >/dev/null

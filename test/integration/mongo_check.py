@@ -1,18 +1,25 @@
-"""Checks what the HTTP receiver got against what relaybus-mongo published.
+"""Checks what the HTTP receiver got against what was published to relay_outbox.
 
-    python3 mongo_check.py --receiver PORT --path /a --published PUB [--secret whsec_...]
+    python3 mongo_check.py --receiver PORT --path /a --published PUB [--published PUB2 ...] [--secret whsec_...]
 
-PUB: the stdout of `relaybus-mongo publish` calls, one JSON object per line
-({"event_id", "deliveries", "key"?, "seq"?, "lane"}). Prints name=value lines:
+PUB: one JSON object per line, {"payload", "key"?} (mongo_preload.py prints
+them; tests write them for `relaybus-mongo publish`). Payloads are distinct.
+Every line of one file was published after the one before it (one publisher).
+Prints name=value lines:
 
   requests         requests received on the path
   distinct         distinct webhook-ids
   dups             requests beyond the first per webhook-id
-  missing          published deliveries never received (missing_ids: the first 20)
-  extra            received ids never published
+  published        events published
+  missing          published payloads never received
+  extra            received payloads never published
+  reissued         payloads received under more than one delivery id (sequenced twice)
+  id_reuse         delivery ids received with more than one payload
+  seq_reuse        (key, seq) pairs received with more than one payload
   order_violations per key, a seq lower than the key's previous one in receive order
-  seq_mismatch     envelopes whose key/seq differ from what publish returned
-  seq_gap_keys     keys whose received seqs are not exactly the published ones
+  seq_mismatch     envelopes whose key differs from the published one
+  seq_gap_keys     keys whose received seqs are not exactly 1..(events of the key)
+  publish_order    per publisher and key, an event with a lower seq than an earlier one
   bad_signature    requests whose webhook-signature does not verify (with --secret)
   envelope_errors  bodies that are not the envelope with the right id, webhook-id
                    without the "msg_mongo_" prefix, or no published_at
@@ -22,32 +29,45 @@ import json
 import urllib.request
 
 
+def canon(v):
+    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--receiver", required=True)
     ap.add_argument("--path", required=True)
-    ap.add_argument("--published", required=True)
+    ap.add_argument("--published", required=True, action="append")
     ap.add_argument("--secret")
     a = ap.parse_args()
     reqs = json.load(urllib.request.urlopen(f"http://127.0.0.1:{a.receiver}/_requests"))
     reqs = [r for r in reqs if r["path"] == a.path]
-    pub = {}
-    seqs_by_key = {}
-    with open(a.published) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            p = json.loads(line)
-            for d in p["deliveries"]:
-                pub[d] = p
-            if "key" in p:
-                seqs_by_key.setdefault(p["key"], set()).add(p["seq"])
+    pub = {}          # payload -> line
+    publishers = []   # per file: [payload, ...] in publish order
+    count_by_key = {}
+    for fname in a.published:
+        order = []
+        with open(fname) as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                p = json.loads(line)
+                c = canon(p["payload"])
+                pub[c] = p
+                order.append(c)
+                if "key" in p:
+                    count_by_key[p["key"]] = count_by_key.get(p["key"], 0) + 1
+        publishers.append(order)
     wh = None
     if a.secret:
         from standardwebhooks import Webhook
         wh = Webhook(a.secret)
     seen = {}
+    ids_of_payload = {}
+    payloads_of_id = {}
+    payloads_of_seq = {}
+    seq_of_payload = {}
     last_seq = {}
     got_seqs = {}
     order_violations = seq_mismatch = bad_sig = env_err = 0
@@ -72,30 +92,49 @@ def main():
                                       "webhook-signature": h["webhook-signature"]})
             except Exception:
                 bad_sig += 1
-        p = pub.get(wid)
+        c = canon(body.get("payload"))
+        ids_of_payload.setdefault(c, set()).add(wid)
+        payloads_of_id.setdefault(wid, set()).add(c)
+        p = pub.get(c)
         key = body.get("key")
-        if p is not None and (p.get("key") != key or p.get("seq") != (body.get("seq") if key is not None else None)):
+        if p is not None and p.get("key") != key:
             seq_mismatch += 1
         if key is not None:
             s = body.get("seq")
+            payloads_of_seq.setdefault((key, s), set()).add(c)
+            seq_of_payload[c] = s
             if key in last_seq and s < last_seq[key]:
                 order_violations += 1
             last_seq[key] = s
             got_seqs.setdefault(key, set()).add(s)
-    missing = [d for d in pub if d not in seen]
-    extra = [d for d in seen if d not in pub]
-    gap_keys = [k for k, s in seqs_by_key.items() if got_seqs.get(k, set()) != s]
+    missing = [c for c in pub if c not in ids_of_payload]
+    extra = [c for c in ids_of_payload if c not in pub]
+    gap_keys = [k for k, n in count_by_key.items() if got_seqs.get(k, set()) != set(range(1, n + 1))]
+    publish_order = 0
+    for order in publishers:
+        last = {}
+        for c in order:
+            k = pub[c].get("key")
+            if k is None or c not in seq_of_payload:
+                continue
+            if k in last and seq_of_payload[c] < last[k]:
+                publish_order += 1
+            last[k] = seq_of_payload[c]
     out = {
         "requests": len(reqs),
         "distinct": len(seen),
         "dups": len(reqs) - len(seen),
         "published": len(pub),
         "missing": len(missing),
-        "missing_ids": ",".join(map(str, sorted(missing)[:20])),
+        "missing_sample": ",".join(sorted(missing)[:5]),
         "extra": len(extra),
+        "reissued": sum(1 for s in ids_of_payload.values() if len(s) > 1),
+        "id_reuse": sum(1 for s in payloads_of_id.values() if len(s) > 1),
+        "seq_reuse": sum(1 for s in payloads_of_seq.values() if len(s) > 1),
         "order_violations": order_violations,
         "seq_mismatch": seq_mismatch,
         "seq_gap_keys": len(gap_keys),
+        "publish_order": publish_order,
         "bad_signature": bad_sig,
         "envelope_errors": env_err,
     }

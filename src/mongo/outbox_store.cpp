@@ -1,0 +1,276 @@
+// Store calls of the outbox and the sequencer (declared in store.hpp). Every
+// write here is idempotent: a sequencer that crashed, or lost its role, and
+// whose work is redone writes the same documents again (duplicates count as done).
+#include <cstring>
+
+#include "mongo/outbox.hpp"
+#include "mongo/store.hpp"
+#include "mongo/util.hpp"
+
+namespace relaybus::mongo {
+
+namespace {
+
+constexpr const char* kKeySeqsColl = "relay_key_seqs";
+constexpr const char* kCountersColl = "relay_counters";
+
+[[noreturn]] void raise_error(const char* what, const bson_error_t& err) {
+  throw StoreError(std::string(what) + ": " + err.message, static_cast<int>(err.code));
+}
+
+// Codes of the write errors in a reply (insertMany / bulk).
+std::vector<int> write_error_codes(const bson_t* reply) {
+  std::vector<int> out;
+  bson_iter_t it, arr;
+  if (!bson_iter_init_find(&it, reply, "writeErrors") || !BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &arr))
+    return out;
+  while (bson_iter_next(&arr)) {
+    bson_iter_t e;
+    if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &e)) continue;
+    int code = 0;
+    while (bson_iter_next(&e))
+      if (strcmp(bson_iter_key(&e), "code") == 0) code = static_cast<int>(bson_iter_as_int64(&e));
+    out.push_back(code);
+  }
+  return out;
+}
+
+std::vector<std::shared_ptr<bson_t>> drain(mongoc_cursor_t* cur, const char* what) {
+  std::vector<std::shared_ptr<bson_t>> out;
+  const bson_t* doc;
+  while (mongoc_cursor_next(cur, &doc)) out.emplace_back(bson_copy(doc), bson_destroy);
+  bson_error_t err;
+  bool failed = mongoc_cursor_error(cur, &err);
+  mongoc_cursor_destroy(cur);
+  if (failed) raise_error(what, err);
+  return out;
+}
+
+// {field: {$in: [strings]}}
+void string_in(bson_t* filter, const char* field, const std::vector<std::string>& v) {
+  bson_t in, arr;
+  bson_append_document_begin(filter, field, -1, &in);
+  bson_append_array_begin(&in, "$in", 3, &arr);
+  for (size_t i = 0; i < v.size(); i++) BSON_APPEND_UTF8(&arr, std::to_string(i).c_str(), v[i].c_str());
+  bson_append_array_end(&in, &arr);
+  bson_append_document_end(filter, &in);
+}
+
+}  // namespace
+
+void Store::insert_outbox(const bson_t* doc) {
+  Bson reply;
+  bson_error_t err;
+  count("insert");
+  if (!mongoc_collection_insert_one(coll(kOutbox), doc, nullptr, reply, &err)) raise_error("insert into relay_outbox", err);
+}
+
+void Store::insert_outbox_many(const std::vector<const bson_t*>& docs) {
+  if (docs.empty()) return;
+  Bson reply;
+  bson_error_t err;
+  count("insert");
+  std::vector<const bson_t*> v(docs);
+  if (!mongoc_collection_insert_many(coll(kOutbox), v.data(), v.size(), nullptr, reply, &err))
+    raise_error("insert into relay_outbox", err);
+}
+
+std::vector<std::shared_ptr<bson_t>> Store::read_outbox(int limit) {
+  Bson filter, opts;
+  // MongoDB: _id order. FerretDB: insertion order (its SQLite table's rowid
+  // order, which a read without a sort streams and cuts at the limit; a sort
+  // would be done in Go over the whole outbox).
+  if (!is_ferretdb()) {
+    bson_t sort;
+    bson_append_document_begin(opts, "sort", 4, &sort);
+    BSON_APPEND_INT32(&sort, "_id", 1);
+    bson_append_document_end(opts, &sort);
+  }
+  BSON_APPEND_INT64(opts, "limit", limit);
+  BSON_APPEND_INT32(opts, "batchSize", limit);
+  count("find");
+  return drain(mongoc_collection_find_with_opts(coll(kOutbox), filter, opts, nullptr), "read relay_outbox");
+}
+
+std::vector<std::shared_ptr<bson_t>> Store::read_outbox_ids(const std::vector<const bson_t*>& ids) {
+  if (ids.empty()) return {};
+  Bson filter;
+  bson_t in, arr;
+  bson_append_document_begin(filter, "_id", 3, &in);
+  bson_append_array_begin(&in, "$in", 3, &arr);
+  for (size_t i = 0; i < ids.size(); i++) {
+    bson_iter_t it;
+    if (bson_iter_init_find(&it, ids[i], "_id")) bson_append_iter(&arr, std::to_string(i).c_str(), -1, &it);
+  }
+  bson_append_array_end(&in, &arr);
+  bson_append_document_end(filter, &in);
+  count("find");
+  return drain(mongoc_collection_find_with_opts(coll(kOutbox), filter, nullptr, nullptr), "read relay_outbox");
+}
+
+std::shared_ptr<bson_t> Store::read_top_version() {
+  Bson filter, opts;
+  bson_t sort;
+  bson_append_document_begin(opts, "sort", 4, &sort);
+  BSON_APPEND_INT32(&sort, "_id", -1);
+  bson_append_document_end(opts, &sort);
+  BSON_APPEND_INT64(opts, "limit", 1);
+  count("find");
+  auto docs = drain(mongoc_collection_find_with_opts(coll(kSequence), filter, opts, nullptr), "read relay_sequence");
+  return docs.empty() ? nullptr : docs[0];
+}
+
+bool Store::insert_version(const bson_t* doc) {
+  Bson reply;
+  bson_error_t err;
+  count("insert");
+  if (mongoc_collection_insert_one(coll(kSequence), doc, nullptr, reply, &err)) return true;
+  if (err.code == kDuplicateKey) return false;
+  for (int c : write_error_codes(reply))
+    if (c == kDuplicateKey) return false;
+  raise_error("insert into relay_sequence", err);
+}
+
+void Store::delete_versions_below(int64_t version) {
+  Bson filter, reply;
+  bson_t lt;
+  bson_append_document_begin(filter, "_id", 3, &lt);
+  BSON_APPEND_INT64(&lt, "$lt", version);
+  bson_append_document_end(filter, &lt);
+  bson_error_t err;
+  count("delete");
+  if (!mongoc_collection_delete_many(coll(kSequence), filter, nullptr, reply, &err)) raise_error("trim relay_sequence", err);
+}
+
+int64_t Store::read_id_counter() {
+  Bson filter;
+  BSON_APPEND_UTF8(filter, "_id", "ids");
+  count("find");
+  auto docs = drain(mongoc_collection_find_with_opts(coll(kCountersColl), filter, nullptr, nullptr), "read relay_counters");
+  int64_t n = 0;
+  if (!docs.empty()) get_int64(docs[0].get(), "n", &n);
+  return n;
+}
+
+std::map<std::string, int64_t> Store::read_key_seqs(const std::vector<std::string>& keys) {
+  std::map<std::string, int64_t> out;
+  if (keys.empty()) return out;
+  Bson filter;
+  string_in(filter, "_id", keys);
+  count("find");
+  for (const auto& d : drain(mongoc_collection_find_with_opts(coll(kKeySeqsColl), filter, nullptr, nullptr),
+                             "read relay_key_seqs")) {
+    std::string k;
+    int64_t s = 0;
+    if (get_string(d.get(), "_id", &k) && get_int64(d.get(), "seq", &s)) out[k] = s;
+  }
+  return out;
+}
+
+void Store::raise_key_seqs(const std::map<std::string, int64_t>& seqs) {
+  // At most kStatements updates per command: FerretDB v1.24 keeps a SQLite
+  // connection per update statement until its command ends, and an update
+  // command of ~100 statements exhausts its pool and hangs the server
+  // (measured: 100 upserts in one bulk; 50 pass).
+  constexpr size_t kStatements = 25;
+  auto it = seqs.begin();
+  while (it != seqs.end()) {
+    Bson bopts;
+    BSON_APPEND_BOOL(bopts, "ordered", false);
+    mongoc_bulk_operation_t* bulk = mongoc_collection_create_bulk_operation_with_opts(coll(kKeySeqsColl), bopts);
+    bson_error_t err;
+    for (size_t n = 0; n < kStatements && it != seqs.end(); n++, ++it) {
+      Bson sel, upd, uopts;
+      BSON_APPEND_UTF8(sel, "_id", it->first.c_str());
+      bson_t max;
+      bson_append_document_begin(upd, "$max", 4, &max);
+      BSON_APPEND_INT64(&max, "seq", it->second);
+      bson_append_document_end(upd, &max);
+      BSON_APPEND_BOOL(uopts, "upsert", true);
+      mongoc_bulk_operation_update_one_with_opts(bulk, sel, upd, uopts, &err);
+    }
+    Bson reply;
+    count("update");
+    uint32_t ok = mongoc_bulk_operation_execute(bulk, reply, &err);
+    mongoc_bulk_operation_destroy(bulk);
+    if (ok) continue;
+    // Two first upserts of one key (a stale sequencer's redo): the other one did it.
+    auto codes = write_error_codes(reply);
+    if (codes.empty()) raise_error("record key seqs", err);
+    for (int c : codes)
+      if (c != kDuplicateKey) raise_error("record key seqs", err);
+  }
+}
+
+std::map<std::string, int64_t> Store::read_dedupe(const std::vector<std::string>& keys) {
+  std::map<std::string, int64_t> out;
+  if (keys.empty()) return out;
+  Bson filter;
+  string_in(filter, "_id", keys);
+  count("find");
+  for (const auto& d :
+       drain(mongoc_collection_find_with_opts(coll(kDedupe), filter, nullptr, nullptr), "read relay_dedupe")) {
+    std::string k;
+    int64_t e = 0;
+    if (get_string(d.get(), "_id", &k) && get_int64(d.get(), "event_id", &e)) out[k] = e;
+  }
+  return out;
+}
+
+void Store::insert_idempotent(const char* collection, const std::vector<bson_t*>& docs, const char* what) {
+  if (docs.empty()) return;
+  Bson opts, reply;
+  BSON_APPEND_BOOL(opts, "ordered", false);
+  bson_error_t err;
+  count("insert");
+  if (mongoc_collection_insert_many(coll(collection), const_cast<const bson_t**>(docs.data()), docs.size(), opts, reply,
+                                    &err))
+    return;
+  auto codes = write_error_codes(reply);
+  if (codes.empty()) raise_error(what, err);
+  for (int c : codes)
+    if (c != kDuplicateKey) raise_error(what, err);
+}
+
+int64_t Store::delete_ids(const char* collection, const std::vector<const bson_t*>& ids, const char* what) {
+  if (ids.empty()) return 0;
+  Bson filter, reply;
+  bson_t in, arr;
+  bson_append_document_begin(filter, "_id", 3, &in);
+  bson_append_array_begin(&in, "$in", 3, &arr);
+  for (size_t i = 0; i < ids.size(); i++) {
+    bson_iter_t it;
+    if (bson_iter_init_find(&it, ids[i], "_id")) bson_append_iter(&arr, std::to_string(i).c_str(), -1, &it);
+  }
+  bson_append_array_end(&in, &arr);
+  bson_append_document_end(filter, &in);
+  bson_error_t err;
+  count("delete");
+  if (!mongoc_collection_delete_many(coll(collection), filter, nullptr, reply, &err)) raise_error(what, err);
+  int64_t n = 0;
+  get_int64(reply, "deletedCount", &n);
+  return n;
+}
+
+int64_t Store::count_outbox() {
+  Bson f;
+  bson_error_t err;
+  count("count");
+  int64_t n = mongoc_collection_count_documents(coll(kOutbox), f, nullptr, nullptr, nullptr, &err);
+  if (n < 0) raise_error("count relay_outbox", err);
+  return n;
+}
+
+bool Store::is_ferretdb() {
+  if (ferretdb_ >= 0) return ferretdb_ == 1;
+  Bson cmd, reply;
+  BSON_APPEND_INT32(cmd, "buildInfo", 1);
+  bson_error_t err;
+  count("buildInfo");
+  if (!mongoc_client_command_simple(client_, "admin", cmd, nullptr, reply, &err)) raise_error("buildInfo", err);
+  bson_iter_t it;
+  ferretdb_ = bson_iter_init_find(&it, reply, "ferretdbVersion") ? 1 : 0;
+  return ferretdb_ == 1;
+}
+
+}  // namespace relaybus::mongo

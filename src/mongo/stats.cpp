@@ -1,0 +1,71 @@
+#include "mongo/stats.hpp"
+
+#include <algorithm>
+
+#include "core/handler_config.hpp"
+#include "mongo/dispatcher.hpp"
+#include "mongo/metrics.hpp"
+#include "mongo/util.hpp"
+
+namespace relaybus::mongo {
+
+using nlohmann::json;
+
+json stats_json(Store& store, int64_t now) {
+  json out = json::array();
+  const auto load = store.live_load(now);
+  json le = json::array();
+  for (double b : Metrics::kBucketsS) le.push_back(b);
+  for (const auto& h : store.load_handlers(nullptr)) {
+    const Store::Backlog b = store.backlog(h.name, now);
+    Store::HandlerLoad l;
+    if (auto it = load.find(h.name); it != load.end()) l = it->second;
+    l.latency_buckets.resize(Metrics::kBucketsS.size(), 0);
+    out.push_back({{"handler", h.name},
+                   {"kind", core::handler_kind_name(h.kind)},
+                   {"pending", b.pending},
+                   {"ready", b.ready},
+                   {"delayed", b.delayed},
+                   {"in_flight", l.in_flight},
+                   {"retrying", b.retrying},
+                   {"dead", b.dead},
+                   {"oldest_age_ms", b.oldest_ms > 0 ? std::max<int64_t>(0, now - b.oldest_ms) : 0},
+                   {"latency",
+                    {{"le", le}, {"buckets", l.latency_buckets}, {"count", l.latency_count},
+                     {"sum_seconds", l.latency_sum_s}}}});
+  }
+  return out;
+}
+
+std::map<std::string, Store::HandlerLoad> Dispatcher::handler_load() {
+  std::map<std::string, Store::HandlerLoad> out;
+  metrics_.handler_in_flight.clear();
+  for (const auto& [name, h] : handlers_)
+    out[name].in_flight = sink_ ? static_cast<int64_t>(sink_->in_flight(h.key)) : 0;
+  if (pull_)
+    for (const auto& [name, n] : pull_->leased_by_handler()) out[name].in_flight = n;
+  for (const auto& [name, m] : metrics_.handlers) {
+    auto& l = out[name];
+    l.latency_buckets.assign(m.latency_buckets.begin(), m.latency_buckets.end());
+    l.latency_count = static_cast<int64_t>(m.delivered);
+    l.latency_sum_s = m.latency_sum_s;
+  }
+  for (const auto& [name, l] : out) metrics_.handler_in_flight[name] = l.in_flight;
+  return out;
+}
+
+void Dispatcher::refresh_backlog(int64_t now) {
+  next_backlog_ms_ = now + std::max<int64_t>(10000, cfg_.lease_ms);
+  std::map<std::string, Metrics::Backlog> fresh;
+  std::vector<std::string> names;
+  for (const auto& [name, h] : handlers_) names.push_back(name);
+  for (const auto& [name, h] : pull_handlers_) names.push_back(name);
+  for (const auto& name : names) {
+    const Store::Backlog b = store_.backlog(name, now);
+    fresh[name] = {b.pending, b.ready, b.delayed, b.retrying, b.dead,
+                   b.oldest_ms > 0 ? std::max<int64_t>(0, now - b.oldest_ms) / 1000.0 : 0.0};
+  }
+  metrics_.backlog = std::move(fresh);
+}
+
+}  // namespace relaybus::mongo

@@ -1,0 +1,122 @@
+# Shared setup of the relaybus-mongo test scripts (sourced, not run): builds
+# FerretDB (test/ferretdb/build.sh) and relaybus-mongo, starts FerretDB (SQLite
+# backend) and the real HTTP receiver, and defines the helpers below. The
+# sourcing script sets SUITE (a log prefix) first and calls `finish` at the end.
+set -uo pipefail
+
+ROOT=${RELAYBUS_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)}
+INTEG=$ROOT/test/integration
+BIN=$ROOT/relaybus-mongo
+TMP=$(mktemp -d /tmp/relaybus-mongo.XXXXXX)
+PY=python3
+PYM=python3
+$PYM -c 'import pymongo' 2>/dev/null || PYM=/usr/bin/python3
+PASSED=0
+FAILED=0
+T0=$(date +%s%N)
+PIDS=()
+
+log() {
+    local ms=$((($(date +%s%N) - T0) / 1000000))
+    printf '# [%s %d.%03ds] %s\n' "${SUITE:-mongo}" $((ms / 1000)) $((ms % 1000)) "$*"
+}
+pass() { PASSED=$((PASSED + 1)); echo "ok - $1"; }
+fail() {
+    FAILED=$((FAILED + 1)); echo "FAIL - $1"; shift
+    (($# > 0)) && printf '    %s\n' "$@"
+    return 0
+}
+check_eq() { if [[ "$2" == "$3" ]]; then pass "$1"; else fail "$1" "expected: $2" "actual:   $3"; fi; }
+# check_rc NAME EXPECTED_RC PATTERN CMD...: exit code and a stderr/stdout pattern.
+check_rc() {
+    local name=$1 want=$2 pat=$3 out rc
+    shift 3
+    out=$("$@" 2>&1)
+    rc=$?
+    if [[ $rc == "$want" ]] && grep -qE -- "$pat" <<<"$out"; then
+        pass "$name"
+    else
+        fail "$name" "want exit $want and /$pat/, got exit $rc:" "$(head -c 600 <<<"$out")"
+    fi
+}
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+    PIDS=()
+    [[ "${RELAYBUS_KEEP_TMP:-0}" == 1 ]] || rm -rf "$TMP"
+}
+finish() {
+    cleanup
+    trap - EXIT
+    echo "$PASSED passed, $FAILED failed"
+    ((FAILED == 0))
+    exit $?
+}
+die() { fail "$*"; finish; }
+trap 'cleanup' EXIT
+trap 'cleanup; echo "$PASSED passed, $((FAILED + 1)) failed (interrupted)"; exit 1' INT TERM
+
+wait_until() {
+    local limit=$1 deadline
+    shift
+    deadline=$(($(date +%s%N) + limit * 1000000000))
+    while :; do
+        "$@" >/dev/null 2>&1 && return 0
+        (($(date +%s%N) > deadline)) && return 1
+        sleep 0.1
+    done
+}
+
+log "building FerretDB (once) and relaybus-mongo"
+bash "$ROOT/test/ferretdb/build.sh" || die "FerretDB build failed (needs Go and the module proxy)"
+make -s -C "$ROOT/src/mongo" -j"$(nproc)" >"$TMP/make.log" 2>&1 || { cat "$TMP/make.log"; die "relaybus-mongo build failed"; }
+
+# start_ferretdb NAME: a FerretDB on a free port; sets FDB_PID and prints nothing.
+start_ferretdb() {
+    rm -f "$TMP/uri"
+    "$ROOT/test/ferretdb/bin/ferretdb-test" -dir "$TMP/$1" -uri-file "$TMP/uri" >"$TMP/$1.out" 2>"$TMP/$1.err" &
+    FDB_PID=$!
+    PIDS+=($FDB_PID)
+    wait_until 20 test -s "$TMP/uri" || { cat "$TMP/$1.err"; die "FerretDB did not start"; }
+}
+start_ferretdb fdb
+URI="$(cat "$TMP/uri")?serverSelectionTimeoutMS=5000"
+export RELAYBUS_MONGO_URI=$URI
+
+$PY "$INTEG/http_receiver.py" --port-file "$TMP/rport" --log "$TMP/requests.log" 2>"$TMP/receiver.err" &
+PIDS+=($!)
+wait_until 15 test -s "$TMP/rport" || die "HTTP receiver did not start"
+RPORT=$(cat "$TMP/rport")
+HOOK="http://127.0.0.1:$RPORT"
+log "FerretDB at $URI, receiver on $RPORT"
+
+control() { curl -s -o /dev/null -X POST --data "$2" "$HOOK/_control${1}"; }
+count_path() {
+    curl -s "$HOOK/_requests" | $PY -c "import json,sys; print(sum(1 for r in json.load(sys.stdin) if r['path']=='$1'))"
+}
+has_requests() { (($(count_path "$1") >= $2)); }
+# start_instance NAME DB [settings...]: runs `relaybus-mongo run` in the background; sets IPID.
+start_instance() {
+    local name=$1 db=$2
+    shift 2
+    "$BIN" run --database "$db" --instance "$name" --lease 3s --poll-interval 50ms \
+        --http-allowlist 127.0.0.1 --metrics-listen 127.0.0.1:0 "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" &
+    IPID=$!
+    PIDS+=($IPID)
+}
+# metrics_addr NAME: the bound /metrics address from the instance's start log line.
+metrics_addr() { $PY -c "
+import json,sys
+for l in open('$TMP/$1.err'):
+    try: j=json.loads(l)
+    except Exception: continue
+    if j.get('metrics'): print(j['metrics']); break"; }
+metric() { curl -s "http://$(metrics_addr "$1")/metrics" | awk -v m="$2" '$1==m {print $2}'; }
+stats_field() { "$BIN" stats --database "$1" | $PY -c "import json,sys; print(sum(h['$2'] for h in json.load(sys.stdin)))"; }
+pending_is() { [[ "$(stats_field "$1" pending)" == "$2" ]]; }
+stop_instance() {  # PID: SIGTERM, wait; exit code in STOP_RC
+    kill -TERM "$1" 2>/dev/null
+    wait "$1"
+    STOP_RC=$?
+}
