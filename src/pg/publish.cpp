@@ -548,13 +548,17 @@ RELAYBUS_SQL_FUNCTION(relay_publish_batch) {
             }
         }
         if (m > 0) {
+            // The returned key names are copied out of SPI's memory, which
+            // spi_end frees before assign_batch_seqs reads them.
+            MemoryContext caller_cxt = CurrentMemoryContext;
             SpiScope scope;
             spi_begin(&scope);
             Datum missing_array =
                 PointerGetDatum(construct_array(missing, m, TEXTOID, -1, false, TYPALIGN_INT));
             spi_exec_latest(&batch_seq_plan, &missing_array, nullptr, false, 0);
             for (uint64 j = 0; j < SPI_processed && nres < n; j++, nres++) {
-                rkeys[nres] = SPI_getvalue(SPI_tuptable->vals[j], SPI_tuptable->tupdesc, 1);
+                rkeys[nres] = MemoryContextStrdup(
+                    caller_cxt, SPI_getvalue(SPI_tuptable->vals[j], SPI_tuptable->tupdesc, 1));
                 rlast[nres] = spi_int64(static_cast<int>(j), 2);
             }
             spi_end(&scope);
