@@ -466,10 +466,21 @@ int Store::live_instances(int64_t now_ms) {
 // ------------------------------------------------------------------ dispatch
 
 std::vector<Delivery> Store::fetch_window(const std::string& handler, const std::vector<int>& lanes, int limit) {
+  return find_deliveries(handler, lanes, nullptr, limit, "fetch deliveries");
+}
+
+std::vector<Delivery> Store::fetch_class_window(const std::string& handler, const std::vector<int>& lanes,
+                                                int priority, int limit) {
+  return find_deliveries(handler, lanes, &priority, limit, "fetch deliveries of a priority class");
+}
+
+std::vector<Delivery> Store::find_deliveries(const std::string& handler, const std::vector<int>& lanes,
+                                             const int* priority, int limit, const char* what) {
   std::vector<Delivery> out;
   if (lanes.empty()) return out;
   Bson filter, opts;
   BSON_APPEND_UTF8(filter, "handler", handler.c_str());
+  if (priority != nullptr) BSON_APPEND_INT32(filter, "priority", *priority);
   if (static_cast<int>(lanes.size()) < core::kLanes) {
     bson_t in;
     bson_append_document_begin(filter, "lane", 4, &in);
@@ -502,7 +513,7 @@ std::vector<Delivery> Store::fetch_window(const std::string& handler, const std:
   bson_error_t err;
   bool failed = mongoc_cursor_error(cur, &err);
   mongoc_cursor_destroy(cur);
-  if (failed) raise("fetch deliveries", err);
+  if (failed) raise(what, err);
   return out;
 }
 
@@ -851,50 +862,6 @@ int64_t Store::dead_letter_handler(const std::string& handler, const std::string
   if (!mongoc_collection_update_many(coll(kDeadLetters), f, upd, nullptr, reply, &err))
     raise("mark dead letters of a dropped handler", err);
   return moved;
-}
-
-}  // namespace relaybus::mongo
-
-// ------------------------------------------------------------------ priorities across the backlog
-
-namespace relaybus::mongo {
-
-std::vector<Delivery> Store::fetch_class_window(const std::string& handler, const std::vector<int>& lanes,
-                                                int priority, int limit) {
-  std::vector<Delivery> out;
-  if (lanes.empty()) return out;
-  Bson filter, opts;
-  BSON_APPEND_UTF8(filter, "handler", handler.c_str());
-  BSON_APPEND_INT32(filter, "priority", priority);
-  if (static_cast<int>(lanes.size()) < core::kLanes) {
-    bson_t in;
-    bson_append_document_begin(filter, "lane", 4, &in);
-    append_int32_array(&in, "$in", lanes);
-    bson_append_document_end(filter, &in);
-  }
-  // As fetch_window: FerretDB streams insertion order (no sort in Go over
-  // the whole collection).
-  if (!is_ferretdb()) {
-    bson_t sort;
-    bson_append_document_begin(opts, "sort", 4, &sort);
-    BSON_APPEND_INT32(&sort, "_id", 1);
-    bson_append_document_end(opts, &sort);
-  }
-  BSON_APPEND_INT64(opts, "limit", limit);
-  BSON_APPEND_INT32(opts, "batchSize", limit);
-  count("find");
-  mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeliveries), filter, opts, nullptr);
-  const bson_t* doc;
-  while (mongoc_cursor_next(cur, &doc)) {
-    Delivery d = parse_delivery(doc);
-    if (d.handler.empty()) d.handler = handler;
-    out.push_back(std::move(d));
-  }
-  bson_error_t err;
-  bool failed = mongoc_cursor_error(cur, &err);
-  mongoc_cursor_destroy(cur);
-  if (failed) raise("fetch deliveries of a priority class", err);
-  return out;
 }
 
 }  // namespace relaybus::mongo

@@ -212,6 +212,11 @@ class Store {
   void set_command_hook(std::function<void()> hook) { hook_ = std::move(hook); }
 
  private:
+  // One find of the handler's deliveries in the lanes (of one priority class
+  // when `priority` is set), oldest first; `what` names it in errors.
+  std::vector<Delivery> find_deliveries(const std::string& handler, const std::vector<int>& lanes,
+                                        const int* priority, int limit, const char* what);
+
   mongoc_collection_t* coll(const char* name);
   void count(const char* op) {
     commands_++;
