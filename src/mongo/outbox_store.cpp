@@ -92,18 +92,23 @@ std::vector<std::shared_ptr<bson_t>> Store::read_outbox(int limit) {
   return drain(mongoc_collection_find_with_opts(coll(kOutbox), filter, opts, nullptr), "read relay_outbox");
 }
 
-std::vector<std::shared_ptr<bson_t>> Store::read_outbox_ids(const std::vector<const bson_t*>& ids) {
-  if (ids.empty()) return {};
-  Bson filter;
+// {_id: {$in: [the _id of each of `docs`]}} into `filter`.
+void Store::append_id_in(bson_t* filter, const std::vector<const bson_t*>& docs) {
   bson_t in, arr;
   bson_append_document_begin(filter, "_id", 3, &in);
   bson_append_array_begin(&in, "$in", 3, &arr);
-  for (size_t i = 0; i < ids.size(); i++) {
+  for (size_t i = 0; i < docs.size(); i++) {
     bson_iter_t it;
-    if (bson_iter_init_find(&it, ids[i], "_id")) bson_append_iter(&arr, std::to_string(i).c_str(), -1, &it);
+    if (bson_iter_init_find(&it, docs[i], "_id")) bson_append_iter(&arr, std::to_string(i).c_str(), -1, &it);
   }
   bson_append_array_end(&in, &arr);
   bson_append_document_end(filter, &in);
+}
+
+std::vector<std::shared_ptr<bson_t>> Store::read_outbox_ids(const std::vector<const bson_t*>& ids) {
+  if (ids.empty()) return {};
+  Bson filter;
+  append_id_in(filter, ids);
   count("find");
   return drain(mongoc_collection_find_with_opts(coll(kOutbox), filter, nullptr, nullptr), "read relay_outbox");
 }
@@ -235,15 +240,7 @@ void Store::insert_idempotent(const char* collection, const std::vector<bson_t*>
 int64_t Store::delete_ids(const char* collection, const std::vector<const bson_t*>& ids, const char* what) {
   if (ids.empty()) return 0;
   Bson filter, reply;
-  bson_t in, arr;
-  bson_append_document_begin(filter, "_id", 3, &in);
-  bson_append_array_begin(&in, "$in", 3, &arr);
-  for (size_t i = 0; i < ids.size(); i++) {
-    bson_iter_t it;
-    if (bson_iter_init_find(&it, ids[i], "_id")) bson_append_iter(&arr, std::to_string(i).c_str(), -1, &it);
-  }
-  bson_append_array_end(&in, &arr);
-  bson_append_document_end(filter, &in);
+  append_id_in(filter, ids);
   bson_error_t err;
   count("delete");
   if (!mongoc_collection_delete_many(coll(collection), filter, nullptr, reply, &err)) raise_error(what, err);
@@ -252,14 +249,7 @@ int64_t Store::delete_ids(const char* collection, const std::vector<const bson_t
   return n;
 }
 
-int64_t Store::count_outbox() {
-  Bson f;
-  bson_error_t err;
-  count("count");
-  int64_t n = mongoc_collection_count_documents(coll(kOutbox), f, nullptr, nullptr, nullptr, &err);
-  if (n < 0) raise_error("count relay_outbox", err);
-  return n;
-}
+int64_t Store::count_outbox() { return count_all(kOutbox, "count relay_outbox"); }
 
 bool Store::is_ferretdb() {
   if (ferretdb_ >= 0) return ferretdb_ == 1;

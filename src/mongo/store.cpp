@@ -760,12 +760,15 @@ std::vector<HandlerStats> Store::stats() {
   return out;
 }
 
-int64_t Store::count_deliveries() {
+int64_t Store::count_deliveries() { return count_all(kDeliveries, "count"); }
+
+// Every document of `collection` (one count command).
+int64_t Store::count_all(const char* collection, const char* what) {
   Bson f;
   bson_error_t err;
   count("count");
-  int64_t n = mongoc_collection_count_documents(coll(kDeliveries), f, nullptr, nullptr, nullptr, &err);
-  if (n < 0) raise("count", err);
+  int64_t n = mongoc_collection_count_documents(coll(collection), f, nullptr, nullptr, nullptr, &err);
+  if (n < 0) raise(what, err);
   return n;
 }
 

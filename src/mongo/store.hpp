@@ -212,6 +212,9 @@ class Store {
   void set_command_hook(std::function<void()> hook) { hook_ = std::move(hook); }
 
  private:
+  // {_id: {$in: [the _id of each of `docs`]}} into `filter` (outbox_store.cpp).
+  static void append_id_in(bson_t* filter, const std::vector<const bson_t*>& docs);
+  int64_t count_all(const char* collection, const char* what);
   // One find of the handler's deliveries in the lanes (of one priority class
   // when `priority` is set), oldest first; `what` names it in errors.
   std::vector<Delivery> find_deliveries(const std::string& handler, const std::vector<int>& lanes,
