@@ -36,6 +36,20 @@ check_eq "0.1.0 holds 10005 notify and 2 pull deliveries pending, 2 dead letters
         (SELECT count(*) FROM relay.deliveries WHERE topic LIKE 'upp.%'),
         (SELECT count(*) FROM relay.dead_letters) FROM pg_extension WHERE extname = 'relaybus'")"
 
+# The dispatcher drains 10000 notify deliveries in well under a second, so the
+# update would race it. A second session row-locks the newest delivery of
+# the backlog: the dispatcher sends up to it, then waits in that batch's DELETE
+# with the rest still pending. The update's session counts the pending rows,
+# ends the locker, and updates while the dispatcher goes on sending.
+LOCKER=upgrade_backlog_locker
+PGAPPNAME=$LOCKER psql_q -d "$db" -c "BEGIN" \
+    -c "SELECT id FROM relay.deliveries WHERE topic = 'upn.x' ORDER BY id DESC LIMIT 1 FOR UPDATE" \
+    -c "SELECT pg_sleep(300)" -c "COMMIT" >/dev/null 2>&1 &
+bg_track $!
+locking() { [[ $(sql "$db" "SELECT count(*) FROM pg_stat_activity
+                             WHERE application_name = '$LOCKER' AND query LIKE '%pg_sleep%'") == 1 ]]; }
+wait_until 20 locking || die "the locking session did not start"
+
 start_client main "$db" "$CHANNEL" || die "the LISTEN client did not start"
 reset_conf relaybus.enabled
 check "a dispatcher serves the database" wait_workers "$db" 1 20
@@ -43,8 +57,12 @@ delivering() { has_lines "$TMP/main.out" 1; }
 check "the dispatcher started sending the backlog" wait_until 20 delivering
 log "ALTER EXTENSION relaybus UPDATE while it sends ($(line_count "$TMP/main.out") received so far)"
 out=$(psql_q -d "$db" -c "BEGIN" -c "SELECT count(*) FROM relay.deliveries WHERE topic = 'upn.x'" \
+    -c "SELECT count(pg_terminate_backend(pid)) * 0 FROM pg_stat_activity WHERE application_name = '$LOCKER'" \
     -c "ALTER EXTENSION relaybus UPDATE" -c "COMMIT" 2>&1)
-check_eq "ALTER EXTENSION relaybus UPDATE ran" 0 "$?"
+rc=$?
+log "the update's session said: ${out//$'\n'/ | }"
+out=${out%%$'\n'*}
+check_eq "ALTER EXTENSION relaybus UPDATE ran" 0 "$rc"
 log "notify deliveries pending when the update started: $out"
 check "the update ran while ready notify deliveries were pending" test "${out:-0}" -gt 0
 check_eq "the database is at 0.2.0" 0.2.0 "$(sql "$db" "SELECT extversion FROM pg_extension WHERE extname = 'relaybus'")"
