@@ -14,7 +14,7 @@
 namespace relaybus::mongo {
 
 namespace {
-constexpr const char* kDeliveriesColl = "relay_deliveries";
+constexpr int64_t kRotateEveryMs = 1000;
 
 using BsonPtr = std::shared_ptr<bson_t>;
 BsonPtr owned(bson_t* b) { return BsonPtr(b, bson_destroy); }
@@ -250,12 +250,27 @@ bool Sequencer::apply(const Version& v, const std::function<bool()>& holds) {
       deliveries.push_back(d);
     }
   }
+  // Their segments first (with the priority classes), so no reader misses them.
+  std::map<int64_t, unsigned> classes_by_segment;
+  for (const auto& ev : v.events) {
+    if (ev.event_id <= 0 || !ev.outbox) continue;
+    const unsigned cls = ev.priority >= 0 && ev.priority <= 3 ? 1u << ev.priority : 0xFu;
+    for (size_t i = 0; i < ev.handlers.size(); i++) {
+      const int64_t id = ev.event_id + static_cast<int64_t>(i);
+      classes_by_segment[id - id % kSegmentIds] |= cls;
+    }
+  }
   try {
     if (!deliveries.empty() && !holds()) {
       free_all(deliveries);
       return false;
     }
-    store_.insert_idempotent(kDeliveriesColl, deliveries, "insert deliveries");
+    store_.prepare_segments(classes_by_segment);
+    if (!deliveries.empty() && !holds()) {
+      free_all(deliveries);
+      return false;
+    }
+    store_.insert_deliveries(deliveries);
   } catch (...) {
     free_all(deliveries);
     throw;
@@ -281,6 +296,13 @@ bool Sequencer::apply(const Version& v, const std::function<bool()>& holds) {
 int Sequencer::step(int limit, int64_t now_ms, const std::function<bool()>& holds) {
   if (!active()) return 0;
   if (!recovered_ && !recover(holds)) return 0;
+  // Rotation: drained segments below every id assigned so far go (the
+  // recovered top version is applied, so nothing inserts below next_id_).
+  if (now_ms - rotated_ms_ >= kRotateEveryMs && holds()) {
+    rotated_ms_ = now_ms;
+    if (int n = store_.drop_drained_segments(next_id_); n > 0)
+      log_debug("delivery segments dropped", {{"segments", n}, {"below_id", next_id_}});
+  }
   auto docs = store_.read_outbox(limit);
   if (docs.empty()) return 0;
   // Read after the documents, not cached: a handler or route created before

@@ -71,6 +71,7 @@ class Sequencer {
   std::vector<std::string> handlers_;
   std::vector<RouteDoc> routes_;
   uint64_t sequenced_ = 0;
+  int64_t rotated_ms_ = 0;  // the last drop_drained_segments
 };
 
 // A test hook: RELAYBUS_MONGO_CRASH_POINT=<point> makes the process _exit(99)

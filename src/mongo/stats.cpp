@@ -55,6 +55,7 @@ std::map<std::string, Store::HandlerLoad> Dispatcher::handler_load() {
 }
 
 void Dispatcher::refresh_backlog(int64_t now) {
+  const int64_t t0 = monotonic_ms();
   next_backlog_ms_ = now + std::max<int64_t>(10000, cfg_.lease_ms);
   std::map<std::string, Metrics::Backlog> fresh;
   std::vector<std::string> names;
@@ -66,6 +67,10 @@ void Dispatcher::refresh_backlog(int64_t now) {
                    b.oldest_ms > 0 ? std::max<int64_t>(0, now - b.oldest_ms) / 1000.0 : 0.0};
   }
   metrics_.backlog = std::move(fresh);
+  // Counting reads every pending document (FerretDB v1: in Go): at most
+  // about 5 % of the loop's time goes to it, so on a deep backlog the counts
+  // are refreshed less often instead of slowing the drain.
+  next_backlog_ms_ = std::max(next_backlog_ms_, now + 20 * (monotonic_ms() - t0));
 }
 
 }  // namespace relaybus::mongo

@@ -25,6 +25,7 @@ constexpr const char* kCounters = "relay_counters";
 constexpr const char* kLanes = "relay_lanes";
 constexpr const char* kInstances = "relay_instances";
 constexpr const char* kDeadLetters = "relay_dead_letters";
+constexpr const char* kSegmentsColl = "relay_segments";
 
 [[noreturn]] void raise(const char* what, const bson_error_t& err) {
   throw StoreError(std::string(what) + ": " + err.message, static_cast<int>(err.code));
@@ -193,7 +194,7 @@ std::vector<std::string> Store::init() {
   std::vector<std::string> created;
   mongoc_database_t* db = mongoc_client_get_database(client_, db_.c_str());
   for (const char* name : {kHandlers, kRoutes, kDeliveries, kKeySeqs, kCounters, kLanes, kInstances, kDeadLetters,
-                           kOutbox, kSequence, kDedupe, kOutboxRejects}) {
+                           kOutbox, kSequence, kDedupe, kOutboxRejects, kSegmentsColl}) {
     bson_error_t err;
     count("create");
     mongoc_collection_t* c = mongoc_database_create_collection(db, name, nullptr, &err);
@@ -476,9 +477,8 @@ std::vector<Delivery> Store::fetch_class_window(const std::string& handler, cons
 
 std::vector<Delivery> Store::find_deliveries(const std::string& handler, const std::vector<int>& lanes,
                                              const int* priority, int limit, const char* what) {
-  std::vector<Delivery> out;
-  if (lanes.empty()) return out;
-  Bson filter, opts;
+  if (lanes.empty()) return {};
+  Bson filter;
   BSON_APPEND_UTF8(filter, "handler", handler.c_str());
   if (priority != nullptr) BSON_APPEND_INT32(filter, "priority", *priority);
   if (static_cast<int>(lanes.size()) < core::kLanes) {
@@ -491,29 +491,57 @@ std::vector<Delivery> Store::find_deliveries(const std::string& handler, const s
   // dispatch index and a sort of the handler's rows in these lanes). FerretDB
   // sorts the whole collection in Go (81 % of 0.1.0's time at 1,000 pending);
   // without a sort it streams rows in insertion order and stops at the limit.
-  // The sequencer inserts deliveries in _id order, so that order is _id order
-  // but for replays (inserted again at the end); retries stay in place. The
+  // The sequencer inserts deliveries in _id order, so that order is _id order;
+  // retries stay in place, replays are in relay_deliveries, read first. The
   // planner sorts what it gets.
-  if (!is_ferretdb()) {
-    bson_t sort;
-    bson_append_document_begin(opts, "sort", 4, &sort);
-    BSON_APPEND_INT32(&sort, "_id", 1);
-    bson_append_document_end(opts, &sort);
+  return find_in_segments(filter, handler, priority, limit, !is_ferretdb(), what);
+}
+
+std::vector<Delivery> Store::find_in_segments(const bson_t* filter, const std::string& handler, const int* priority,
+                                              int limit, bool sorted, const char* what) {
+  std::vector<Delivery> out;
+  std::vector<Segment> list = delivery_collections();
+  bool refreshed = false;
+  for (size_t i = 0;; i++) {
+    if (i == list.size()) {
+      // The end of the segments known: newer ones may have appeared since.
+      if (refreshed) break;
+      const int64_t last = list.back().first_id;
+      list = delivery_collections(100);
+      refreshed = true;
+      for (i = 0; i < list.size() && list[i].first_id <= last; i++) {
+      }
+      if (i == list.size()) break;
+    }
+    const Segment& seg = list[i];
+    if (priority != nullptr && !(seg.classes & (1u << *priority))) continue;
+    Bson opts;
+    if (sorted) {
+      bson_t sort;
+      bson_append_document_begin(opts, "sort", 4, &sort);
+      BSON_APPEND_INT32(&sort, "_id", 1);
+      bson_append_document_end(opts, &sort);
+    }
+    const int want = limit > 0 ? limit - static_cast<int>(out.size()) : 0;
+    if (want > 0) {
+      BSON_APPEND_INT64(opts, "limit", want);
+      BSON_APPEND_INT32(opts, "batchSize", want);
+    }
+    count("find");
+    mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(seg.collection.c_str()), filter, opts, nullptr);
+    const bson_t* doc;
+    while (mongoc_cursor_next(cur, &doc)) {
+      Delivery d = parse_delivery(doc);
+      if (d.handler.empty()) d.handler = handler;
+      if (seg.first_id < 0 && d.id != 0) base_ids_.insert(d.id);
+      out.push_back(std::move(d));
+    }
+    bson_error_t err;
+    bool failed = mongoc_cursor_error(cur, &err);
+    mongoc_cursor_destroy(cur);
+    if (failed) raise(what, err);
+    if (limit > 0 && static_cast<int>(out.size()) >= limit) break;
   }
-  BSON_APPEND_INT64(opts, "limit", limit);
-  BSON_APPEND_INT32(opts, "batchSize", limit);
-  count("find");
-  mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeliveries), filter, opts, nullptr);
-  const bson_t* doc;
-  while (mongoc_cursor_next(cur, &doc)) {
-    Delivery d = parse_delivery(doc);
-    if (d.handler.empty()) d.handler = handler;
-    out.push_back(std::move(d));
-  }
-  bson_error_t err;
-  bool failed = mongoc_cursor_error(cur, &err);
-  mongoc_cursor_destroy(cur);
-  if (failed) raise(what, err);
   return out;
 }
 
@@ -539,44 +567,57 @@ std::vector<std::string> Store::earlier_keys(const std::string& handler,
   bson_append_document_begin(opts, "projection", -1, &proj);
   BSON_APPEND_INT32(&proj, "key", 1);
   bson_append_document_end(opts, &proj);
-  count("find");
-  mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeliveries), filter, opts, nullptr);
-  const bson_t* doc;
-  while (mongoc_cursor_next(cur, &doc)) {
-    std::string key;
-    if (get_string(doc, "key", &key)) out.push_back(std::move(key));
+  const std::vector<Segment> segs = delivery_collections(100);
+  for (const auto& seg : segs) {
+    count("find");
+    mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(seg.collection.c_str()), filter, opts, nullptr);
+    const bson_t* doc;
+    while (mongoc_cursor_next(cur, &doc)) {
+      std::string key;
+      if (get_string(doc, "key", &key)) out.push_back(std::move(key));
+    }
+    bson_error_t err;
+    bool failed = mongoc_cursor_error(cur, &err);
+    mongoc_cursor_destroy(cur);
+    if (failed) raise("fence read", err);
   }
-  bson_error_t err;
-  bool failed = mongoc_cursor_error(cur, &err);
-  mongoc_cursor_destroy(cur);
-  if (failed) raise("fence read", err);
   return out;
 }
 
 int64_t Store::complete(const std::vector<int64_t>& ids) {
   if (ids.empty()) return 0;
-  // One deleteMany {_id: {$in}}: on MongoDB index lookups of these ids only.
-  // FerretDB v1 evaluates every delete and update over the whole collection
-  // (measured: a bulk of 16 deleteOne by _id costs 16 scans), so one command
-  // per batch is its cheapest form too.
+  // One deleteMany {_id: {$in}} per segment (a batch spans one or two): on
+  // MongoDB index lookups of these ids; FerretDB v1 evaluates every delete
+  // over the whole collection, which a segment bounds (a bulk of deleteOne
+  // by _id is one such scan per id, so one command is its cheapest form).
+  int64_t deleted = 0;
+  for (const auto& [c, part] : by_collection(ids)) deleted += delete_deliveries(c, part);
+  for (int64_t id : ids) base_ids_.erase(id);
+  return deleted;
+}
+
+int64_t Store::delete_deliveries(mongoc_collection_t* c, const std::vector<int64_t>& ids) {
   Bson filter, reply;
   id_in(filter, ids);
   bson_error_t err;
   count("delete");
-  if (!mongoc_collection_delete_many(coll(kDeliveries), filter, nullptr, reply, &err)) raise("complete", err);
+  if (!mongoc_collection_delete_many(c, filter, nullptr, reply, &err)) raise("complete", err);
   int64_t n = 0;
   get_int64(reply, "deletedCount", &n);
   return n;
 }
 
 void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
-  std::vector<const Failure*> retries, deads;
-  for (const auto& f : failures) (f.dead ? deads : retries).push_back(&f);
+  // Grouped by the segment that holds each delivery: one bulk of updates
+  // per segment; per segment one find, then one insert of dead letters, and
+  // one delete per segment at the end.
+  std::map<mongoc_collection_t*, std::vector<const Failure*>> retries_by, deads_by;
+  for (const auto& f : failures) (f.dead ? deads_by : retries_by)[delivery_coll(f.id)].push_back(&f);
   bson_error_t err;
-  if (!retries.empty()) {
+  for (const auto& [c, retries] : retries_by) {
     Bson bopts;
     BSON_APPEND_BOOL(bopts, "ordered", false);
-    mongoc_bulk_operation_t* bulk = mongoc_collection_create_bulk_operation_with_opts(coll(kDeliveries), bopts);
+    mongoc_bulk_operation_t* bulk = mongoc_collection_create_bulk_operation_with_opts(c, bopts);
     for (const Failure* f : retries) {
       Bson sel, upd;
       BSON_APPEND_INT64(sel, "_id", f->id);
@@ -597,7 +638,8 @@ void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
     mongoc_bulk_operation_destroy(bulk);
     if (!ok) raise("record retries", err);
   }
-  if (!deads.empty()) {
+  std::vector<int64_t> all_dead;
+  for (const auto& [c, deads] : deads_by) {
     // Read the documents (one find), write them as dead letters (one insert),
     // then delete them (one delete). A crash between the insert and the
     // delete sends the delivery again; its dead letter is then a duplicate key,
@@ -611,7 +653,7 @@ void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
     Bson filter;
     id_in(filter, ids);
     count("find");
-    mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeliveries), filter, nullptr, nullptr);
+    mongoc_cursor_t* cur = mongoc_collection_find_with_opts(c, filter, nullptr, nullptr);
     const bson_t* doc;
     std::vector<bson_t *> letters;
     while (mongoc_cursor_next(cur, &doc)) {
@@ -647,8 +689,9 @@ void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
         if (write_errors(reply).empty()) raise("insert dead letters", err);
       }
     }
-    complete(ids);
+    all_dead.insert(all_dead.end(), ids.begin(), ids.end());
   }
+  complete(all_dead);
 }
 
 // A malformed document whose _id is not an integer cannot be addressed by the
@@ -717,9 +760,7 @@ std::vector<HandlerStats> Store::stats() {
     {
       Bson f;
       BSON_APPEND_UTF8(f, "handler", h.name.c_str());
-      count("count");
-      s.pending = mongoc_collection_count_documents(coll(kDeliveries), f, nullptr, nullptr, nullptr, &err);
-      if (s.pending < 0) raise("count", err);
+      s.pending = count_deliveries_where(f);
       Bson fd;  // a dropped handler's dead letters are not the recreated one's
       BSON_APPEND_UTF8(fd, "handler", h.name.c_str());
       bson_t ex;
@@ -737,30 +778,58 @@ std::vector<HandlerStats> Store::stats() {
       bson_append_document_begin(f, "attempt", -1, &gt);
       BSON_APPEND_INT32(&gt, "$gt", 0);
       bson_append_document_end(f, &gt);
-      count("count");
-      s.retrying = mongoc_collection_count_documents(coll(kDeliveries), f, nullptr, nullptr, nullptr, &err);
-      if (s.retrying < 0) raise("count", err);
+      s.retrying = count_deliveries_where(f);
     }
-    if (s.pending > 0) {
-      Bson f, opts;
-      BSON_APPEND_UTF8(f, "handler", h.name.c_str());
-      bson_t sort;
-      bson_append_document_begin(opts, "sort", 4, &sort);
-      BSON_APPEND_INT32(&sort, "_id", 1);
-      bson_append_document_end(opts, &sort);
-      BSON_APPEND_INT64(opts, "limit", 1);
-      count("find");
-      mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeliveries), f, opts, nullptr);
-      const bson_t* doc;
-      if (mongoc_cursor_next(cur, &doc)) get_date_ms(doc, "published_at", &s.oldest_ms);
-      mongoc_cursor_destroy(cur);
-    }
+    if (s.pending > 0) s.oldest_ms = oldest_published_ms(h.name);
     out.push_back(s);
   }
   return out;
 }
 
-int64_t Store::count_deliveries() { return count_all(kDeliveries, "count"); }
+int64_t Store::count_deliveries_where(const bson_t* filter) {
+  int64_t total = 0;
+  const std::vector<Segment> segs = delivery_collections(0);
+  for (const auto& seg : segs) {
+    bson_error_t err;
+    count("count");
+    int64_t n = mongoc_collection_count_documents(coll(seg.collection.c_str()), filter, nullptr, nullptr, nullptr, &err);
+    if (n < 0) raise("count", err);
+    total += n;
+  }
+  return total;
+}
+
+int64_t Store::oldest_published_ms(const std::string& handler) {
+  // relay_deliveries (replays) and then the oldest segment with a row.
+  int64_t oldest = 0;
+  const std::vector<Segment> segs = delivery_collections(0);
+  for (const auto& seg : segs) {
+    Bson f, opts;
+    BSON_APPEND_UTF8(f, "handler", handler.c_str());
+    bson_t sort;
+    bson_append_document_begin(opts, "sort", 4, &sort);
+    BSON_APPEND_INT32(&sort, "_id", 1);
+    bson_append_document_end(opts, &sort);
+    BSON_APPEND_INT64(opts, "limit", 1);
+    count("find");
+    mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(seg.collection.c_str()), f, opts, nullptr);
+    const bson_t* doc;
+    int64_t at = 0;
+    bool found = mongoc_cursor_next(cur, &doc) && get_date_ms(doc, "published_at", &at);
+    bson_error_t err;
+    bool failed = mongoc_cursor_error(cur, &err);
+    mongoc_cursor_destroy(cur);
+    if (failed) raise("oldest pending", err);
+    if (found && (oldest == 0 || at < oldest)) oldest = at;
+    if (found && seg.first_id >= 0) break;
+  }
+  return oldest;
+}
+
+int64_t Store::count_deliveries() {
+  Bson all;
+  return count_deliveries_where(all);
+}
 
 // Every document of `collection` (one count command).
 int64_t Store::count_all(const char* collection, const char* what) {
@@ -796,22 +865,20 @@ bool Store::insert_handler(const HandlerDoc& h) {
 int64_t Store::count_pending(const std::string& handler) {
   Bson f;
   BSON_APPEND_UTF8(f, "handler", handler.c_str());
-  bson_error_t err;
-  count("count");
-  int64_t n = mongoc_collection_count_documents(coll(kDeliveries), f, nullptr, nullptr, nullptr, &err);
-  if (n < 0) raise("count", err);
-  return n;
+  return count_deliveries_where(f);
 }
 
 int64_t Store::dead_letter_handler(const std::string& handler, const std::string& reason, int64_t now_ms) {
   int64_t moved = 0;
   bson_error_t err;
-  for (;;) {
+  const std::vector<Segment> segs = delivery_collections(0);
+  for (const auto& seg : segs)
+  for (mongoc_collection_t* c = coll(seg.collection.c_str());;) {
     Bson filter, opts;
     BSON_APPEND_UTF8(filter, "handler", handler.c_str());
     BSON_APPEND_INT64(opts, "limit", 1000);
     count("find");
-    mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeliveries), filter, opts, nullptr);
+    mongoc_cursor_t* cur = mongoc_collection_find_with_opts(c, filter, opts, nullptr);
     const bson_t* doc;
     std::vector<bson_t*> letters;
     std::vector<int64_t> ids;
@@ -848,7 +915,8 @@ int64_t Store::dead_letter_handler(const std::string& handler, const std::string
       for (const auto& [index, code] : errs)
         if (code != kDuplicateKey) raise("dead-letter deliveries of a dropped handler", err);
     }
-    moved += complete(ids);
+    moved += delete_deliveries(c, ids);
+    for (int64_t id : ids) base_ids_.erase(id);
   }
   // Earlier dead letters of the handler too: a handler created again under
   // this name starts empty, and `replay` leaves these alone.
@@ -900,25 +968,18 @@ Store::Backlog Store::backlog(const std::string& handler, int64_t now_ms) {
     if (n < 0) raise("count", err);
     return n;
   };
-  b.pending = count_where(coll(kDeliveries), nullptr, nullptr, false, 0, false);
+  auto count_deliveries_of = [&](const char* field, const char* op, bool date, int64_t v) {
+    int64_t n = 0;
+    const std::vector<Segment> segs = delivery_collections(0);
+    for (const auto& seg : segs) n += count_where(coll(seg.collection.c_str()), field, op, date, v, false);
+    return n;
+  };
+  b.pending = count_deliveries_of(nullptr, nullptr, false, 0);
   if (b.pending > 0) {
-    b.delayed = count_where(coll(kDeliveries), "not_before", "$gt", true, now_ms, false);
+    b.delayed = count_deliveries_of("not_before", "$gt", true, now_ms);
     b.ready = b.pending - b.delayed;
-    b.retrying = count_where(coll(kDeliveries), "attempt", "$gt", false, 0, false);
-    Bson f, opts;
-    BSON_APPEND_UTF8(f, "handler", handler.c_str());
-    bson_t sort;
-    bson_append_document_begin(opts, "sort", 4, &sort);
-    BSON_APPEND_INT32(&sort, "_id", 1);
-    bson_append_document_end(opts, &sort);
-    BSON_APPEND_INT64(opts, "limit", 1);
-    count("find");
-    mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeliveries), f, opts, nullptr);
-    const bson_t* doc;
-    if (mongoc_cursor_next(cur, &doc)) get_date_ms(doc, "published_at", &b.oldest_ms);
-    bool failed = mongoc_cursor_error(cur, &err);
-    mongoc_cursor_destroy(cur);
-    if (failed) raise("oldest pending", err);
+    b.retrying = count_deliveries_of("attempt", "$gt", false, 0);
+    b.oldest_ms = oldest_published_ms(handler);
   }
   b.dead = count_where(coll(kDeadLetters), nullptr, nullptr, false, 0, true);
   return b;

@@ -2,9 +2,12 @@
 //
 //   relay_handlers      {_id: name, kind: "http", target, options: JSON text}
 //   relay_routes        {_id: "<handler>|<pattern>", pattern, handler, wire_name?}
-//   relay_deliveries    {_id: delivery id, event_id, handler, lane, key?, seq, priority,
-//                        not_before, published_at, attempt, topic, wire_topic?, payload,
-//                        headers?, last_error?, last_status?}
+//   relay_deliveries_<first id>  {_id: delivery id, event_id, handler, lane, key?, seq,
+//                        priority, not_before, published_at, attempt, topic, wire_topic?,
+//                        payload, headers?, last_error?, last_status?}: one segment
+//                        per kSegmentIds ids (segments.cpp); relay_deliveries itself
+//                        holds replays and 0.1.0's documents
+//   relay_segments      {_id: first id, c0..c3: true}  the segments and their priority classes
 //   relay_key_seqs      {_id: key, seq}              (the sequencer's; sequencer.hpp)
 //   relay_counters      {_id: "ids", n}              (0.1.0's id counter, read at recovery)
 //   relay_outbox, relay_sequence, relay_dedupe, relay_outbox_rejects: outbox.hpp
@@ -24,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -70,6 +74,20 @@ struct Delivery {
   std::string headers_json;  // empty: none
   std::string malformed;     // why the document cannot be delivered; empty = fine
 };
+
+// Delivery segments (docs/mongo.md, "Delivery segments"): the sequencer
+// writes delivery id i into the collection of segment i / kSegmentIds, and
+// drops a segment once it is fully assigned and empty, as PgQ rotates its
+// event tables. Every delete, update and windowed read then touches one
+// segment, whose size does not grow with the backlog, also on FerretDB v1,
+// which scans a whole collection for every delete and update.
+constexpr int64_t kSegmentIds = 1024;
+struct Segment {
+  int64_t first_id = -1;  // -1: relay_deliveries itself (replays, 0.1.0's documents)
+  unsigned classes = 0xF; // bit c: it may hold deliveries of priority c
+  std::string collection;
+};
+std::string segment_collection(int64_t first_id);
 
 struct LaneDoc {
   int lane = 0;
@@ -130,7 +148,7 @@ class Store {
   // (the fence when a window was cut short): returns the keys of the rows found.
   std::vector<std::string> earlier_keys(const std::string& handler,
                                        const std::vector<std::pair<std::string, int64_t>>& key_seqs);
-  int64_t complete(const std::vector<int64_t>& ids);  // one deleteMany
+  int64_t complete(const std::vector<int64_t>& ids);  // one deleteMany per segment
   // Retries: one bulk of updates. Dead letters: one insert + one delete.
   void fail(const std::vector<Failure>& failures, int64_t now_ms);
 
@@ -202,6 +220,19 @@ class Store {
   // FerretDB (buildInfo has ferretdbVersion): it evaluates filters and sorts in
   // Go over whole collections, but stops early at a limit without a sort. Asked once.
   bool is_ferretdb();
+  // ---- Delivery segments (segments.cpp).
+  // The sequencer, before it inserts deliveries: each segment they fall in
+  // is recorded in relay_segments with their priority classes (and gets its
+  // indexes) first, so that no reader misses it.
+  void prepare_segments(const std::map<int64_t, unsigned>& classes_by_first_id);
+  // Inserts deliveries (each doc's int64 _id picks its segment); duplicates count as done.
+  void insert_deliveries(const std::vector<bson_t*>& docs);
+  // The sequencer: drops segments that lie wholly below `assigned_below`
+  // (every id in them was inserted) and hold no delivery. Returns how many.
+  int drop_drained_segments(int64_t assigned_below);
+  // relay_deliveries and every segment, oldest first (reads relay_segments
+  // again when the list in hand is older than max_age_ms).
+  const std::vector<Segment>& delivery_collections(int64_t max_age_ms = 1000);
 
   uint64_t commands() const { return commands_; }
   const std::map<std::string, uint64_t>& command_counts() const { return by_op_; }
@@ -234,6 +265,23 @@ class Store {
   std::map<std::string, uint64_t> by_op_;
   std::function<void()> hook_;
   int ferretdb_ = -1;  // unknown until is_ferretdb()
+  // Segments (segments.cpp).
+  std::vector<Segment> segments_;     // relay_deliveries first
+  int64_t segments_read_ms_ = -1;
+  std::set<int64_t> prepared_;        // segments this process recorded
+  std::set<int64_t> base_ids_;        // delivery ids read from relay_deliveries itself
+  // The collection that holds delivery `id`: relay_deliveries for ids read
+  // from there, else its segment's.
+  mongoc_collection_t* delivery_coll(int64_t id);
+  int64_t delete_deliveries(mongoc_collection_t* c, const std::vector<int64_t>& ids);  // one deleteMany
+  int64_t count_deliveries_where(const bson_t* filter);  // summed over every delivery collection
+  int64_t oldest_published_ms(const std::string& handler);  // 0: none pending
+  // ids grouped by delivery_coll.
+  std::map<mongoc_collection_t*, std::vector<int64_t>> by_collection(const std::vector<int64_t>& ids);
+  // Reads deliveries of `filter` from the collections in order until `limit`
+  // rows (0: no limit), segments of `priority`'s class only when it is set.
+  std::vector<Delivery> find_in_segments(const bson_t* filter, const std::string& handler, const int* priority,
+                                         int limit, bool sorted, const char* what);
 };
 
 // A delivery document as written by publish (or by an application in its own

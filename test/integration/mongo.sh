@@ -48,8 +48,9 @@ db=pymongo.MongoClient('$URI')['t_vec']
 rows={}
 for l in open('$TMP/vectors.tsv'):
     k,h,lane=l.rstrip('\n').split('\t'); rows[k]=int(lane)
-bad=[d['key'] for d in db.relay_deliveries.find({}) if rows.get(d['key'])!=d['lane']]
-assert db.relay_deliveries.count_documents({})==$n
+import mongo_deliveries as md
+bad=[d['key'] for d in md.find(db) if rows.get(d['key'])!=d['lane']]
+assert md.count(db)==$n
 print(len(bad))")
 check_eq "stored lanes of $n published keys equal the vectors" "0 0" "$bad $stored"
 

@@ -6,6 +6,7 @@ set -uo pipefail
 
 ROOT=${RELAYBUS_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)}
 INTEG=$ROOT/test/integration
+export PYTHONPATH="$INTEG${PYTHONPATH:+:$PYTHONPATH}"  # mongo_deliveries.py
 BIN=$ROOT/relaybus-mongo
 TMP=$(mktemp -d /tmp/relaybus-mongo.XXXXXX)
 PY=python3

@@ -85,7 +85,7 @@ start_instance kill_b $DB --lease 10s
 PB=$IPID
 start_instance kill_c $DB --lease 10s
 PC=$IPID
-if wait_until 240 has_requests /kill 1500 && wait_until 30 bash -c "[[ \$($PYM -c \"import pymongo; db=pymongo.MongoClient('$URI')['$DB']; print(db.relay_outbox.count_documents({})+db.relay_deliveries.count_documents({}))\") == 0 ]]"; then
+if wait_until 240 has_requests /kill 1500 && wait_until 30 bash -c "[[ \$($PYM -c \"import pymongo; db=pymongo.MongoClient('$URI')['$DB']; import mongo_deliveries as md; print(db.relay_outbox.count_documents({})+md.count(db))\") == 0 ]]"; then
     pass "the survivors finished the outbox and the deliveries"
 else
     fail "outbox $(outbox_count $DB), pending $(stats_field $DB pending), requests $(count_path /kill)"
@@ -118,7 +118,8 @@ res=$($PYM -c "
 import json, pymongo
 db = pymongo.MongoClient('$URI')['$DB']
 pub = [json.loads(l) for l in open('$TMP/pub_points')]
-ds = list(db.relay_deliveries.find())
+import mongo_deliveries as md
+ds = md.find(db)
 by_payload = {}
 for d in ds: by_payload.setdefault(json.dumps(d['payload'], sort_keys=True), []).append(d)
 missing = sum(1 for p in pub if json.dumps(p['payload'], sort_keys=True) not in by_payload)
@@ -130,6 +131,53 @@ ids = len({d['_id'] for d in ds}) == len(ds)
 print(f'deliveries={len(ds)} missing={missing} twice={twice} gaps={gaps} ids_unique={ids}')")
 check_eq "after the crashes: every event once, key seqs 1..n, ids unique" \
     "deliveries=120 missing=0 twice=0 gaps=0 ids_unique=True" "$res"
+
+# ------------------------------------------------------------------ delivery segments
+# The sequencer writes delivery ids into segments of 1,024 (relay_deliveries_<first
+# id>, listed in relay_segments with their priority classes), so that no delete or
+# update on FerretDB scans more than one segment; drained segments are dropped.
+log "delivery segments: priorities across them, and their rotation"
+DB=t_segments
+setup_db $DB /seg '{"concurrency":8}'
+$PYM -c "
+import pymongo
+db = pymongo.MongoClient('$URI')['$DB']
+docs = [{'topic': 'o.e', 'payload': {'n': i, 'tag': 'low'}, 'key': 'k%d' % (i % 50)} for i in range(2500)]
+docs += [{'topic': 'o.e', 'payload': {'n': i, 'tag': 'high'}, 'priority': 3} for i in range(10)]
+for j in range(0, len(docs), 500): db.relay_outbox.insert_many(docs[j:j + 500])"
+"$BIN" sequence --database $DB >/dev/null 2>"$TMP/seg.err"
+seg_state() { $PYM -c "
+import pymongo
+db = pymongo.MongoClient('$URI')['$DB']
+segs = sorted(d['_id'] for d in db.relay_segments.find())
+colls = sorted(n for n in db.list_collection_names() if n.startswith('relay_deliveries_'))
+print(' '.join(map(str, segs)), '|', len(colls), '|', ' '.join(str(d['_id']) for d in db.relay_segments.find({'c3': True})), '|',
+      db.relay_deliveries.count_documents({}))"; }
+check_eq "2,510 deliveries (ids 1..2510) in 3 segments, priority 3 only in the last; none in relay_deliveries" \
+    "0 1024 2048 | 3 | 2048 | 0" "$(seg_state)"
+control /seg '[{"delay": 0.01, "repeat": true}]'
+start_instance seg $DB --priority-aging 60s
+SEGPID=$IPID
+wait_until 60 has_requests /seg 30 || fail "requests to /seg did not flow"
+pos=$(curl -s "$HOOK/_requests" | $PY -c "
+import json,sys
+rs=[json.loads(r['body']) for r in json.load(sys.stdin) if r['path']=='/seg']
+print(' '.join(str(i+1) for i,b in enumerate(rs) if b['payload']['tag']=='high'))")
+log "positions of the ten priority-3 deliveries (in the third segment): $pos"
+check_eq "priority-3 deliveries in the third segment go before 2,500 older priority-1 ones (within 10 + concurrency)" \
+    "10 ok" "$(wc -w <<<"$pos") $(for p in $pos; do ((p <= 18)) || echo late; done | grep -q late && echo late || echo ok)"
+control /seg '[]'
+if wait_until 180 has_requests /seg 2510; then pass "the backlog drains"; else fail "the backlog drains"; fi
+rotated() { [[ "$(seg_state)" == "2048 | 1 | 2048 | 0" ]]; }
+if wait_until 20 rotated; then pass "drained segments are dropped; the last one, not yet fully assigned, stays"
+else fail "drained segments are dropped; the last one, not yet fully assigned, stays" "state: $(seg_state)"; fi
+log "segments after the drain: $(seg_state)"
+n=$(curl -s "$HOOK/_requests" | $PY -c "
+import json,sys
+rs=[json.loads(r['body']) for r in json.load(sys.stdin) if r['path']=='/seg']
+print(len(rs), len({(r['event_id'], r['id']) for r in rs}))")
+check_eq "every delivery once" "2510 2510" "$n"
+stop_instance $SEGPID
 
 # ------------------------------------------------------------------ 100 keys in one batch
 # FerretDB v1.24 hung on an update command of 100 statements (one key seq
@@ -166,7 +214,8 @@ res=$($PYM -c "
 import pymongo
 db = pymongo.MongoClient('$URI')['$DB']
 print(sorted(d['error'] for d in db.relay_outbox_rejects.find()))
-print([d['payload'] for d in db.relay_deliveries.find()], db.relay_outbox.count_documents({}))")
+import mongo_deliveries as md
+print([d['payload'] for d in md.find(db)], db.relay_outbox.count_documents({}))")
 check_eq "malformed outbox documents are moved to relay_outbox_rejects with the reason; a repeated dedupe_key is folded" \
     "['malformed outbox document: key must be a non-empty string or absent; priority must be an integer 0..3', 'malformed outbox document: payload is missing', 'malformed outbox document: topic must be a valid topic']
 [{'d': 1}] 0" "$res"
@@ -218,7 +267,8 @@ const { publish } = require('$ROOT/docs/examples/publish_node.js');
     res=$($PYM -c "
 import pymongo
 db = pymongo.MongoClient('$URI')['t_helpers']
-print(sorted((str(d['payload']), d['key'], d['seq']) for d in db.relay_deliveries.find()), sorted(d['_id'] for d in db.relay_key_seqs.find()))")
+import mongo_deliveries as md
+print(sorted((str(d['payload']), d['key'], d['seq']) for d in md.find(db)), sorted(d['_id'] for d in db.relay_key_seqs.find()))")
     # No handler: the events take ids and seqs but have no deliveries.
     check_eq "both helpers' events were sequenced (key k1 at seq 2)" "[] ['k1']" "$res"
 else

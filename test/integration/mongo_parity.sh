@@ -37,7 +37,8 @@ check_rc "handler drop --force dead-letters them" 0 '"dead_lettered":3' "$BIN" h
 left=$($PYM -c "
 import pymongo
 db=pymongo.MongoClient('$URI')['$DB']
-print(db.relay_deliveries.count_documents({}), db.relay_routes.count_documents({}),
+import mongo_deliveries as md
+print(md.count(db), db.relay_routes.count_documents({}),
       sorted({d['last_error'] for d in db.relay_dead_letters.find()}), db.relay_dead_letters.count_documents({'handler_dropped_at': {'\$exists': True}}))")
 check_eq "no delivery left behind, routes gone, dead letters say why" "0 0 ['handler dropped'] 3" "$left"
 "$BIN" handler create hook http "$HOOK/adm3" --database $DB >/dev/null
@@ -148,13 +149,15 @@ check_rc "ack with the stale receipt after the nack: 409" 0 '^409 .*not held: no
 local doc
 doc=$($PYM -c "
 import pymongo
-d=pymongo.MongoClient('$URI')['$DB'].relay_deliveries.find_one({'_id': ${I[B1]}})
+import mongo_deliveries as md
+d=md.find_one(pymongo.MongoClient('$URI')['$DB'], {'_id': ${I[B1]}})
 print(d['attempt'], d['last_error'])")
 check_eq "the stale ack changed nothing: B1 pending with the nack's attempt and error" "1 boom" "$doc"
 # U's 2 s lease runs out: a failed attempt, and its receipt is stale.
 u_expired() { [[ "$($PYM -c "
 import pymongo
-d=pymongo.MongoClient('$URI')['$DB'].relay_deliveries.find_one({'_id': ${I[U]}})
+import mongo_deliveries as md
+d=md.find_one(pymongo.MongoClient('$URI')['$DB'], {'_id': ${I[U]}})
 print(d.get('attempt'), d.get('last_error'))")" == "1 lease expired" ]]; }
 if wait_until 10 u_expired; then pass "an expired lease counts as a failed attempt (lease expired)"; else fail "U's lease did not expire"; fi
 check_rc "ack with an expired receipt: 409" 0 '^409 ' api ack "{\"ids\":[${I[U]}],\"leases\":[\"${L[U]}\"]}"
@@ -244,7 +247,8 @@ $PYM -c "
 import pymongo, datetime
 db=pymongo.MongoClient('$URI')['$DB']
 old=datetime.datetime.now(datetime.timezone.utc)-datetime.timedelta(seconds=60)
-db.relay_deliveries.update_many({'payload.tag':'aged'}, {'\$set': {'not_before': old, 'published_at': old}})
+import mongo_deliveries as md
+md.update_many(db, {'payload.tag':'aged'}, {'\$set': {'not_before': old, 'published_at': old}})
 " || fail "aging setup"
 start_instance aging $DB --priority-aging 10s --batch-size 20 --scan-window 64
 P1=$IPID
@@ -347,7 +351,8 @@ check_eq "publish --batch is one insert" 1 "$(grep -c '"command":"insert"' <("$B
 check_eq "sequenced: key k's seqs 1 and 2 in line order" "1:1 2:2" "$($PYM -c "
 import pymongo
 db=pymongo.MongoClient('$URI')['$DB']
-print(' '.join(f\"{d['payload']['n']}:{d['seq']}\" for d in db.relay_deliveries.find({'key':'k'}).sort('seq',1)))")"
+import mongo_deliveries as md
+print(' '.join(f\"{d['payload']['n']}:{d['seq']}\" for d in sorted(md.find(db, {'key':'k'}), key=lambda d: d['seq'])))")"
 printf '%s\n' '{"topic":"b.x","payload":{"n":5}}' '{"topic":"b..x","payload":{}}' >"$TMP/bad.jsonl"
 check_rc "a bad line: exit 2 naming the line" 2 'line 2: invalid topic "b..x"' "$BIN" publish --batch "$TMP/bad.jsonl" --database $DB
 printf '%s\n' '{"topic":"b.x","payload":{},"prio":1}' >"$TMP/bad2.jsonl"
