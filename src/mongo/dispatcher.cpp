@@ -722,6 +722,7 @@ int Dispatcher::run() {
       log_error("cannot start the metrics endpoint", {{"error", why}});
       return 1;
     }
+    server_.publish(metrics_, 3 * cfg_.lease_ms);  // /metrics from the first request on
   }
   log_info("relaybus-mongo dispatcher starting",
            {{"instance", cfg_.instance}, {"database", cfg_.database}, {"metrics", server_.bound()},

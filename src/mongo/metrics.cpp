@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <system_error>
 #include <tuple>
 
 #include "core/version.hpp"
@@ -192,8 +193,26 @@ bool MetricsServer::start(const std::string& address, std::string* why) {
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, &old);
-  thread_ = std::thread([this] { run(); });
+  try {
+    thread_ = std::thread([this] {
+      try {
+        run();
+      } catch (const std::exception& e) {  // out of memory: /metrics and /healthz stop answering
+        log_error("the metrics server stopped", {{"error", e.what()}});
+        close_conns();
+      }
+    });
+  } catch (const std::system_error& e) {
+    *why = std::string("metrics_listen: cannot start its thread: ") + e.what();
+  }
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (!thread_.joinable()) {
+    for (int* f : {&listen_fd_, &wake_fd_, &api_fd_}) {
+      close(*f);
+      *f = -1;
+    }
+    return false;
+  }
   return true;
 }
 
@@ -409,7 +428,11 @@ void MetricsServer::run() {
                                 }),
                  conns_.end());
   }
-  // Stopping: a request still with the loop is refused (best effort, non-blocking).
+  close_conns();
+}
+
+void MetricsServer::close_conns() {
+  // A request still with the loop is refused (best effort, non-blocking).
   const std::string refused = http_response(503, "application/json", "{\"error\": \"relaybus-mongo is stopping\"}\n");
   for (auto& c : conns_) {
     if (c.waiting) (void)!send(c.fd, refused.data(), refused.size(), MSG_NOSIGNAL);

@@ -113,6 +113,7 @@ class MetricsServer {
   void run();                 // the thread
   void respond(Conn& c);      // the thread: /metrics, /healthz, or hand /v1/ to the loop
   void wake(int fd);
+  void close_conns();  // the thread, when it ends
 
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: the thread's wakeup (answers, stop)
