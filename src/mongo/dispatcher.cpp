@@ -660,9 +660,7 @@ void Dispatcher::flush() {
 void Dispatcher::io_turn() {
   if (in_io_turn_) return;
   in_io_turn_ = true;
-  server_.pause_api(true);
   poll_io(0, false);
-  server_.pause_api(false);
   in_io_turn_ = false;
 }
 
@@ -676,7 +674,10 @@ void Dispatcher::poll_io(int64_t max_ms, bool signals) {
     for (const auto& w : engine_->sockets())
       fds.push_back({w.fd, static_cast<short>((w.read ? POLLIN : 0) | (w.write ? POLLOUT : 0)), 0});
   const size_t engine_to = fds.size();
-  server_.add_fds(&fds);
+  // The metrics thread serves from this copy while the next store command runs.
+  server_.publish(metrics_, 3 * cfg_.lease_ms);
+  // Pull API requests (they call the store): not between two store commands.
+  fds.push_back({signals ? server_.api_fd() : -1, POLLIN, 0});
   int64_t t = max_ms;
   if (engine_) {
     int64_t et = engine_->timeout_ms();
@@ -685,7 +686,7 @@ void Dispatcher::poll_io(int64_t max_ms, bool signals) {
   t = std::max<int64_t>(0, t);
   int n = poll(fds.data(), fds.size(), static_cast<int>(t));
   if (n < 0 && errno != EINTR) log_warn("poll failed", {{"error", strerror(errno)}});
-  {  // also with nothing ready: API requests read during an io_turn are answered now
+  {  // API requests queued during an io_turn keep api_fd readable: served by the next wait
     if (fds[0].revents & POLLIN) {
       char buf[64];
       ssize_t k = read(signal_fd_, buf, sizeof buf);
@@ -707,9 +708,7 @@ void Dispatcher::poll_io(int64_t max_ms, bool signals) {
         const bool failed = (p.revents & (POLLERR | POLLHUP)) != 0;
         engine_->on_socket(p.fd, failed || (p.revents & POLLIN), failed || (p.revents & POLLOUT));
       }
-    std::vector<pollfd> rest(fds.begin() + static_cast<long>(engine_to), fds.end());
-    const int64_t lease_ms = cfg_.lease_ms;
-    server_.on_ready(rest, metrics_, [this, lease_ms] { return wall_ms() - metrics_.last_store_ok_ms < 3 * lease_ms; });
+    if (fds[engine_to].revents & POLLIN) server_.serve_api();
   }
   if (engine_ && (engine_->timeout_ms() == 0 || n == 0)) engine_->on_timeout();
 }
@@ -723,6 +722,7 @@ int Dispatcher::run() {
       log_error("cannot start the metrics endpoint", {{"error", why}});
       return 1;
     }
+    server_.publish(metrics_, 3 * cfg_.lease_ms);  // /metrics from the first request on
   }
   log_info("relaybus-mongo dispatcher starting",
            {{"instance", cfg_.instance}, {"database", cfg_.database}, {"metrics", server_.bound()},
@@ -804,6 +804,7 @@ int Dispatcher::run() {
   pull_.reset();  // its leases end with the process (a later ack gets 409): their lanes go back too
   release_all();
   store_.set_command_hook(nullptr);
+  server_.stop();  // /metrics and /healthz until here; an API request still waiting gets 503
   log_info("relaybus-mongo dispatcher stopped", {{"delivered", [&] {
                                                     uint64_t n = 0;
                                                     for (auto& [_, m] : metrics_.handlers) n += m.delivered;

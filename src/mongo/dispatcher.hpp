@@ -5,8 +5,9 @@
 // completion), the same as the PostgreSQL dispatchers'. It is the pipeline's
 // store here: completions are written to relay_deliveries only on a receipt
 // (lane, epoch at which this instance took the lane) that still holds. One
-// thread, one poll() loop over the engine's sockets, the metrics server and a
-// signal pipe.
+// thread, one poll() loop over the engine's sockets, the pull API's requests
+// and a signal pipe; /metrics and /healthz are answered by the metrics
+// server's own thread from the copy the loop publishes (metrics.hpp).
 //
 // Lane leases (docs/mongo.md, "Lane leases"): relay_lanes holds one document
 // per (lane, epoch), unique. The holder of a lane is the owner of its highest
@@ -90,9 +91,10 @@ class Dispatcher final : private core::DeliveryStore, private PullHost {
   bool lane_valid(int lane, int64_t now) const;
   bool ensure_engine();
   void wait(int64_t max_ms);
-  // One non-blocking turn of the engine's sockets and of /metrics and
-  // /healthz (not the pull API, not signals), before every store command:
-  // HTTP requests in flight progress while a loop pass waits on slow reads.
+  // One non-blocking turn of the engine's sockets (not the pull API, not
+  // signals) and a fresh copy of the metrics for the metrics thread, before
+  // every store command: HTTP requests in flight progress while a loop pass
+  // waits on slow reads, and /metrics shows the state as of this command.
   void io_turn();
   void poll_io(int64_t max_ms, bool signals);
   bool in_io_turn_ = false;

@@ -3,6 +3,9 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,6 +14,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <system_error>
+#include <tuple>
 
 #include "core/version.hpp"
 #include "mongo/util.hpp"
@@ -145,10 +150,7 @@ std::string Metrics::render() const {
   return o;
 }
 
-MetricsServer::~MetricsServer() {
-  for (auto& c : conns_) close(c.fd);
-  if (listen_fd_ >= 0) close(listen_fd_);
-}
+MetricsServer::~MetricsServer() { stop(); }
 
 bool MetricsServer::start(const std::string& address, std::string* why) {
   auto colon = address.rfind(':');
@@ -175,14 +177,81 @@ bool MetricsServer::start(const std::string& address, std::string* why) {
   char ip[INET_ADDRSTRLEN];
   inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
   bound_ = std::string(ip) + ":" + std::to_string(ntohs(sa.sin_port));
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  api_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0 || api_fd_ < 0) {
+    *why = std::string("metrics_listen: eventfd: ") + strerror(errno);
+    close(fd);
+    if (wake_fd_ >= 0) close(wake_fd_);
+    if (api_fd_ >= 0) close(api_fd_);
+    wake_fd_ = api_fd_ = -1;
+    return false;
+  }
   listen_fd_ = fd;
+  // Signals go to the loop's thread (its poll wakes on them): the server's
+  // thread starts with them blocked.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
+  try {
+    thread_ = std::thread([this] {
+      try {
+        run();
+      } catch (const std::exception& e) {  // out of memory: /metrics and /healthz stop answering
+        log_error("the metrics server stopped", {{"error", e.what()}});
+        close_conns();
+      }
+    });
+  } catch (const std::system_error& e) {
+    *why = std::string("metrics_listen: cannot start its thread: ") + e.what();
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (!thread_.joinable()) {
+    for (int* f : {&listen_fd_, &wake_fd_, &api_fd_}) {
+      close(*f);
+      *f = -1;
+    }
+    return false;
+  }
   return true;
 }
 
-void MetricsServer::add_fds(std::vector<pollfd>* fds) const {
-  if (listen_fd_ < 0) return;
-  fds->push_back({listen_fd_, POLLIN, 0});
-  for (const auto& c : conns_) fds->push_back({c.fd, static_cast<short>(c.out.empty() ? POLLIN : POLLOUT), 0});
+void MetricsServer::stop() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    wake(wake_fd_);
+    thread_.join();
+  }
+  for (int* fd : {&listen_fd_, &wake_fd_, &api_fd_})
+    if (*fd >= 0) {
+      close(*fd);
+      *fd = -1;
+    }
+}
+
+void MetricsServer::wake(int fd) {
+  const uint64_t one = 1;
+  if (fd >= 0) (void)!write(fd, &one, sizeof one);  // EAGAIN: already awake
+}
+
+void MetricsServer::publish(const Metrics& m, int64_t healthy_within_ms) {
+  if (!thread_.joinable()) return;
+  auto s = std::make_shared<MetricsSnapshot>();
+  s->metrics = m;
+  if (m.commands != nullptr) s->commands = *m.commands;
+  s->metrics.commands = &s->commands;
+  s->healthy_within_ms = healthy_within_ms;
+  std::shared_ptr<const MetricsSnapshot> done = std::move(s);
+  std::lock_guard<std::mutex> g(mu_);
+  snapshot_.swap(done);  // the old one is freed outside the lock
+}
+
+void MetricsServer::set_api(ApiHandler api) {
+  api_ = std::move(api);
+  api_on_ = static_cast<bool>(api_);
 }
 
 namespace {
@@ -229,84 +298,147 @@ bool request_complete(const std::string& in) {
   return in.size() >= head_end + 4 + n;
 }
 
-}  // namespace
-
-void MetricsServer::respond(Conn& c, const Metrics& m, const std::function<bool()>& healthy) {
-  std::string line = c.in.substr(0, c.in.find("\r\n"));
-  int status = 200;
-  std::string body, type = "text/plain; charset=utf-8";
-  if (line.rfind("GET /metrics", 0) == 0) {
-    body = m.render();
-    type = "text/plain; version=0.0.4; charset=utf-8";
-  } else if (line.rfind("GET /healthz", 0) == 0) {
-    bool ok = healthy();
-    status = ok ? 200 : 503;
-    body = ok ? "ok\n" : "unhealthy: the store did not answer recently\n";
-  } else if (api_ && line.find(" /v1/") != std::string::npos) {
-    if (api_paused_) return;  // answered by the next on_ready that is not paused
-    const size_t sp1 = line.find(' '), sp2 = line.find(' ', sp1 + 1);
-    const std::string method = line.substr(0, sp1);
-    const std::string path = line.substr(sp1 + 1, sp2 == std::string::npos ? std::string::npos : sp2 - sp1 - 1);
-    const size_t head_end = c.in.find("\r\n\r\n");
-    std::string auth = header_value(c.in.substr(0, head_end), "authorization");
-    auto [st, b] = api_(method, path, auth, c.in.substr(head_end + 4));
-    status = st;
-    body = b + "\n";
-    type = "application/json";
-  } else {
-    status = 404;
-    body = "not found\n";
-  }
-  c.out = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) +
-          "\r\nContent-Type: " + type + "\r\nContent-Length: " + std::to_string(body.size()) +
-          "\r\nConnection: close\r\n\r\n" + body;
+std::string http_response(int status, const std::string& type, const std::string& body) {
+  return "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) + "\r\nContent-Type: " + type +
+         "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
 }
 
-void MetricsServer::on_ready(const std::vector<pollfd>& fds, const Metrics& m, const std::function<bool()>& healthy) {
-  if (listen_fd_ < 0) return;
-  const int64_t now = monotonic_ms();
-  if (!api_paused_)  // API requests read while paused
-    for (auto& c : conns_)
-      if (c.out.empty() && c.sent != SIZE_MAX && request_complete(c.in)) respond(c, m, healthy);
-  for (const pollfd& p : fds) {
-    if (p.revents == 0) continue;
-    if (p.fd == listen_fd_) {
-      for (int i = 0; i < 16 && conns_.size() < 64; i++) {
-        int c = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (c < 0) break;
-        conns_.push_back({c, {}, {}, 0, now});
-      }
-      continue;
+}  // namespace
+
+void MetricsServer::respond(Conn& c) {
+  std::string line = c.in.substr(0, c.in.find("\r\n"));
+  std::shared_ptr<const MetricsSnapshot> snap;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    snap = snapshot_;
+  }
+  if (line.rfind("GET /metrics", 0) == 0) {
+    // Rendered here, from the copy: the loop only copies the counters.
+    c.out = snap ? http_response(200, "text/plain; version=0.0.4; charset=utf-8", snap->metrics.render())
+                 : http_response(503, "text/plain; charset=utf-8", "starting\n");
+  } else if (line.rfind("GET /healthz", 0) == 0) {
+    // The loop is stuck or the store does not answer: last_store_ok_ms ages
+    // either way (it is set by the loop after a store command succeeded).
+    const bool ok = snap && wall_ms() - snap->metrics.last_store_ok_ms < snap->healthy_within_ms;
+    c.out = http_response(ok ? 200 : 503, "text/plain; charset=utf-8",
+                          ok ? "ok\n" : "unhealthy: the store did not answer recently\n");
+  } else if (api_on_ && line.find(" /v1/") != std::string::npos) {
+    const size_t sp1 = line.find(' '), sp2 = line.find(' ', sp1 + 1);
+    const size_t head_end = c.in.find("\r\n\r\n");
+    ApiRequest r{c.id, line.substr(0, sp1),
+                 line.substr(sp1 + 1, sp2 == std::string::npos ? std::string::npos : sp2 - sp1 - 1),
+                 header_value(c.in.substr(0, head_end), "authorization"), c.in.substr(head_end + 4)};
+    c.waiting = true;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      requests_.push_back(std::move(r));
     }
-    for (auto& c : conns_) {
-      if (c.fd != p.fd) continue;
-      if (c.out.empty()) {
+    wake(api_fd_);
+  } else {
+    c.out = http_response(404, "text/plain; charset=utf-8", "not found\n");
+  }
+}
+
+void MetricsServer::serve_api() {
+  if (api_fd_ < 0) return;
+  uint64_t n;
+  (void)!read(api_fd_, &n, sizeof n);  // before taking the queue: a later request wakes again
+  std::deque<ApiRequest> reqs;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    reqs.swap(requests_);
+  }
+  if (reqs.empty()) return;
+  std::vector<std::pair<uint64_t, std::string>> out;
+  for (const ApiRequest& r : reqs) {
+    int status = 404;
+    std::string body = "not found";
+    if (api_) std::tie(status, body) = api_(r.method, r.path, r.authorization, r.body);
+    out.emplace_back(r.conn, http_response(status, "application/json", body + "\n"));
+  }
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& a : out) answers_.push_back(std::move(a));
+  }
+  wake(wake_fd_);
+}
+
+void MetricsServer::run() {
+  std::vector<pollfd> fds;
+  for (;;) {
+    fds.clear();
+    fds.push_back({wake_fd_, POLLIN, 0});
+    fds.push_back({listen_fd_, static_cast<short>(conns_.size() < 64 ? POLLIN : 0), 0});
+    for (const auto& c : conns_)
+      fds.push_back({c.fd, static_cast<short>(c.waiting ? 0 : c.out.empty() ? POLLIN : POLLOUT), 0});
+    // 1 s at most: idle connections are closed after 10 s.
+    if (poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) break;
+    const int64_t now = monotonic_ms();
+    if (fds[0].revents & POLLIN) {
+      uint64_t n;
+      (void)!read(wake_fd_, &n, sizeof n);
+    }
+    std::vector<std::pair<uint64_t, std::string>> answers;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (stop_) break;
+      answers.swap(answers_);
+    }
+    for (auto& [id, response] : answers)
+      for (auto& c : conns_)  // a connection closed meanwhile: the answer is dropped
+        if (c.id == id && c.waiting) {
+          c.waiting = false;
+          c.out = std::move(response);
+        }
+    if (fds[1].revents & POLLIN)
+      for (int i = 0; i < 16 && conns_.size() < 64; i++) {
+        int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;
+        conns_.push_back({fd, next_conn_++, {}, {}, 0, now});
+      }
+    for (size_t k = 2; k < fds.size(); k++) {
+      Conn& c = conns_[k - 2];  // new connections were appended after these
+      if (fds[k].revents == 0) continue;
+      if (c.waiting && (fds[k].revents & (POLLERR | POLLHUP))) c.sent = SIZE_MAX;  // gone: the answer is dropped
+      if (c.out.empty() && !c.waiting) {
         char buf[4096];
         ssize_t n = read(c.fd, buf, sizeof buf);
         if (n > 0) c.in.append(buf, static_cast<size_t>(n));
         if (n == 0 || (n < 0 && errno != EAGAIN) || c.in.size() > (1 << 20)) {
           c.sent = SIZE_MAX;  // close
-        } else if (request_complete(c.in)) {
-          respond(c, m, healthy);
+          continue;
         }
+        if (request_complete(c.in)) respond(c);
       }
+    }
+    for (auto& c : conns_)  // write what is ready (a fresh answer is tried at once)
       if (!c.out.empty() && c.sent != SIZE_MAX) {
-        ssize_t n = write(c.fd, c.out.data() + c.sent, c.out.size() - c.sent);
+        ssize_t n = send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
         if (n > 0) c.sent += static_cast<size_t>(n);
         if ((n < 0 && errno != EAGAIN) || c.sent >= c.out.size()) c.sent = SIZE_MAX;
       }
-    }
+    // Close finished connections and ones open for 10 s.
+    conns_.erase(std::remove_if(conns_.begin(), conns_.end(),
+                                [&](Conn& c) {
+                                  if (c.sent == SIZE_MAX || now - c.opened_ms > 10000) {
+                                    close(c.fd);
+                                    return true;
+                                  }
+                                  return false;
+                                }),
+                 conns_.end());
   }
-  // Close finished connections and ones idle for 10 s.
-  conns_.erase(std::remove_if(conns_.begin(), conns_.end(),
-                              [&](Conn& c) {
-                                if (c.sent == SIZE_MAX || now - c.opened_ms > 10000) {
-                                  close(c.fd);
-                                  return true;
-                                }
-                                return false;
-                              }),
-               conns_.end());
+  close_conns();
+}
+
+void MetricsServer::close_conns() {
+  // A request still with the loop is refused (best effort, non-blocking).
+  const std::string refused = http_response(503, "application/json", "{\"error\": \"relaybus-mongo is stopping\"}\n");
+  for (auto& c : conns_) {
+    if (c.waiting) (void)!send(c.fd, refused.data(), refused.size(), MSG_NOSIGNAL);
+    close(c.fd);
+  }
+  conns_.clear();
 }
 
 }  // namespace relaybus::mongo

@@ -1,16 +1,20 @@
-// Counters of one relaybus-mongo process and a tiny non-blocking HTTP server
-// on loopback for them: GET /metrics (Prometheus text format 0.0.4) and
-// GET /healthz (200 "ok" while the store answered recently, else 503).
-// The server is driven by the dispatcher's poll loop; it never blocks.
+// Counters of one relaybus-mongo process and a tiny HTTP server on loopback
+// for them: GET /metrics (Prometheus text format 0.0.4) and GET /healthz (200
+// "ok" while the store answered recently, else 503). The server runs on its
+// own thread, from what the dispatcher's loop last published, so that a store
+// command in progress (seconds on a loaded FerretDB) never holds them up.
 #pragma once
 
-#include <poll.h>
-
+#include <atomic>
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace relaybus::mongo {
@@ -50,41 +54,82 @@ struct Metrics {
   std::string render() const;
 };
 
+// What the loop last published for the server thread: a copy of the
+// counters (commands pointing at this snapshot's own copy) and the /healthz rule.
+struct MetricsSnapshot {
+  Metrics metrics;
+  std::map<std::string, uint64_t> commands;
+  // /healthz is 200 while wall time - metrics.last_store_ok_ms is below this.
+  int64_t healthy_within_ms = 0;
+};
+
+// The thread owns the listening socket and every connection; it never calls
+// the store. Requests under /v1/ (the pull API, which calls the store) are
+// handed to the loop: queued, with a wakeup on api_fd(), answered by
+// serve_api() on the loop's thread and written back by the server thread.
 class MetricsServer {
  public:
   MetricsServer() = default;
-  ~MetricsServer();
+  ~MetricsServer();  // stop()
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
   // "127.0.0.1:9464"; port 0 picks a free one. bound() is the actual address.
+  // Binds and starts the thread.
   bool start(const std::string& address, std::string* why);
   std::string bound() const { return bound_; }
-  // Adds its descriptors to the poll set; returns how many it added.
-  void add_fds(std::vector<pollfd>* fds) const;
-  // After poll: serve what is ready. healthy() decides /healthz.
-  void on_ready(const std::vector<pollfd>& fds, const Metrics& m, const std::function<bool()>& healthy);
+  // Ends and joins the thread and closes every socket; an API request still
+  // waiting for the loop gets 503. Idempotent.
+  void stop();
+
+  // Loop side. publish: the counters and the /healthz rule as of now (a copy;
+  // cheap enough for before every store command).
+  void publish(const Metrics& m, int64_t healthy_within_ms);
   // Requests under /v1/ go to this (method, path, Authorization header value,
   // body) -> (status, JSON body): the pull API (pull_api.hpp).
   using ApiHandler = std::function<std::pair<int, std::string>(const std::string&, const std::string&,
                                                                const std::string&, const std::string&)>;
-  void set_api(ApiHandler api) { api_ = std::move(api); }
-  // While paused, API requests wait (buffered) and /metrics and /healthz
-  // are still answered: on_ready is then called between two store commands,
-  // where the API (which calls the store) must not run.
-  void pause_api(bool paused) { api_paused_ = paused; }
+  void set_api(ApiHandler api);
+  // Readable while API requests wait for serve_api (-1 before start): in the
+  // loop's poll set, except between two store commands, where the API (which
+  // calls the store) must not run.
+  int api_fd() const { return api_fd_; }
+  // Answers every waiting API request with the ApiHandler, on the caller's thread.
+  void serve_api();
 
  private:
   struct Conn {
     int fd;
+    uint64_t id;
     std::string in;
     std::string out;
     size_t sent = 0;
     int64_t opened_ms;
+    bool waiting = false;  // its API request is with the loop
   };
-  void respond(Conn& c, const Metrics& m, const std::function<bool()>& healthy);
+  struct ApiRequest {
+    uint64_t conn;
+    std::string method, path, authorization, body;
+  };
+  void run();                 // the thread
+  void respond(Conn& c);      // the thread: /metrics, /healthz, or hand /v1/ to the loop
+  void wake(int fd);
+  void close_conns();  // the thread, when it ends
+
   int listen_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd: the thread's wakeup (answers, stop)
+  int api_fd_ = -1;   // eventfd: the loop's wakeup (requests)
   std::string bound_;
-  std::vector<Conn> conns_;
-  ApiHandler api_;
-  bool api_paused_ = false;
+  std::thread thread_;
+  std::vector<Conn> conns_;  // the thread's only
+  uint64_t next_conn_ = 1;
+  ApiHandler api_;  // the loop's only
+  std::atomic<bool> api_on_{false};
+
+  std::mutex mu_;  // guards the members below
+  std::shared_ptr<const MetricsSnapshot> snapshot_;
+  std::deque<ApiRequest> requests_;
+  std::vector<std::pair<uint64_t, std::string>> answers_;  // conn id -> HTTP response
+  bool stop_ = false;
 };
 
 }  // namespace relaybus::mongo

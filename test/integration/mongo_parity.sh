@@ -323,6 +323,73 @@ check_eq "no result dropped for a lapsed lease" 0 "$(grep -c 'result dropped' "$
 stop_instance $P1
 }
 
+# /metrics and /healthz are answered by their own thread: a store command in
+# progress (seconds on a loaded FerretDB) never holds them up, and /healthz
+# still turns 503 once the store has not answered for 3 leases.
+test_metrics_slow_store() {
+log "/metrics and /healthz answer at once while a store command takes seconds"
+local DB=t_mthread
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/mthread" --database $DB >/dev/null
+local fport
+fport=$($PY -c "import urllib.parse as u; print(u.urlparse('$URI').port)")
+echo 0 >"$TMP/mthread_delay"
+$PY "$INTEG/slow_link.py" --target 127.0.0.1:$fport --delay 0 --delay-file "$TMP/mthread_delay" \
+    --port-file "$TMP/mthread_port" 2>"$TMP/mthread_link.err" &
+PIDS+=($!)
+wait_until 10 test -s "$TMP/mthread_port" || fail "slow link did not start"
+start_instance mthread $DB --uri "mongodb://127.0.0.1:$(cat "$TMP/mthread_port")/?serverSelectionTimeoutMS=5000" \
+    --lease 2s
+local P1=$IPID addr
+wait_until 10 test -n "$(metrics_addr mthread)" || fail "no metrics address logged"
+addr=$(metrics_addr mthread)
+health() { curl -s -o /dev/null -w '%{http_code}' --max-time 3 "http://$addr/healthz"; }
+wait_until 20 bash -c "[[ \$(curl -s -o /dev/null -w '%{http_code}' 'http://$addr/healthz') == 200 ]]" ||
+    fail "/healthz never 200" "$(tail -3 "$TMP/mthread.err")"
+# probe PATH N: N requests 0.4 s apart; prints each "code:ms" and, last, the slowest ms.
+probe() {
+    local i out slow=0 code ms
+    for ((i = 0; i < $2; i++)); do
+        read -r code ms < <(curl -s -o /dev/null -w '%{http_code} %{time_total}' --max-time 3 "http://$addr$1" |
+            awk '{printf "%s %d\n", $1, $2 * 1000}')
+        out+="$code:$ms "
+        ((ms > slow)) && slow=$ms
+        sleep 0.4
+    done
+    echo "$out$slow"
+}
+echo 2.5 >"$TMP/mthread_delay"  # every store reply now takes 2.5 s
+sleep 0.3                         # let the loop enter a command (not an assertion)
+local m h
+m=$(probe /metrics 4)
+h=$(probe /healthz 4)
+check_eq "/metrics answers within 300 ms, 4 times while store commands take 2.5 s" fast \
+    "$( ((${m##* } < 300)) && [[ $m != *000:* ]] && echo fast || echo "$m")"
+check_eq "/healthz answers 200 within 300 ms, 4 times meanwhile (the store answered < 3 leases ago)" fast \
+    "$( ((${h##* } < 300)) && [[ $h != *000:* && $h != *503:* ]] && echo fast || echo "$h")"
+echo 600 >"$TMP/mthread_delay"  # the store stops answering
+if wait_until 12 bash -c "[[ \$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 'http://$addr/healthz') == 503 ]]"; then
+    pass "/healthz turns 503 while the store has not answered for 3 leases"
+else fail "/healthz did not turn 503 with the store stuck" "$(probe /healthz 1)"; fi
+h=$(probe /healthz 3)
+m=$(probe /metrics 2)
+check_eq "meanwhile /healthz (503) and /metrics (200) answer within 300 ms" fast \
+    "$( ((${h##* } < 300 && ${m##* } < 300)) && [[ $h != *200:* && $h != *000:* && $m != *000:* ]] && echo fast || echo "$h / $m")"
+# A pull API request waits for the loop (it calls the store) and is answered once the store is back.
+curl -s -o "$TMP/mthread_api" -w '%{http_code}' --max-time 20 -X POST -H 'Authorization: Bearer wrong' \
+    "http://$addr/v1/handlers/hook/claim" >"$TMP/mthread_api_code" &
+local CURL=$!
+sleep 0.5
+echo 0 >"$TMP/mthread_delay"
+if wait_until 15 bash -c "[[ \$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 'http://$addr/healthz') == 200 ]]"; then
+    pass "/healthz 200 again once the store answers"
+else fail "/healthz stayed unhealthy after the store came back" "$(tail -3 "$TMP/mthread.err")"; fi
+wait $CURL
+check_eq "a pull API request sent while the store was stuck is answered by the loop afterwards" 403 "$(cat "$TMP/mthread_api_code")"
+stop_instance $P1
+check_eq "SIGTERM exits 0 (the metrics thread joined)" 0 "$STOP_RC"
+}
+
 # ------------------------------------------------------------------ 5. batch publish and stats
 test_batch_stats() {
 log "publish --batch and the stats of the PostgreSQL views"
@@ -385,7 +452,7 @@ control /batch '[]'
 }
 
 # MONGO_PARITY_ONLY=pattern runs only the test_* functions whose name matches.
-for t in test_handlers test_server_wait test_pull test_priorities test_slow_store test_batch_stats; do
+for t in test_handlers test_server_wait test_pull test_priorities test_slow_store test_metrics_slow_store test_batch_stats; do
     [[ -z "${MONGO_PARITY_ONLY:-}" || "$t" == *${MONGO_PARITY_ONLY}* ]] && "$t"
 done
 log "done"
