@@ -357,7 +357,6 @@ int cmd_sequence(Store& store, const Config& cfg, const Args& a) {
   seq.begin(mine.epoch);
   const int64_t margin = std::max<int64_t>(200, cfg.lease_ms / 5);
   auto holds = [&] { return wall_ms() < mine.until_ms - margin; };
-  int64_t total = 0;
   for (;;) {
     if (!holds()) {  // renew: the same insert of epoch + 1
       LaneDoc next{kSequencerLane, mine.epoch + 1, cfg.instance, wall_ms() + cfg.lease_ms};
@@ -365,11 +364,13 @@ int cmd_sequence(Store& store, const Config& cfg, const Args& a) {
       mine = next;
     }
     const int n = seq.step(cfg.batch_size, wall_ms(), holds);
-    total += n;
-    if (n == 0) break;
+    // 0 with the role still held: the outbox is empty. 0 because the
+    // lease's margin passed during the batch: renew and go on (the batch
+    // is redone or continued from what was committed).
+    if (n == 0 && holds()) break;
   }
   store.insert_lanes({{kSequencerLane, mine.epoch + 1, "", 0}});  // give it back
-  std::cout << json({{"sequenced", total}, {"outbox_left", store.count_outbox()}}).dump() << "\n";
+  std::cout << json({{"sequenced", seq.sequenced()}, {"outbox_left", store.count_outbox()}}).dump() << "\n";
   return 0;
 }
 

@@ -166,6 +166,7 @@ bool Sequencer::recover(const std::function<bool()>& holds) {
     log_info("sequencer recovering", {{"version", v.v}, {"by", v.owner}, {"epoch", v.epoch}, {"events", v.events.size()},
                                       {"outbox_left", present.size()}, {"next_id", next_id_}});
     if (!apply(v, holds)) return false;
+    sequenced_ += present.size();  // the outbox documents this redo consumed
   }
   recovered_ = true;
   return true;

@@ -237,9 +237,9 @@ class Store {
   uint64_t commands() const { return commands_; }
   const std::map<std::string, uint64_t>& command_counts() const { return by_op_; }
   // Called before every command (same thread): the dispatcher gives its
-  // sockets a turn there, so that one loop pass of slow store commands does
-  // not hold up HTTP requests in flight, /metrics or /healthz. It must not
-  // call the store.
+  // HTTP requests a turn there and publishes its counters to the metrics
+  // server's thread, so that one loop pass of slow store commands does not
+  // hold up requests in flight. It must not call the store.
   void set_command_hook(std::function<void()> hook) { hook_ = std::move(hook); }
 
  private:

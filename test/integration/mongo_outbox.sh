@@ -179,6 +179,17 @@ print(len(rs), len({(r['event_id'], r['id']) for r in rs}))")
 check_eq "every delivery once" "2510 2510" "$n"
 stop_instance $SEGPID
 
+# ------------------------------------------------------------------ sequence outlasting its lease
+# `relaybus-mongo sequence` renews its role as it goes; a batch cut short by the
+# lease's margin must not end the command with the outbox half done.
+log "sequence: a backlog that takes several leases"
+DB=t_seq_lease
+setup_db $DB /seql
+$PYM "$INTEG/mongo_preload.py" "$URI" $DB o.e 2000 50 --many >/dev/null
+out=$("$BIN" sequence --database $DB --lease 1s --batch-size 50 2>"$TMP/seql.err")
+log "sequence said: $out"
+check_eq "sequence with a 1 s lease sequences the whole outbox" '{"outbox_left":0,"sequenced":2000}' "$out"
+
 # ------------------------------------------------------------------ 100 keys in one batch
 # FerretDB v1.24 hung on an update command of 100 statements (one key seq
 # upsert per key of the batch): each statement holds a SQLite connection until
