@@ -97,6 +97,22 @@ go_deps() {
     find_go >/dev/null || { echo "install-deps: Go is still missing" >&2; return 1; }
 }
 
+# Node.js and npm run the Node.js publishing helper's test (test/integration/
+# mongo_outbox.sh installs the mongodb driver from the npm registry). Checked
+# by command, not by package: a machine with NodeSource's nodejs has npm
+# inside it, and Debian's npm package would conflict with it.
+node_deps() {
+    local want=()
+    command -v node >/dev/null 2>&1 || want+=(nodejs)
+    command -v npm >/dev/null 2>&1 || want+=(npm)
+    ((${#want[@]} == 0)) && return 0
+    echo "install-deps: installing ${want[*]}"
+    attempt "${SUDO[@]}" apt-get update -q
+    attempt "${SUDO[@]}" apt-get install "${APT_OPTS[@]}" "${want[@]}"
+    command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 ||
+        { echo "install-deps: node or npm is still missing" >&2; return 1; }
+}
+
 SUDO=()
 if ((EUID != 0)) && command -v sudo >/dev/null 2>&1; then
     SUDO=(sudo)
@@ -118,6 +134,7 @@ if ((${#missing[@]} == 0)); then
     echo "install-deps: all ${#PACKAGES[@]} packages present"
     python_deps
     go_deps
+    node_deps
     exit 0
 fi
 
@@ -140,4 +157,5 @@ if ((${#still[@]} > 0)); then
 fi
 python_deps
 go_deps
+node_deps
 echo "install-deps: done"

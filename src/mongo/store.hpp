@@ -81,7 +81,7 @@ struct Delivery {
 // event tables. Every delete, update and windowed read then touches one
 // segment, whose size does not grow with the backlog, also on FerretDB v1,
 // which scans a whole collection for every delete and update.
-constexpr int64_t kSegmentIds = 1024;
+constexpr int64_t kSegmentIds = 256;
 struct Segment {
   int64_t first_id = -1;  // -1: relay_deliveries itself (replays, 0.1.0's documents)
   unsigned classes = 0xF; // bit c: it may hold deliveries of priority c

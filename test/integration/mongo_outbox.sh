@@ -2,7 +2,7 @@
 # relaybus-mongo publishing through the outbox (docs/mongo.md, "The outbox"):
 # concurrent publishers with two sidecars, kill -9 mid-sequencing and
 # mid-delivery, a crash at every step of applying a sequencer version, the
-# publishing helpers (Python; Node.js when its driver is installed). FerretDB
+# publishing helpers (Python and Node.js). FerretDB
 # v1.24.2 (SQLite) and the real HTTP receiver. Prints "N passed, N failed".
 SUITE=mongo_outbox
 source "$(dirname "${BASH_SOURCE[0]}")/mongo_lib.sh"
@@ -133,7 +133,7 @@ check_eq "after the crashes: every event once, key seqs 1..n, ids unique" \
     "deliveries=120 missing=0 twice=0 gaps=0 ids_unique=True" "$res"
 
 # ------------------------------------------------------------------ delivery segments
-# The sequencer writes delivery ids into segments of 1,024 (relay_deliveries_<first
+# The sequencer writes delivery ids into segments of 256 (relay_deliveries_<first
 # id>, listed in relay_segments with their priority classes), so that no delete or
 # update on FerretDB scans more than one segment; drained segments are dropped.
 log "delivery segments: priorities across them, and their rotation"
@@ -153,8 +153,8 @@ segs = sorted(d['_id'] for d in db.relay_segments.find())
 colls = sorted(n for n in db.list_collection_names() if n.startswith('relay_deliveries_'))
 print(' '.join(map(str, segs)), '|', len(colls), '|', ' '.join(str(d['_id']) for d in db.relay_segments.find({'c3': True})), '|',
       db.relay_deliveries.count_documents({}))"; }
-check_eq "2,510 deliveries (ids 1..2510) in 3 segments, priority 3 only in the last; none in relay_deliveries" \
-    "0 1024 2048 | 3 | 2048 | 0" "$(seg_state)"
+check_eq "2,510 deliveries (ids 1..2510) in 10 segments, priority 3 only in the last; none in relay_deliveries" \
+    "0 256 512 768 1024 1280 1536 1792 2048 2304 | 10 | 2304 | 0" "$(seg_state)"
 control /seg '[{"delay": 0.01, "repeat": true}]'
 start_instance seg $DB --priority-aging 60s
 SEGPID=$IPID
@@ -163,12 +163,12 @@ pos=$(curl -s "$HOOK/_requests" | $PY -c "
 import json,sys
 rs=[json.loads(r['body']) for r in json.load(sys.stdin) if r['path']=='/seg']
 print(' '.join(str(i+1) for i,b in enumerate(rs) if b['payload']['tag']=='high'))")
-log "positions of the ten priority-3 deliveries (in the third segment): $pos"
-check_eq "priority-3 deliveries in the third segment go before 2,500 older priority-1 ones (within 10 + concurrency)" \
+log "positions of the ten priority-3 deliveries (in the last segment): $pos"
+check_eq "priority-3 deliveries in the last segment go before 2,500 older priority-1 ones (within 10 + concurrency)" \
     "10 ok" "$(wc -w <<<"$pos") $(for p in $pos; do ((p <= 18)) || echo late; done | grep -q late && echo late || echo ok)"
 control /seg '[]'
 if wait_until 180 has_requests /seg 2510; then pass "the backlog drains"; else fail "the backlog drains"; fi
-rotated() { [[ "$(seg_state)" == "2048 | 1 | 2048 | 0" ]]; }
+rotated() { [[ "$(seg_state)" == "2304 | 1 | 2304 | 0" ]]; }
 if wait_until 20 rotated; then pass "drained segments are dropped; the last one, not yet fully assigned, stays"
 else fail "drained segments are dropped; the last one, not yet fully assigned, stays" "state: $(seg_state)"; fi
 log "segments after the drain: $(seg_state)"
@@ -258,8 +258,19 @@ publish(c['t_helpers'], 'o.x', {'py': 1}, key='k1', priority=2)
 print(seen)")
 check_eq "the Python helper sends one insert into relay_outbox (no read of relay_handlers, no counter)" \
     "[('insert', 'relay_outbox')]" "$res"
-NODE_MODULES=${RELAYBUS_NODE_MODULES:-/tmp/node-mongo/node_modules}
-if command -v node >/dev/null && [[ -d "$NODE_MODULES/mongodb" ]]; then
+# The Node.js helper runs on the mongodb driver from the npm registry, pinned,
+# installed once under build/ (scripts/install-deps.sh installs node and npm).
+NODE_DRIVER=mongodb@6.22.0
+NODE_MODULES=${RELAYBUS_NODE_MODULES:-$ROOT/build/node-mongo/node_modules}
+if command -v node >/dev/null && command -v npm >/dev/null && [[ ! -d "$NODE_MODULES/mongodb" ]]; then
+    log "installing $NODE_DRIVER from the npm registry into ${NODE_MODULES%/node_modules}"
+    timeout 300 npm install --prefix "${NODE_MODULES%/node_modules}" --no-audit --no-fund --loglevel=error \
+        "$NODE_DRIVER" >"$TMP/npm.log" 2>&1 || log "npm install failed: $(tail -3 "$TMP/npm.log")"
+fi
+if ! command -v node >/dev/null || [[ ! -d "$NODE_MODULES/mongodb" ]]; then
+    fail "the Node.js helper's test needs node and the $NODE_DRIVER driver (scripts/install-deps.sh installs node and npm)" \
+        "node: $(command -v node || echo missing), driver: $NODE_MODULES/mongodb"
+else
     res=$(NODE_PATH=$NODE_MODULES node -e "
 const { MongoClient } = require('mongodb');
 const { publish } = require('$ROOT/docs/examples/publish_node.js');
@@ -282,8 +293,6 @@ import mongo_deliveries as md
 print(sorted((str(d['payload']), d['key'], d['seq']) for d in md.find(db)), sorted(d['_id'] for d in db.relay_key_seqs.find()))")
     # No handler: the events take ids and seqs but have no deliveries.
     check_eq "both helpers' events were sequenced (key k1 at seq 2)" "[] ['k1']" "$res"
-else
-    log "node or its mongodb driver ($NODE_MODULES/mongodb) not installed: the Node.js helper is not tested"
 fi
 
 log "done"
