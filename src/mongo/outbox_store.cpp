@@ -14,9 +14,6 @@ namespace {
 constexpr const char* kKeySeqsColl = "relay_key_seqs";
 constexpr const char* kCountersColl = "relay_counters";
 
-[[noreturn]] void raise_error(const char* what, const bson_error_t& err) {
-  throw StoreError(std::string(what) + ": " + err.message, static_cast<int>(err.code));
-}
 
 // Codes of the write errors in a reply (insertMany / bulk).
 std::vector<int> write_error_codes(const bson_t* reply) {
@@ -42,7 +39,7 @@ std::vector<std::shared_ptr<bson_t>> drain(mongoc_cursor_t* cur, const char* wha
   bson_error_t err;
   bool failed = mongoc_cursor_error(cur, &err);
   mongoc_cursor_destroy(cur);
-  if (failed) raise_error(what, err);
+  if (failed) raise_store_error(what, err);
   return out;
 }
 
@@ -62,7 +59,7 @@ void Store::insert_outbox(const bson_t* doc) {
   Bson reply;
   bson_error_t err;
   count("insert");
-  if (!mongoc_collection_insert_one(coll(kOutbox), doc, nullptr, reply, &err)) raise_error("insert into relay_outbox", err);
+  if (!mongoc_collection_insert_one(coll(kOutbox), doc, nullptr, reply, &err)) raise_store_error("insert into relay_outbox", err);
 }
 
 void Store::insert_outbox_many(const std::vector<const bson_t*>& docs) {
@@ -72,7 +69,7 @@ void Store::insert_outbox_many(const std::vector<const bson_t*>& docs) {
   count("insert");
   std::vector<const bson_t*> v(docs);
   if (!mongoc_collection_insert_many(coll(kOutbox), v.data(), v.size(), nullptr, reply, &err))
-    raise_error("insert into relay_outbox", err);
+    raise_store_error("insert into relay_outbox", err);
 }
 
 std::vector<std::shared_ptr<bson_t>> Store::read_outbox(int limit) {
@@ -133,7 +130,7 @@ bool Store::insert_version(const bson_t* doc) {
   if (err.code == kDuplicateKey) return false;
   for (int c : write_error_codes(reply))
     if (c == kDuplicateKey) return false;
-  raise_error("insert into relay_sequence", err);
+  raise_store_error("insert into relay_sequence", err);
 }
 
 void Store::delete_versions_below(int64_t version) {
@@ -144,7 +141,7 @@ void Store::delete_versions_below(int64_t version) {
   bson_append_document_end(filter, &lt);
   bson_error_t err;
   count("delete");
-  if (!mongoc_collection_delete_many(coll(kSequence), filter, nullptr, reply, &err)) raise_error("trim relay_sequence", err);
+  if (!mongoc_collection_delete_many(coll(kSequence), filter, nullptr, reply, &err)) raise_store_error("trim relay_sequence", err);
 }
 
 int64_t Store::read_id_counter() {
@@ -201,9 +198,9 @@ void Store::raise_key_seqs(const std::map<std::string, int64_t>& seqs) {
     if (ok) continue;
     // Two first upserts of one key (a stale sequencer's redo): the other one did it.
     auto codes = write_error_codes(reply);
-    if (codes.empty()) raise_error("record key seqs", err);
+    if (codes.empty()) raise_store_error("record key seqs", err);
     for (int c : codes)
-      if (c != kDuplicateKey) raise_error("record key seqs", err);
+      if (c != kDuplicateKey) raise_store_error("record key seqs", err);
   }
 }
 
@@ -232,9 +229,9 @@ void Store::insert_idempotent(const char* collection, const std::vector<bson_t*>
                                     &err))
     return;
   auto codes = write_error_codes(reply);
-  if (codes.empty()) raise_error(what, err);
+  if (codes.empty()) raise_store_error(what, err);
   for (int c : codes)
-    if (c != kDuplicateKey) raise_error(what, err);
+    if (c != kDuplicateKey) raise_store_error(what, err);
 }
 
 int64_t Store::delete_ids(const char* collection, const std::vector<const bson_t*>& ids, const char* what) {
@@ -243,7 +240,7 @@ int64_t Store::delete_ids(const char* collection, const std::vector<const bson_t
   append_id_in(filter, ids);
   bson_error_t err;
   count("delete");
-  if (!mongoc_collection_delete_many(coll(collection), filter, nullptr, reply, &err)) raise_error(what, err);
+  if (!mongoc_collection_delete_many(coll(collection), filter, nullptr, reply, &err)) raise_store_error(what, err);
   int64_t n = 0;
   get_int64(reply, "deletedCount", &n);
   return n;
@@ -257,7 +254,7 @@ bool Store::is_ferretdb() {
   BSON_APPEND_INT32(cmd, "buildInfo", 1);
   bson_error_t err;
   count("buildInfo");
-  if (!mongoc_client_command_simple(client_, "admin", cmd, nullptr, reply, &err)) raise_error("buildInfo", err);
+  if (!mongoc_client_command_simple(client_, "admin", cmd, nullptr, reply, &err)) raise_store_error("buildInfo", err);
   bson_iter_t it;
   ferretdb_ = bson_iter_init_find(&it, reply, "ferretdbVersion") ? 1 : 0;
   return ferretdb_ == 1;

@@ -13,10 +13,6 @@ namespace {
 constexpr const char* kBase = "relay_deliveries";
 constexpr const char* kSegments = "relay_segments";
 
-[[noreturn]] void raise_segment(const char* what, const bson_error_t& err) {
-  throw StoreError(std::string(what) + ": " + err.message, static_cast<int>(err.code));
-}
-
 int64_t first_id_of(int64_t id) { return id - id % kSegmentIds; }
 }  // namespace
 
@@ -56,7 +52,7 @@ const std::vector<Segment>& Store::delivery_collections(int64_t max_age_ms) {
   bson_error_t err;
   bool failed = mongoc_cursor_error(cur, &err);
   mongoc_cursor_destroy(cur);
-  if (failed) raise_segment("read delivery segments", err);
+  if (failed) raise_store_error("read delivery segments", err);
   // FerretDB lists no sort it cannot push down; keep id order regardless.
   std::sort(out.begin() + 1, out.end(), [](const Segment& a, const Segment& b) { return a.first_id < b.first_id; });
   // Forget the handles of segments that are gone.
@@ -80,9 +76,15 @@ mongoc_collection_t* Store::delivery_coll(int64_t id) {
   return coll(segment_collection(first_id_of(id)).c_str());
 }
 
-std::map<mongoc_collection_t*, std::vector<int64_t>> Store::by_collection(const std::vector<int64_t>& ids) {
-  std::map<mongoc_collection_t*, std::vector<int64_t>> out;
-  for (int64_t id : ids) out[delivery_coll(id)].push_back(id);
+std::vector<std::pair<mongoc_collection_t*, std::vector<int64_t>>> Store::by_collection(const std::vector<int64_t>& ids) {
+  // Oldest first: relay_deliveries (-1), then the segments in id order. A
+  // crash between two of the commands then leaves a key's newer deliveries
+  // pending, never an older one behind a newer one that was completed, which
+  // the next holder would send again after it (out of key order).
+  std::map<int64_t, std::vector<int64_t>> by_first;
+  for (int64_t id : ids) by_first[base_ids_.count(id) ? -1 : first_id_of(id)].push_back(id);
+  std::vector<std::pair<mongoc_collection_t*, std::vector<int64_t>>> out;
+  for (auto& [first, part] : by_first) out.emplace_back(delivery_coll(part.front()), std::move(part));
   return out;
 }
 
@@ -100,7 +102,7 @@ void Store::prepare_segments(const std::map<int64_t, unsigned>& classes_by_first
     bson_error_t err;
     count("update");
     if (!mongoc_collection_update_one(coll(kSegments), filter, upd, opts, reply, &err) && err.code != kDuplicateKey)
-      raise_segment("record a delivery segment", err);
+      raise_store_error("record a delivery segment", err);
     if (prepared_.count(first)) continue;
     // The indexes the dispatcher's reads use on MongoDB (init() gives
     // relay_deliveries the same ones).
@@ -130,7 +132,7 @@ void Store::prepare_segments(const std::map<int64_t, unsigned>& classes_by_first
       mongoc_database_t* d = mongoc_client_get_database(client_, db_.c_str());
       bool ok = mongoc_database_write_command_with_opts(d, cmd, nullptr, ireply, &err);
       mongoc_database_destroy(d);
-      if (!ok) raise_segment("create the indexes of a delivery segment", err);
+      if (!ok) raise_store_error("create the indexes of a delivery segment", err);
     }
     prepared_.insert(first);
   }
@@ -162,18 +164,18 @@ int Store::drop_drained_segments(int64_t assigned_below) {
     bson_error_t err;
     bool failed = mongoc_cursor_error(cur, &err);
     mongoc_cursor_destroy(cur);
-    if (failed) raise_segment("read a delivery segment", err);
+    if (failed) raise_store_error("read a delivery segment", err);
     if (!empty) continue;
     // Only the sequencer inserts into a segment, and only ids it has not
     // assigned yet: an empty, fully assigned segment stays empty.
     count("drop");
     if (!mongoc_collection_drop(coll(s.collection.c_str()), &err) && err.code != 26 /* NamespaceNotFound */)
-      raise_segment("drop a delivery segment", err);
+      raise_store_error("drop a delivery segment", err);
     Bson f, reply;
     BSON_APPEND_INT64(f, "_id", s.first_id);
     count("delete");
     if (!mongoc_collection_delete_one(coll(kSegments), f, nullptr, reply, &err))
-      raise_segment("forget a delivery segment", err);
+      raise_store_error("forget a delivery segment", err);
     prepared_.erase(s.first_id);
     dropped++;
   }

@@ -29,13 +29,6 @@ BsonPtr id_doc(const bson_t* doc, const char* field) {
 }
 }  // namespace
 
-void crash_point(const char* point) {
-  static const char* want = getenv("RELAYBUS_MONGO_CRASH_POINT");
-  if (want != nullptr && strcmp(want, point) == 0) {
-    log_warn("test crash point reached: exiting", {{"point", point}});
-    _exit(99);
-  }
-}
 
 struct Sequencer::Event {
   BsonPtr id;      // {_id: the outbox document's _id}

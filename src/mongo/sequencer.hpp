@@ -74,9 +74,5 @@ class Sequencer {
   int64_t rotated_ms_ = 0;  // the last drop_drained_segments
 };
 
-// A test hook: RELAYBUS_MONGO_CRASH_POINT=<point> makes the process _exit(99)
-// right after that step of applying a version (after_version, after_key_seqs,
-// after_deliveries, after_outbox), to test recovery from each crash point.
-void crash_point(const char* point);
 
 }  // namespace relaybus::mongo

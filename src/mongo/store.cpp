@@ -15,6 +15,10 @@
 
 namespace relaybus::mongo {
 
+void raise_store_error(const char* what, const bson_error_t& err) {
+  throw StoreError(std::string(what) + ": " + err.message, static_cast<int>(err.code));
+}
+
 namespace {
 
 constexpr const char* kDeliveries = "relay_deliveries";
@@ -27,9 +31,6 @@ constexpr const char* kInstances = "relay_instances";
 constexpr const char* kDeadLetters = "relay_dead_letters";
 constexpr const char* kSegmentsColl = "relay_segments";
 
-[[noreturn]] void raise(const char* what, const bson_error_t& err) {
-  throw StoreError(std::string(what) + ": " + err.message, static_cast<int>(err.code));
-}
 
 // Indexes (into the inserted array) of write errors, with their codes.
 std::vector<std::pair<int, int>> write_errors(const bson_t* reply) {
@@ -187,7 +188,7 @@ void Store::ping() {
   BSON_APPEND_INT32(cmd, "ping", 1);
   bson_error_t err;
   count("ping");
-  if (!mongoc_client_command_simple(client_, "admin", cmd, nullptr, reply, &err)) raise("ping", err);
+  if (!mongoc_client_command_simple(client_, "admin", cmd, nullptr, reply, &err)) raise_store_error("ping", err);
 }
 
 std::vector<std::string> Store::init() {
@@ -203,7 +204,7 @@ std::vector<std::string> Store::init() {
       mongoc_collection_destroy(c);
     } else if (err.code != 48 /* NamespaceExists */) {
       mongoc_database_destroy(db);
-      raise((std::string("create collection ") + name).c_str(), err);
+      raise_store_error((std::string("create collection ") + name).c_str(), err);
     }
   }
   mongoc_database_destroy(db);
@@ -241,7 +242,7 @@ std::vector<std::string> Store::init() {
     mongoc_database_t* d = mongoc_client_get_database(client_, db_.c_str());
     bool ok = mongoc_database_write_command_with_opts(d, cmd, nullptr, reply, &err);
     mongoc_database_destroy(d);
-    if (!ok) raise((std::string("create index ") + ix.coll + "." + ix.name).c_str(), err);
+    if (!ok) raise_store_error((std::string("create index ") + ix.coll + "." + ix.name).c_str(), err);
     int64_t before = 0, after = 0;
     if (get_int64(reply, "numIndexesBefore", &before) && get_int64(reply, "numIndexesAfter", &after) &&
         after > before)
@@ -262,7 +263,7 @@ void Store::put_handler(const HandlerDoc& h) {
   BSON_APPEND_BOOL(opts, "upsert", true);
   bson_error_t err;
   count("replace");
-  if (!mongoc_collection_replace_one(coll(kHandlers), filter, doc, opts, reply, &err)) raise("store handler", err);
+  if (!mongoc_collection_replace_one(coll(kHandlers), filter, doc, opts, reply, &err)) raise_store_error("store handler", err);
 }
 
 bool Store::drop_handler(const std::string& name) {
@@ -270,13 +271,13 @@ bool Store::drop_handler(const std::string& name) {
   BSON_APPEND_UTF8(filter, "_id", name.c_str());
   bson_error_t err;
   count("delete");
-  if (!mongoc_collection_delete_one(coll(kHandlers), filter, nullptr, reply, &err)) raise("drop handler", err);
+  if (!mongoc_collection_delete_one(coll(kHandlers), filter, nullptr, reply, &err)) raise_store_error("drop handler", err);
   int64_t n = 0;
   get_int64(reply, "deletedCount", &n);
   Bson rf, rr;
   BSON_APPEND_UTF8(rf, "handler", name.c_str());
   count("delete");
-  if (!mongoc_collection_delete_many(coll(kRoutes), rf, nullptr, rr, &err)) raise("drop routes", err);
+  if (!mongoc_collection_delete_many(coll(kRoutes), rf, nullptr, rr, &err)) raise_store_error("drop routes", err);
   return n > 0;
 }
 
@@ -307,7 +308,7 @@ std::vector<HandlerDoc> Store::load_handlers(std::vector<std::string>* bad) {
   bson_error_t err;
   bool failed = mongoc_cursor_error(cur, &err);
   mongoc_cursor_destroy(cur);
-  if (failed) raise("read handlers", err);
+  if (failed) raise_store_error("read handlers", err);
   return out;
 }
 
@@ -322,7 +323,7 @@ void Store::put_route(const RouteDoc& r) {
   BSON_APPEND_BOOL(opts, "upsert", true);
   bson_error_t err;
   count("replace");
-  if (!mongoc_collection_replace_one(coll(kRoutes), filter, doc, opts, reply, &err)) raise("store route", err);
+  if (!mongoc_collection_replace_one(coll(kRoutes), filter, doc, opts, reply, &err)) raise_store_error("store route", err);
 }
 
 bool Store::drop_route(const std::string& pattern, const std::string& handler) {
@@ -330,7 +331,7 @@ bool Store::drop_route(const std::string& pattern, const std::string& handler) {
   BSON_APPEND_UTF8(filter, "_id", (handler + "|" + pattern).c_str());
   bson_error_t err;
   count("delete");
-  if (!mongoc_collection_delete_one(coll(kRoutes), filter, nullptr, reply, &err)) raise("drop route", err);
+  if (!mongoc_collection_delete_one(coll(kRoutes), filter, nullptr, reply, &err)) raise_store_error("drop route", err);
   int64_t n = 0;
   get_int64(reply, "deletedCount", &n);
   return n > 0;
@@ -351,7 +352,7 @@ std::vector<RouteDoc> Store::load_routes() {
   bson_error_t err;
   bool failed = mongoc_cursor_error(cur, &err);
   mongoc_cursor_destroy(cur);
-  if (failed) raise("read routes", err);
+  if (failed) raise_store_error("read routes", err);
   return out;
 }
 
@@ -376,7 +377,7 @@ std::vector<LaneDoc> Store::read_lanes() {
   bson_error_t err;
   bool failed = mongoc_cursor_error(cur, &err);
   mongoc_cursor_destroy(cur);
-  if (failed) raise("read lanes", err);
+  if (failed) raise_store_error("read lanes", err);
   return out;
 }
 
@@ -402,9 +403,9 @@ std::vector<bool> Store::insert_lanes(const std::vector<LaneDoc>& ls) {
   for (bson_t* d : docs) bson_destroy(d);
   if (ok) return inserted;
   auto errs = write_errors(reply);
-  if (errs.empty()) raise("insert lane leases", err);
+  if (errs.empty()) raise_store_error("insert lane leases", err);
   for (const auto& [index, code] : errs) {
-    if (code != kDuplicateKey) raise("insert lane leases", err);
+    if (code != kDuplicateKey) raise_store_error("insert lane leases", err);
     if (index >= 0 && index < static_cast<int>(inserted.size())) inserted[index] = false;
   }
   return inserted;
@@ -422,7 +423,7 @@ void Store::delete_lane_docs(const std::vector<std::pair<int, int64_t>>& lane_ep
   bson_append_document_end(filter, &in);
   bson_error_t err;
   count("delete");
-  if (!mongoc_collection_delete_many(coll(kLanes), filter, nullptr, reply, &err)) raise("delete old leases", err);
+  if (!mongoc_collection_delete_many(coll(kLanes), filter, nullptr, reply, &err)) raise_store_error("delete old leases", err);
 }
 
 void Store::heartbeat(const std::string& instance, int64_t until_ms) {
@@ -435,7 +436,7 @@ void Store::heartbeat(const std::string& instance, int64_t until_ms) {
   count("replace");
   if (!mongoc_collection_replace_one(coll(kInstances), filter, doc, opts, reply, &err)) {
     if (err.code == kDuplicateKey) return;  // a concurrent first upsert of our own doc: harmless
-    raise("heartbeat", err);
+    raise_store_error("heartbeat", err);
   }
 }
 
@@ -444,7 +445,7 @@ void Store::remove_instance(const std::string& instance) {
   BSON_APPEND_UTF8(filter, "_id", instance.c_str());
   bson_error_t err;
   count("delete");
-  if (!mongoc_collection_delete_one(coll(kInstances), filter, nullptr, reply, &err)) raise("remove instance", err);
+  if (!mongoc_collection_delete_one(coll(kInstances), filter, nullptr, reply, &err)) raise_store_error("remove instance", err);
 }
 
 int Store::live_instances(int64_t now_ms) {
@@ -460,7 +461,7 @@ int Store::live_instances(int64_t now_ms) {
   bson_error_t err;
   bool failed = mongoc_cursor_error(cur, &err);
   mongoc_cursor_destroy(cur);
-  if (failed) raise("read instances", err);
+  if (failed) raise_store_error("read instances", err);
   return n;
 }
 
@@ -539,7 +540,7 @@ std::vector<Delivery> Store::find_in_segments(const bson_t* filter, const std::s
     bson_error_t err;
     bool failed = mongoc_cursor_error(cur, &err);
     mongoc_cursor_destroy(cur);
-    if (failed) raise(what, err);
+    if (failed) raise_store_error(what, err);
     if (limit > 0 && static_cast<int>(out.size()) >= limit) break;
   }
   return out;
@@ -579,7 +580,7 @@ std::vector<std::string> Store::earlier_keys(const std::string& handler,
     bson_error_t err;
     bool failed = mongoc_cursor_error(cur, &err);
     mongoc_cursor_destroy(cur);
-    if (failed) raise("fence read", err);
+    if (failed) raise_store_error("fence read", err);
   }
   return out;
 }
@@ -591,7 +592,12 @@ int64_t Store::complete(const std::vector<int64_t>& ids) {
   // over the whole collection, which a segment bounds (a bulk of deleteOne
   // by _id is one such scan per id, so one command is its cheapest form).
   int64_t deleted = 0;
-  for (const auto& [c, part] : by_collection(ids)) deleted += delete_deliveries(c, part);
+  bool first = true;
+  for (const auto& [c, part] : by_collection(ids)) {
+    if (!first) crash_point("between_segment_completes");
+    first = false;
+    deleted += delete_deliveries(c, part);
+  }
   for (int64_t id : ids) base_ids_.erase(id);
   return deleted;
 }
@@ -601,7 +607,7 @@ int64_t Store::delete_deliveries(mongoc_collection_t* c, const std::vector<int64
   id_in(filter, ids);
   bson_error_t err;
   count("delete");
-  if (!mongoc_collection_delete_many(c, filter, nullptr, reply, &err)) raise("complete", err);
+  if (!mongoc_collection_delete_many(c, filter, nullptr, reply, &err)) raise_store_error("complete", err);
   int64_t n = 0;
   get_int64(reply, "deletedCount", &n);
   return n;
@@ -611,8 +617,22 @@ void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
   // Grouped by the segment that holds each delivery: one bulk of updates
   // per segment; per segment one find, then one insert of dead letters, and
   // one delete per segment at the end.
-  std::map<mongoc_collection_t*, std::vector<const Failure*>> retries_by, deads_by;
-  for (const auto& f : failures) (f.dead ? deads_by : retries_by)[delivery_coll(f.id)].push_back(&f);
+  std::map<int64_t, const Failure*> failure_of;
+  std::vector<int64_t> retry_ids, dead_ids;
+  for (const auto& f : failures) {
+    failure_of[f.id] = &f;
+    (f.dead ? dead_ids : retry_ids).push_back(f.id);
+  }
+  auto group = [&](const std::vector<int64_t>& ids) {
+    std::vector<std::pair<mongoc_collection_t*, std::vector<const Failure*>>> out;
+    for (auto& [c, part] : by_collection(ids)) {
+      out.emplace_back(c, std::vector<const Failure*>{});
+      for (int64_t id : part) out.back().second.push_back(failure_of[id]);
+    }
+    return out;
+  };
+  const auto retries_by = group(retry_ids);
+  const auto deads_by = group(dead_ids);
   bson_error_t err;
   for (const auto& [c, retries] : retries_by) {
     Bson bopts;
@@ -636,7 +656,7 @@ void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
     count("update");
     uint32_t ok = mongoc_bulk_operation_execute(bulk, reply, &err);
     mongoc_bulk_operation_destroy(bulk);
-    if (!ok) raise("record retries", err);
+    if (!ok) raise_store_error("record retries", err);
   }
   std::vector<int64_t> all_dead;
   for (const auto& [c, deads] : deads_by) {
@@ -674,7 +694,7 @@ void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
     mongoc_cursor_destroy(cur);
     if (failed) {
       for (bson_t* d : letters) bson_destroy(d);
-      raise("read dead deliveries", err);
+      raise_store_error("read dead deliveries", err);
     }
     if (!letters.empty()) {
       Bson opts, reply;
@@ -685,8 +705,8 @@ void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
       for (bson_t* d : letters) bson_destroy(d);
       if (!ok) {
         for (const auto& [index, code] : write_errors(reply))
-          if (code != kDuplicateKey) raise("insert dead letters", err);
-        if (write_errors(reply).empty()) raise("insert dead letters", err);
+          if (code != kDuplicateKey) raise_store_error("insert dead letters", err);
+        if (write_errors(reply).empty()) raise_store_error("insert dead letters", err);
       }
     }
     all_dead.insert(all_dead.end(), ids.begin(), ids.end());
@@ -729,7 +749,7 @@ int64_t Store::replay(const std::string& handler, const std::vector<int64_t>& id
   mongoc_cursor_destroy(cur);
   if (failed || docs.empty()) {
     for (bson_t* d : docs) bson_destroy(d);
-    if (failed) raise("read dead letters", err);
+    if (failed) raise_store_error("read dead letters", err);
     return 0;
   }
   Bson opts, reply;
@@ -740,14 +760,14 @@ int64_t Store::replay(const std::string& handler, const std::vector<int64_t>& id
   for (bson_t* d : docs) bson_destroy(d);
   if (!ok) {
     auto errs = write_errors(reply);
-    if (errs.empty()) raise("replay", err);
+    if (errs.empty()) raise_store_error("replay", err);
     for (const auto& [index, code] : errs)
-      if (code != kDuplicateKey) raise("replay", err);  // duplicates: replayed already
+      if (code != kDuplicateKey) raise_store_error("replay", err);  // duplicates: replayed already
   }
   Bson df, dr;
   id_in(df, moved);
   count("delete");
-  if (!mongoc_collection_delete_many(coll(kDeadLetters), df, nullptr, dr, &err)) raise("replay", err);
+  if (!mongoc_collection_delete_many(coll(kDeadLetters), df, nullptr, dr, &err)) raise_store_error("replay", err);
   return static_cast<int64_t>(moved.size());
 }
 
@@ -769,7 +789,7 @@ std::vector<HandlerStats> Store::stats() {
       bson_append_document_end(fd, &ex);
       count("count");
       s.dead = mongoc_collection_count_documents(coll(kDeadLetters), fd, nullptr, nullptr, nullptr, &err);
-      if (s.dead < 0) raise("count", err);
+      if (s.dead < 0) raise_store_error("count", err);
     }
     {
       Bson f;
@@ -793,7 +813,7 @@ int64_t Store::count_deliveries_where(const bson_t* filter) {
     bson_error_t err;
     count("count");
     int64_t n = mongoc_collection_count_documents(coll(seg.collection.c_str()), filter, nullptr, nullptr, nullptr, &err);
-    if (n < 0) raise("count", err);
+    if (n < 0) raise_store_error("count", err);
     total += n;
   }
   return total;
@@ -819,7 +839,7 @@ int64_t Store::oldest_published_ms(const std::string& handler) {
     bson_error_t err;
     bool failed = mongoc_cursor_error(cur, &err);
     mongoc_cursor_destroy(cur);
-    if (failed) raise("oldest pending", err);
+    if (failed) raise_store_error("oldest pending", err);
     if (found && (oldest == 0 || at < oldest)) oldest = at;
     if (found && seg.first_id >= 0) break;
   }
@@ -837,7 +857,7 @@ int64_t Store::count_all(const char* collection, const char* what) {
   bson_error_t err;
   count("count");
   int64_t n = mongoc_collection_count_documents(coll(collection), f, nullptr, nullptr, nullptr, &err);
-  if (n < 0) raise(what, err);
+  if (n < 0) raise_store_error(what, err);
   return n;
 }
 
@@ -859,7 +879,7 @@ bool Store::insert_handler(const HandlerDoc& h) {
   if (err.code == kDuplicateKey) return false;
   for (const auto& [index, code] : write_errors(reply))
     if (code == kDuplicateKey) return false;
-  raise("create handler", err);
+  raise_store_error("create handler", err);
 }
 
 int64_t Store::count_pending(const std::string& handler) {
@@ -900,7 +920,7 @@ int64_t Store::dead_letter_handler(const std::string& handler, const std::string
     mongoc_cursor_destroy(cur);
     if (failed) {
       for (bson_t* d : letters) bson_destroy(d);
-      raise("read deliveries of a dropped handler", err);
+      raise_store_error("read deliveries of a dropped handler", err);
     }
     if (letters.empty()) break;
     Bson iopts, reply;
@@ -911,9 +931,9 @@ int64_t Store::dead_letter_handler(const std::string& handler, const std::string
     for (bson_t* d : letters) bson_destroy(d);
     if (!ok) {
       auto errs = write_errors(reply);
-      if (errs.empty()) raise("dead-letter deliveries of a dropped handler", err);
+      if (errs.empty()) raise_store_error("dead-letter deliveries of a dropped handler", err);
       for (const auto& [index, code] : errs)
-        if (code != kDuplicateKey) raise("dead-letter deliveries of a dropped handler", err);
+        if (code != kDuplicateKey) raise_store_error("dead-letter deliveries of a dropped handler", err);
     }
     moved += delete_deliveries(c, ids);
     for (int64_t id : ids) base_ids_.erase(id);
@@ -931,7 +951,7 @@ int64_t Store::dead_letter_handler(const std::string& handler, const std::string
   bson_append_document_end(upd, &set);
   count("update");
   if (!mongoc_collection_update_many(coll(kDeadLetters), f, upd, nullptr, reply, &err))
-    raise("mark dead letters of a dropped handler", err);
+    raise_store_error("mark dead letters of a dropped handler", err);
   return moved;
 }
 
@@ -965,7 +985,7 @@ Store::Backlog Store::backlog(const std::string& handler, int64_t now_ms) {
     }
     count("count");
     int64_t n = mongoc_collection_count_documents(c, f, nullptr, nullptr, nullptr, &err);
-    if (n < 0) raise("count", err);
+    if (n < 0) raise_store_error("count", err);
     return n;
   };
   auto count_deliveries_of = [&](const char* field, const char* op, bool date, int64_t v) {
@@ -1008,7 +1028,7 @@ void Store::heartbeat_load(const std::string& instance, int64_t until_ms,
   count("replace");
   if (!mongoc_collection_replace_one(coll(kInstances), filter, doc, opts, reply, &err)) {
     if (err.code == kDuplicateKey) return;  // a concurrent first upsert of our own doc: harmless
-    raise("heartbeat", err);
+    raise_store_error("heartbeat", err);
   }
 }
 
@@ -1048,7 +1068,7 @@ std::map<std::string, Store::HandlerLoad> Store::live_load(int64_t now_ms) {
   bson_error_t err;
   bool failed = mongoc_cursor_error(cur, &err);
   mongoc_cursor_destroy(cur);
-  if (failed) raise("read instances", err);
+  if (failed) raise_store_error("read instances", err);
   return out;
 }
 

@@ -42,6 +42,8 @@ struct StoreError : std::runtime_error {
 };
 
 constexpr int kDuplicateKey = 11000;
+// Throws StoreError("<what>: <the driver's message>", the server's code).
+[[noreturn]] void raise_store_error(const char* what, const bson_error_t& err);
 
 struct HandlerDoc {
   std::string name;
@@ -276,8 +278,8 @@ class Store {
   int64_t delete_deliveries(mongoc_collection_t* c, const std::vector<int64_t>& ids);  // one deleteMany
   int64_t count_deliveries_where(const bson_t* filter);  // summed over every delivery collection
   int64_t oldest_published_ms(const std::string& handler);  // 0: none pending
-  // ids grouped by delivery_coll.
-  std::map<mongoc_collection_t*, std::vector<int64_t>> by_collection(const std::vector<int64_t>& ids);
+  // ids grouped by delivery_coll, oldest collection first.
+  std::vector<std::pair<mongoc_collection_t*, std::vector<int64_t>>> by_collection(const std::vector<int64_t>& ids);
   // Reads deliveries of `filter` from the collections in order until `limit`
   // rows (0: no limit), segments of `priority`'s class only when it is set.
   std::vector<Delivery> find_in_segments(const bson_t* filter, const std::string& handler, const int* priority,

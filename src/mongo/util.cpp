@@ -1,11 +1,14 @@
 #include "mongo/util.hpp"
 
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <ctime>
 
 #include "core/text_util.hpp"
@@ -158,6 +161,14 @@ bool get_date_ms(const bson_t* doc, const char* name, int64_t* out) {
   if (!bson_iter_init_find(&it, doc, name) || !BSON_ITER_HOLDS_DATE_TIME(&it)) return false;
   *out = bson_iter_date_time(&it);
   return true;
+}
+
+void crash_point(const char* point) {
+  static const char* want = getenv("RELAYBUS_MONGO_CRASH_POINT");
+  if (want != nullptr && strcmp(want, point) == 0) {
+    log_warn("test crash point reached: exiting", {{"point", point}});
+    _exit(99);
+  }
 }
 
 }  // namespace relaybus::mongo

@@ -24,6 +24,12 @@ inline void log_warn(std::string_view msg, nlohmann::json f = nlohmann::json::ob
 inline void log_error(std::string_view msg, nlohmann::json f = nlohmann::json::object()) { log(LogLevel::Error, msg, std::move(f)); }
 inline void log_debug(std::string_view msg, nlohmann::json f = nlohmann::json::object()) { log(LogLevel::Debug, msg, std::move(f)); }
 
+// A test hook: RELAYBUS_MONGO_CRASH_POINT=<point> makes the process _exit(99)
+// when it reaches that point: after a step of applying a sequencer version
+// (after_version, after_key_seqs, after_deliveries, after_outbox), or between
+// the segments of one completion batch (between_segment_completes).
+void crash_point(const char* point);
+
 int64_t wall_ms();       // milliseconds since the Unix epoch
 int64_t monotonic_ms();  // for intervals
 std::string iso8601_ms(int64_t epoch_ms);

@@ -97,6 +97,12 @@ count_path() {
     curl -s "$HOOK/_requests" | $PY -c "import json,sys; print(sum(1 for r in json.load(sys.stdin) if r['path']=='$1'))"
 }
 has_requests() { (($(count_path "$1") >= $2)); }
+# tag_positions PATH TAG: the 1-based positions, among the requests to PATH, of
+# those whose payload's tag is TAG.
+tag_positions() { curl -s "$HOOK/_requests" | $PY -c "
+import json,sys
+rs=[json.loads(r['body']) for r in json.load(sys.stdin) if r['path']=='$1']
+print(' '.join(str(i+1) for i,b in enumerate(rs) if b['payload']['tag']=='$2'))"; }
 # start_instance NAME DB [settings...]: runs `relaybus-mongo run` in the background; sets IPID.
 start_instance() {
     local name=$1 db=$2

@@ -226,10 +226,7 @@ start_instance prio $DB --priority-aging 60s
 local P1=$IPID
 wait_until 60 has_requests /prio 20 || fail "requests to /prio did not flow"
 local pos
-pos=$(curl -s "$HOOK/_requests" | $PY -c "
-import json,sys
-rs=[json.loads(r['body']) for r in json.load(sys.stdin) if r['path']=='/prio']
-print(' '.join(str(i+1) for i,b in enumerate(rs) if b['payload']['tag']=='high'))")
+pos=$(tag_positions /prio high)
 log "positions of the ten priority-3 deliveries: $pos"
 check_eq "ten priority-3 deliveries behind 1,000 priority-1 ones come first (within 10 + concurrency)" "10 ok" \
     "$(wc -w <<<"$pos") $(for p in $pos; do ((p <= 18)) || echo late; done | grep -q late && echo late || echo ok)"
@@ -253,10 +250,7 @@ md.update_many(db, {'payload.tag':'aged'}, {'\$set': {'not_before': old, 'publis
 start_instance aging $DB --priority-aging 10s --batch-size 20 --scan-window 64
 P1=$IPID
 wait_until 60 has_requests /aging 40 || fail "requests to /aging did not flow"
-pos=$(curl -s "$HOOK/_requests" | $PY -c "
-import json,sys
-rs=[json.loads(r['body']) for r in json.load(sys.stdin) if r['path']=='/aging']
-print(' '.join(str(i+1) for i,b in enumerate(rs) if b['payload']['tag']=='aged'))")
+pos=$(tag_positions /aging aged)
 log "positions of the five aged priority-0 deliveries: $pos"
 check_eq "aged priority-0 deliveries are not starved by a priority-2 backlog (within 5 + concurrency)" "5 ok" \
     "$(wc -w <<<"$pos") $(for p in $pos; do ((p <= 9)) || echo late; done | grep -q late && echo late || echo ok)"
