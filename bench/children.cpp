@@ -692,11 +692,18 @@ void run_http_log(const ChildSpec& spec, const std::unordered_map<int64_t, Deliv
     std::string line;
     long long not_200 = 0;
     while (std::getline(in, line)) {
-        // "<sec>.<ms> <webhook-id> <status>"
+        // "<sec>.<ms> <webhook-id> <status>"; the webhook-id is
+        // msg_<system id>_<database oid>_<delivery id> (docs/webhooks.md).
         char* end = nullptr;
         double msec = strtod(line.c_str(), &end);
         if (end == line.c_str()) continue;
-        long long id = strtoll(end, &end, 10);
+        while (*end == ' ') end++;
+        const char* token = end;
+        while (*end != '\0' && *end != ' ') end++;
+        const char* digits = token;
+        for (const char* q = token; q < end; q++)
+            if (*q == '_') digits = q + 1;
+        long long id = strtoll(digits, nullptr, 10);
         int status = int(strtol(end, nullptr, 10));
         if (status != 200) {
             not_200++;
