@@ -16,31 +16,27 @@ extern "C" {
 
 namespace relaybus::pg {
 
-static void append_int8_or_null(StringInfo buf, int row, int col) {
+// Appends JSON null and returns false for a NULL column; else sets *d.
+static bool column_or_null(StringInfo buf, int row, int col, Datum* d) {
     bool isnull = false;
-    Datum d = spi_col(row, col, &isnull);
-    if (isnull)
-        appendStringInfoString(buf, "null");
-    else
-        appendStringInfo(buf, INT64_FORMAT, DatumGetInt64(d));
+    *d = spi_col(row, col, &isnull);
+    if (isnull) appendStringInfoString(buf, "null");
+    return !isnull;
+}
+
+static void append_int8_or_null(StringInfo buf, int row, int col) {
+    Datum d;
+    if (column_or_null(buf, row, col, &d)) appendStringInfo(buf, INT64_FORMAT, DatumGetInt64(d));
 }
 
 static void append_text_or_null(StringInfo buf, int row, int col) {
-    bool isnull = false;
-    Datum d = spi_col(row, col, &isnull);
-    if (isnull)
-        appendStringInfoString(buf, "null");
-    else
-        escape_json(buf, TextDatumGetCString(d));
+    Datum d;
+    if (column_or_null(buf, row, col, &d)) escape_json(buf, TextDatumGetCString(d));
 }
 
 static void append_jsonb_or_null(StringInfo buf, int row, int col) {
-    bool isnull = false;
-    Datum d = spi_col(row, col, &isnull);
-    if (isnull) {
-        appendStringInfoString(buf, "null");
-        return;
-    }
+    Datum d;
+    if (!column_or_null(buf, row, col, &d)) return;
     Jsonb* jb = DatumGetJsonbP(d);
     (void)JsonbToCString(buf, &jb->root, VARSIZE(jb));
 }
