@@ -26,7 +26,7 @@ Dispatcher::Dispatcher(Config cfg, std::map<std::string, std::string> flags, Sto
   sequencer_ = std::make_unique<Sequencer>(store_, cfg_.instance, cfg_.max_key_bytes);
 }
 
-Dispatcher::~Dispatcher() { store_.set_command_hook(nullptr); }
+Dispatcher::~Dispatcher() { store_.set_observer(nullptr); }
 
 // Lease margin: a lane's results are completed only while its lease has at
 // least this much left (clock skew between instances + the completing write).
@@ -142,6 +142,7 @@ void Dispatcher::lease_tick() {
     auto it = top.find(l.lane);
     if (it == top.end() || l.epoch > it->second.epoch) top[l.lane] = l;
   }
+  settle_renewals();  // what the renewals during those reads found
   // Lanes someone else moved past our epoch are lost already.
   for (auto it = held_.begin(); it != held_.end();) {
     auto t = top.find(it->first);
@@ -272,6 +273,8 @@ void Dispatcher::lease_tick() {
     if (ok[i])
       for (int64_t e = std::max<int64_t>(1, epoch - 3); e < epoch; e++) old.emplace_back(lane, e);
   }
+  old.insert(old.end(), stale_lane_docs_.begin(), stale_lane_docs_.end());
+  stale_lane_docs_.clear();
   store_.delete_lane_docs(old);
   metrics_.lanes_held = static_cast<int>(held_.size());
   metrics_.last_store_ok_ms = wall_ms();
@@ -294,6 +297,7 @@ void Dispatcher::lease_tick() {
 }
 
 void Dispatcher::renew_if_due() {
+  settle_renewals();
   if ((!held_.empty() || seq_held_) && wall_ms() >= renewed_at_ms_ + std::max<int64_t>(100, cfg_.lease_ms / 3))
     renew_leases();
 }
@@ -355,6 +359,7 @@ void Dispatcher::fetch_all() {
   for (const auto& [lane, h] : held_)
     if (!h.draining && lane_valid(lane, now)) any_lane = true;
   if (!any_lane) return;
+  bound_read_ = false;
   for (auto& [name, h] : handlers_) {
     try {
       fetch_handler(h);
@@ -378,6 +383,10 @@ void Dispatcher::fetch_handler(HandlerState& h) {
     if (!held.draining && lane_valid(lane, now)) lanes.push_back(lane);
   if (lanes.empty()) return;
   const int window = cfg_.scan_window > 0 ? cfg_.scan_window : std::max(64, 4 * cfg_.batch_size);
+  if (!bound_read_) {  // once per pass, before its first window: a key's older delivery is never missed
+    store_.read_inserted_bound();
+    bound_read_ = true;
+  }
   // Priority across the whole backlog: while it fits in a window, one read of
   // the oldest rows sees everything. Beyond, the head of each class may lie
   // far behind the oldest rows, so each class's own window is read
@@ -657,18 +666,77 @@ void Dispatcher::flush() {
 
 // ---------------------------------------------------------------- loop
 
-void Dispatcher::io_turn() {
-  if (in_io_turn_) return;
-  in_io_turn_ = true;
-  poll_io(0, false);
-  in_io_turn_ = false;
+void Dispatcher::begin(bool lanes) {
+  // The metrics thread serves from this copy while the command runs.
+  server_.publish(metrics_, 3 * cfg_.lease_ms);
+  if (!window_) return;
+  std::vector<CommandWindow::Lease> leases;
+  for (const auto& [lane, h] : held_) leases.push_back({lane, h.epoch});
+  if (seq_held_) leases.push_back({kSequencerLane, seq_lease_.epoch});
+  const int64_t interval = std::max<int64_t>(100, cfg_.lease_ms / 3);
+  // A command that writes lane leases itself must not race a renewal of them.
+  window_->open(engine_.get(), std::move(leases), cfg_.instance, renewed_at_ms_ + interval, interval, !lanes);
 }
 
-void Dispatcher::wait(int64_t max_ms) { poll_io(max_ms, true); }
+void Dispatcher::end() noexcept {
+  if (!window_) return;
+  window_->close();
+  if (window_->renewed_any()) apply_renewals(window_->take_renewed());
+}
 
-void Dispatcher::poll_io(int64_t max_ms, bool signals) {
+// Inside a store method's bracket (end()): only values change here, no lane
+// is dropped, so a caller iterating held_ around a store call is not upset.
+void Dispatcher::apply_renewals(CommandWindow::Renewed r) noexcept {
+  for (const auto& [lane, epoch] : r.epoch) {
+    Held* h = nullptr;
+    if (lane == kSequencerLane) {
+      if (seq_held_) h = &seq_lease_;
+    } else {
+      auto it = held_.find(lane);
+      if (it != held_.end()) h = &it->second;
+    }
+    if (h == nullptr || epoch <= h->epoch) continue;
+    h->epoch = epoch;
+    h->until_ms = r.until_ms;
+  }
+  for (const auto& [lane, epochs] : r.passed)
+    for (int64_t e : epochs) stale_lane_docs_.emplace_back(lane, e);
+  if (r.until_ms > 0) {
+    renewed_at_ms_ = std::max(renewed_at_ms_, r.sent_ms);
+    metrics_.last_store_ok_ms = wall_ms();
+  }
+  lost_in_window_.insert(lost_in_window_.end(), r.lost.begin(), r.lost.end());
+  if (!r.error.empty()) window_error_ = r.error;
+}
+
+// Lanes a window's renewal found taken: dropped as renew_leases drops them.
+void Dispatcher::settle_renewals() {
+  if (!window_error_.empty()) {
+    metrics_.store_errors++;
+    log_warn("lease renewal during a store command failed", {{"error", window_error_}});
+    window_error_.clear();
+  }
+  if (lost_in_window_.empty()) return;
+  std::vector<int> lost;
+  for (int lane : lost_in_window_) {
+    if (lane == kSequencerLane) {
+      if (!seq_held_) continue;
+      log_warn("sequencer role lost", {{"epoch", seq_lease_.epoch}});
+      seq_held_ = false;
+      sequencer_->end();
+    } else if (held_.erase(lane) > 0) {
+      lost.push_back(lane);
+      metrics_.lanes_lost++;
+    }
+  }
+  lost_in_window_.clear();
+  metrics_.lanes_held = static_cast<int>(held_.size());
+  if (!lost.empty()) log_warn("lane lease lost", {{"lost", lost}, {"held", held_.size()}});
+}
+
+void Dispatcher::wait(int64_t max_ms) {
   std::vector<pollfd> fds;
-  fds.push_back({signals ? signal_fd_ : -1, POLLIN, 0});  // a negative fd is ignored by poll
+  fds.push_back({signal_fd_, POLLIN, 0});
   const size_t engine_from = fds.size();
   if (engine_)
     for (const auto& w : engine_->sockets())
@@ -676,8 +744,8 @@ void Dispatcher::poll_io(int64_t max_ms, bool signals) {
   const size_t engine_to = fds.size();
   // The metrics thread serves from this copy while the next store command runs.
   server_.publish(metrics_, 3 * cfg_.lease_ms);
-  // Pull API requests (they call the store): not between two store commands.
-  fds.push_back({signals ? server_.api_fd() : -1, POLLIN, 0});
+  // Pull API requests (they call the store): served here, between loop passes.
+  fds.push_back({server_.api_fd(), POLLIN, 0});
   int64_t t = max_ms;
   if (engine_) {
     int64_t et = engine_->timeout_ms();
@@ -686,7 +754,7 @@ void Dispatcher::poll_io(int64_t max_ms, bool signals) {
   t = std::max<int64_t>(0, t);
   int n = poll(fds.data(), fds.size(), static_cast<int>(t));
   if (n < 0 && errno != EINTR) log_warn("poll failed", {{"error", strerror(errno)}});
-  {  // API requests queued during an io_turn keep api_fd readable: served by the next wait
+  {
     if (fds[0].revents & POLLIN) {
       char buf[64];
       ssize_t k = read(signal_fd_, buf, sizeof buf);
@@ -728,7 +796,13 @@ int Dispatcher::run() {
            {{"instance", cfg_.instance}, {"database", cfg_.database}, {"metrics", server_.bound()},
             {"lease_ms", cfg_.lease_ms}, {"batch_size", cfg_.batch_size}, {"config_file", cfg_.config_file}});
   if (!ensure_engine()) return 1;
-  store_.set_command_hook([this] { io_turn(); });
+  try {  // the renewals' own connection
+    window_ = std::make_unique<CommandWindow>(std::make_unique<Store>(cfg_.uri, cfg_.database), cfg_.lease_ms);
+  } catch (const StoreError& e) {
+    log_error("cannot create the lease renewals' client", {{"error", e.what()}});
+    return 1;
+  }
+  store_.set_observer(this);
   const PullHost& host = *this;
   pull_ = std::make_unique<PullApi>(store_, metrics_, host, rng_());
   server_.set_api([this](const std::string& method, const std::string& path, const std::string& auth,
@@ -743,6 +817,7 @@ int Dispatcher::run() {
   }
   int64_t store_backoff_until = 0;
   for (;;) {
+    settle_renewals();
     if (stopping_) {
       pipeline_->release_queued(*this);  // not sent: read again by the lanes' next holder
       collect_results();
@@ -803,7 +878,8 @@ int Dispatcher::run() {
   }
   pull_.reset();  // its leases end with the process (a later ack gets 409): their lanes go back too
   release_all();
-  store_.set_command_hook(nullptr);
+  store_.set_observer(nullptr);
+  window_.reset();
   server_.stop();  // /metrics and /healthz until here; an API request still waiting gets 503
   log_info("relaybus-mongo dispatcher stopped", {{"delivered", [&] {
                                                     uint64_t n = 0;

@@ -7,7 +7,9 @@
 // (lane, epoch at which this instance took the lane) that still holds. One
 // thread, one poll() loop over the engine's sockets, the pull API's requests
 // and a signal pipe; /metrics and /healthz are answered by the metrics
-// server's own thread from the copy the loop publishes (metrics.hpp).
+// server's own thread from the copy the loop publishes (metrics.hpp). While
+// a store command runs, helper threads drive the HTTP requests in flight and
+// renew the lane leases (command_window.hpp).
 //
 // Lane leases (docs/mongo.md, "Lane leases"): relay_lanes holds one document
 // per (lane, epoch), unique. The holder of a lane is the owner of its highest
@@ -35,6 +37,7 @@
 
 #include "core/delivery_pipeline.hpp"
 #include "core/http_engine.hpp"
+#include "mongo/command_window.hpp"
 #include "mongo/config.hpp"
 #include "mongo/metrics.hpp"
 #include "mongo/pull_api.hpp"
@@ -43,7 +46,7 @@
 
 namespace relaybus::mongo {
 
-class Dispatcher final : private core::DeliveryStore, private PullHost {
+class Dispatcher final : private core::DeliveryStore, private PullHost, private Store::CommandObserver {
  public:
   // signal_fd: the read end of the self-pipe the signal handlers write 'T'
   // (SIGTERM/SIGINT) or 'H' (SIGHUP) to. reload() re-reads the config.
@@ -84,20 +87,27 @@ class Dispatcher final : private core::DeliveryStore, private PullHost {
   void renew_if_due();
   int64_t renewed_at_ms_ = 0;
   void fetch_all();
+  bool bound_read_ = false;  // this fetch pass read Store::read_inserted_bound
   void fetch_handler(HandlerState& h);
   void collect_results();
   void flush();
   void release_all();
   bool lane_valid(int lane, int64_t now) const;
   bool ensure_engine();
+  // Waits up to max_ms for a signal, the engine's sockets or a pull API request.
   void wait(int64_t max_ms);
-  // One non-blocking turn of the engine's sockets (not the pull API, not
-  // signals) and a fresh copy of the metrics for the metrics thread, before
-  // every store command: HTTP requests in flight progress while a loop pass
-  // waits on slow reads, and /metrics shows the state as of this command.
-  void io_turn();
-  void poll_io(int64_t max_ms, bool signals);
-  bool in_io_turn_ = false;
+  // Store::CommandObserver: around every store command, a fresh copy of the
+  // metrics for the metrics thread, and the command window open meanwhile.
+  void begin(bool lanes) override;
+  void end() noexcept override;
+  std::unique_ptr<CommandWindow> window_;
+  // The window's renewals, applied when it closes (the epochs and expiry of
+  // the lanes renewed); losses wait for settle_renewals, which may drop lanes.
+  void apply_renewals(CommandWindow::Renewed r) noexcept;
+  void settle_renewals();
+  std::vector<int> lost_in_window_;
+  std::string window_error_;
+  std::vector<std::pair<int, int64_t>> stale_lane_docs_;  // renewed past in a window: deleted by the next tick
   bool wait_for_server();  // server_wait.cpp
 
   // PullHost: the pull API's view of the catalog and the lanes.

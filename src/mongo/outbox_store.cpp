@@ -58,7 +58,7 @@ void string_in(bson_t* filter, const char* field, const std::vector<std::string>
 void Store::insert_outbox(const bson_t* doc) {
   Bson reply;
   bson_error_t err;
-  count("insert");
+  const auto command = count("insert");
   if (!mongoc_collection_insert_one(coll(kOutbox), doc, nullptr, reply, &err)) raise_store_error("insert into relay_outbox", err);
 }
 
@@ -66,7 +66,7 @@ void Store::insert_outbox_many(const std::vector<const bson_t*>& docs) {
   if (docs.empty()) return;
   Bson reply;
   bson_error_t err;
-  count("insert");
+  const auto command = count("insert");
   std::vector<const bson_t*> v(docs);
   if (!mongoc_collection_insert_many(coll(kOutbox), v.data(), v.size(), nullptr, reply, &err))
     raise_store_error("insert into relay_outbox", err);
@@ -85,7 +85,7 @@ std::vector<std::shared_ptr<bson_t>> Store::read_outbox(int limit) {
   }
   BSON_APPEND_INT64(opts, "limit", limit);
   BSON_APPEND_INT32(opts, "batchSize", limit);
-  count("find");
+  const auto command = count("find");
   return drain(mongoc_collection_find_with_opts(coll(kOutbox), filter, opts, nullptr), "read relay_outbox");
 }
 
@@ -106,7 +106,7 @@ std::vector<std::shared_ptr<bson_t>> Store::read_outbox_ids(const std::vector<co
   if (ids.empty()) return {};
   Bson filter;
   append_id_in(filter, ids);
-  count("find");
+  const auto command = count("find");
   return drain(mongoc_collection_find_with_opts(coll(kOutbox), filter, nullptr, nullptr), "read relay_outbox");
 }
 
@@ -117,15 +117,56 @@ std::shared_ptr<bson_t> Store::read_top_version() {
   BSON_APPEND_INT32(&sort, "_id", -1);
   bson_append_document_end(opts, &sort);
   BSON_APPEND_INT64(opts, "limit", 1);
-  count("find");
+  const auto command = count("find");
   auto docs = drain(mongoc_collection_find_with_opts(coll(kSequence), filter, opts, nullptr), "read relay_sequence");
   return docs.empty() ? nullptr : docs[0];
+}
+
+void Store::read_inserted_bound() {
+  Bson filter, opts;
+  bson_t sort, proj;
+  bson_append_document_begin(opts, "sort", 4, &sort);
+  BSON_APPEND_INT32(&sort, "_id", -1);
+  bson_append_document_end(opts, &sort);
+  bson_append_document_begin(opts, "projection", 10, &proj);
+  BSON_APPEND_INT32(&proj, "first_id", 1);
+  BSON_APPEND_INT32(&proj, "next_id", 1);
+  BSON_APPEND_INT32(&proj, "inserted", 1);
+  bson_append_document_end(opts, &proj);
+  BSON_APPEND_INT64(opts, "limit", 1);
+  const auto command = count("find");
+  auto docs = drain(mongoc_collection_find_with_opts(coll(kSequence), filter, opts, nullptr), "read relay_sequence");
+  int64_t first = 0, next = 0;
+  bson_iter_t it;
+  if (docs.empty()) {  // no version yet: no segment holds a delivery
+    inserted_bound_ = 0;
+    return;
+  }
+  if (!get_int64(docs[0].get(), "first_id", &first) || !get_int64(docs[0].get(), "next_id", &next)) {
+    inserted_bound_ = INT64_MAX;  // a version by a sidecar before first_id: unbounded, as it read
+    return;
+  }
+  const bool inserted = bson_iter_init_find(&it, docs[0].get(), "inserted") && bson_iter_as_bool(&it);
+  inserted_bound_ = inserted ? next - 1 : first - 1;
+}
+
+void Store::mark_version_inserted(int64_t version) {
+  Bson filter, update, reply;
+  bson_t set;
+  BSON_APPEND_INT64(filter, "_id", version);
+  bson_append_document_begin(update, "$set", 4, &set);
+  BSON_APPEND_BOOL(&set, "inserted", true);
+  bson_append_document_end(update, &set);
+  bson_error_t err;
+  const auto command = count("update");
+  if (!mongoc_collection_update_one(coll(kSequence), filter, update, nullptr, reply, &err))
+    raise_store_error("mark a version inserted", err);
 }
 
 bool Store::insert_version(const bson_t* doc) {
   Bson reply;
   bson_error_t err;
-  count("insert");
+  const auto command = count("insert");
   if (mongoc_collection_insert_one(coll(kSequence), doc, nullptr, reply, &err)) return true;
   if (err.code == kDuplicateKey) return false;
   for (int c : write_error_codes(reply))
@@ -140,14 +181,14 @@ void Store::delete_versions_below(int64_t version) {
   BSON_APPEND_INT64(&lt, "$lt", version);
   bson_append_document_end(filter, &lt);
   bson_error_t err;
-  count("delete");
+  const auto command = count("delete");
   if (!mongoc_collection_delete_many(coll(kSequence), filter, nullptr, reply, &err)) raise_store_error("trim relay_sequence", err);
 }
 
 int64_t Store::read_id_counter() {
   Bson filter;
   BSON_APPEND_UTF8(filter, "_id", "ids");
-  count("find");
+  const auto command = count("find");
   auto docs = drain(mongoc_collection_find_with_opts(coll(kCountersColl), filter, nullptr, nullptr), "read relay_counters");
   int64_t n = 0;
   if (!docs.empty()) get_int64(docs[0].get(), "n", &n);
@@ -159,7 +200,7 @@ std::map<std::string, int64_t> Store::read_key_seqs(const std::vector<std::strin
   if (keys.empty()) return out;
   Bson filter;
   string_in(filter, "_id", keys);
-  count("find");
+  const auto command = count("find");
   for (const auto& d : drain(mongoc_collection_find_with_opts(coll(kKeySeqsColl), filter, nullptr, nullptr),
                              "read relay_key_seqs")) {
     std::string k;
@@ -192,7 +233,7 @@ void Store::raise_key_seqs(const std::map<std::string, int64_t>& seqs) {
       mongoc_bulk_operation_update_one_with_opts(bulk, sel, upd, uopts, &err);
     }
     Bson reply;
-    count("update");
+    const auto command = count("update");
     uint32_t ok = mongoc_bulk_operation_execute(bulk, reply, &err);
     mongoc_bulk_operation_destroy(bulk);
     if (ok) continue;
@@ -209,7 +250,7 @@ std::map<std::string, int64_t> Store::read_dedupe(const std::vector<std::string>
   if (keys.empty()) return out;
   Bson filter;
   string_in(filter, "_id", keys);
-  count("find");
+  const auto command = count("find");
   for (const auto& d :
        drain(mongoc_collection_find_with_opts(coll(kDedupe), filter, nullptr, nullptr), "read relay_dedupe")) {
     std::string k;
@@ -224,7 +265,7 @@ void Store::insert_idempotent(const char* collection, const std::vector<bson_t*>
   Bson opts, reply;
   BSON_APPEND_BOOL(opts, "ordered", false);
   bson_error_t err;
-  count("insert");
+  const auto command = count("insert");
   if (mongoc_collection_insert_many(coll(collection), const_cast<const bson_t**>(docs.data()), docs.size(), opts, reply,
                                     &err))
     return;
@@ -239,7 +280,7 @@ int64_t Store::delete_ids(const char* collection, const std::vector<const bson_t
   Bson filter, reply;
   append_id_in(filter, ids);
   bson_error_t err;
-  count("delete");
+  const auto command = count("delete");
   if (!mongoc_collection_delete_many(coll(collection), filter, nullptr, reply, &err)) raise_store_error(what, err);
   int64_t n = 0;
   get_int64(reply, "deletedCount", &n);
@@ -253,7 +294,7 @@ bool Store::is_ferretdb() {
   Bson cmd, reply;
   BSON_APPEND_INT32(cmd, "buildInfo", 1);
   bson_error_t err;
-  count("buildInfo");
+  const auto command = count("buildInfo");
   if (!mongoc_client_command_simple(client_, "admin", cmd, nullptr, reply, &err)) raise_store_error("buildInfo", err);
   bson_iter_t it;
   ferretdb_ = bson_iter_init_find(&it, reply, "ferretdbVersion") ? 1 : 0;

@@ -147,6 +147,7 @@ ApiResponse PullApi::claim(const HandlerDoc& h, const std::string& body, int64_t
   if (lanes.empty()) return reply(200, out);
   // The dispatcher's read: the oldest window, each class's own beyond it.
   const int w = static_cast<int>(std::max<int64_t>(64, window));
+  store_.read_inserted_bound();  // before the windows: a key's older delivery is never missed
   std::vector<Delivery> rows = store_.fetch_window(h.name, lanes, w);
   bool truncated = static_cast<int>(rows.size()) >= w;
   if (truncated) {

@@ -30,7 +30,7 @@ const std::vector<Segment>& Store::delivery_collections(int64_t max_age_ms) {
   bson_append_document_begin(opts, "sort", 4, sort);
   BSON_APPEND_INT32(sort, "_id", 1);
   bson_append_document_end(opts, sort);
-  count("find");
+  const auto command = count("find");
   mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kSegments), filter, opts, nullptr);
   std::vector<Segment> out;
   out.push_back({-1, 0xF, kBase});
@@ -100,7 +100,7 @@ void Store::prepare_segments(const std::map<int64_t, unsigned>& classes_by_first
     bson_append_document_end(upd, &set);
     BSON_APPEND_BOOL(opts, "upsert", true);
     bson_error_t err;
-    count("update");
+    const auto command = count("update");
     if (!mongoc_collection_update_one(coll(kSegments), filter, upd, opts, reply, &err) && err.code != kDuplicateKey)
       raise_store_error("record a delivery segment", err);
     if (prepared_.count(first)) continue;
@@ -128,7 +128,7 @@ void Store::prepare_segments(const std::map<int64_t, unsigned>& classes_by_first
       if (ix.unique) BSON_APPEND_BOOL(&spec, "unique", true);
       bson_append_document_end(&arr, &spec);
       bson_append_array_end(cmd, &arr);
-      count("createIndexes");
+      const auto command = count("createIndexes");
       mongoc_database_t* d = mongoc_client_get_database(client_, db_.c_str());
       bool ok = mongoc_database_write_command_with_opts(d, cmd, nullptr, ireply, &err);
       mongoc_database_destroy(d);
@@ -157,7 +157,7 @@ int Store::drop_drained_segments(int64_t assigned_below) {
     if (s.first_id < 0 || s.first_id + kSegmentIds > assigned_below) continue;
     Bson filter, opts;
     BSON_APPEND_INT64(opts, "limit", 1);
-    count("find");
+    const auto command = count("find");
     mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(s.collection.c_str()), filter, opts, nullptr);
     const bson_t* doc;
     const bool empty = !mongoc_cursor_next(cur, &doc);
@@ -168,12 +168,12 @@ int Store::drop_drained_segments(int64_t assigned_below) {
     if (!empty) continue;
     // Only the sequencer inserts into a segment, and only ids it has not
     // assigned yet: an empty, fully assigned segment stays empty.
-    count("drop");
+    const auto dropping = count("drop");
     if (!mongoc_collection_drop(coll(s.collection.c_str()), &err) && err.code != 26 /* NamespaceNotFound */)
       raise_store_error("drop a delivery segment", err);
     Bson f, reply;
     BSON_APPEND_INT64(f, "_id", s.first_id);
-    count("delete");
+    const auto forgetting = count("delete");
     if (!mongoc_collection_delete_one(coll(kSegments), f, nullptr, reply, &err))
       raise_store_error("forget a delivery segment", err);
     prepared_.erase(s.first_id);

@@ -80,11 +80,15 @@ void Sequencer::load_catalog() {
 
 namespace {
 
-void append_version(bson_t* d, int64_t v, int64_t epoch, const std::string& owner, int64_t at_ms, int64_t next_id) {
+// first_id: the lowest delivery id the version may insert (readers read no
+// segment id from it on until the version is marked `inserted`).
+void append_version(bson_t* d, int64_t v, int64_t epoch, const std::string& owner, int64_t at_ms, int64_t first_id,
+                    int64_t next_id) {
   BSON_APPEND_INT64(d, "_id", v);
   BSON_APPEND_INT64(d, "epoch", epoch);
   BSON_APPEND_UTF8(d, "owner", owner.c_str());
   BSON_APPEND_DATE_TIME(d, "at", at_ms);
+  BSON_APPEND_INT64(d, "first_id", first_id);
   BSON_APPEND_INT64(d, "next_id", next_id);
 }
 
@@ -259,6 +263,7 @@ bool Sequencer::apply(const Version& v, const std::function<bool()>& holds) {
       free_all(deliveries);
       return false;
     }
+    pause_point("before_deliveries", std::to_string(v.v));
     store_.prepare_segments(classes_by_segment);
     if (!deliveries.empty() && !holds()) {
       free_all(deliveries);
@@ -270,6 +275,10 @@ bool Sequencer::apply(const Version& v, const std::function<bool()>& holds) {
     throw;
   }
   free_all(deliveries);
+  // Readers may now read this version's deliveries (Store::read_inserted_bound):
+  // the inserts above went to up to two segments one after the other, and a
+  // reader between them would see a key's newer delivery without its older one.
+  store_.mark_version_inserted(v.v);
   crash_point("after_deliveries");
   // 4. The outbox documents, last.
   std::vector<const bson_t*> ids;
@@ -379,7 +388,7 @@ int Sequencer::step(int limit, int64_t now_ms, const std::function<bool()>& hold
 
   // The commit: version v + 1, unique. Whoever inserted it owns this batch's ids and seqs.
   Bson doc;
-  append_version(doc, v.v, v.epoch, v.owner, v.at_ms, v.next_id);
+  append_version(doc, v.v, v.epoch, v.owner, v.at_ms, next_id_, v.next_id);
   bson_t arr;
   bson_append_array_begin(doc, "events", -1, &arr);
   for (size_t i = 0; i < v.events.size(); i++) {

@@ -187,7 +187,7 @@ void Store::ping() {
   Bson cmd, reply;
   BSON_APPEND_INT32(cmd, "ping", 1);
   bson_error_t err;
-  count("ping");
+  const auto command = count("ping");
   if (!mongoc_client_command_simple(client_, "admin", cmd, nullptr, reply, &err)) raise_store_error("ping", err);
 }
 
@@ -197,7 +197,7 @@ std::vector<std::string> Store::init() {
   for (const char* name : {kHandlers, kRoutes, kDeliveries, kKeySeqs, kCounters, kLanes, kInstances, kDeadLetters,
                            kOutbox, kSequence, kDedupe, kOutboxRejects, kSegmentsColl}) {
     bson_error_t err;
-    count("create");
+    const auto command = count("create");
     mongoc_collection_t* c = mongoc_database_create_collection(db, name, nullptr, &err);
     if (c != nullptr) {
       created.push_back(name);
@@ -238,7 +238,7 @@ std::vector<std::string> Store::init() {
     bson_append_document_end(&arr, &spec);
     bson_append_array_end(cmd, &arr);
     bson_error_t err;
-    count("createIndexes");
+    const auto command = count("createIndexes");
     mongoc_database_t* d = mongoc_client_get_database(client_, db_.c_str());
     bool ok = mongoc_database_write_command_with_opts(d, cmd, nullptr, reply, &err);
     mongoc_database_destroy(d);
@@ -262,7 +262,7 @@ void Store::put_handler(const HandlerDoc& h) {
   BSON_APPEND_UTF8(doc, "options", h.options_json.c_str());
   BSON_APPEND_BOOL(opts, "upsert", true);
   bson_error_t err;
-  count("replace");
+  const auto command = count("replace");
   if (!mongoc_collection_replace_one(coll(kHandlers), filter, doc, opts, reply, &err)) raise_store_error("store handler", err);
 }
 
@@ -270,13 +270,13 @@ bool Store::drop_handler(const std::string& name) {
   Bson filter, reply;
   BSON_APPEND_UTF8(filter, "_id", name.c_str());
   bson_error_t err;
-  count("delete");
+  const auto command = count("delete");
   if (!mongoc_collection_delete_one(coll(kHandlers), filter, nullptr, reply, &err)) raise_store_error("drop handler", err);
   int64_t n = 0;
   get_int64(reply, "deletedCount", &n);
   Bson rf, rr;
   BSON_APPEND_UTF8(rf, "handler", name.c_str());
-  count("delete");
+  const auto second_command = count("delete");
   if (!mongoc_collection_delete_many(coll(kRoutes), rf, nullptr, rr, &err)) raise_store_error("drop routes", err);
   return n > 0;
 }
@@ -284,7 +284,7 @@ bool Store::drop_handler(const std::string& name) {
 std::vector<HandlerDoc> Store::load_handlers(std::vector<std::string>* bad) {
   std::vector<HandlerDoc> out;
   Bson filter;
-  count("find");
+  const auto command = count("find");
   mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kHandlers), filter, nullptr, nullptr);
   const bson_t* doc;
   while (mongoc_cursor_next(cur, &doc)) {
@@ -322,7 +322,7 @@ void Store::put_route(const RouteDoc& r) {
   if (!r.wire_name.empty()) BSON_APPEND_UTF8(doc, "wire_name", r.wire_name.c_str());
   BSON_APPEND_BOOL(opts, "upsert", true);
   bson_error_t err;
-  count("replace");
+  const auto command = count("replace");
   if (!mongoc_collection_replace_one(coll(kRoutes), filter, doc, opts, reply, &err)) raise_store_error("store route", err);
 }
 
@@ -330,7 +330,7 @@ bool Store::drop_route(const std::string& pattern, const std::string& handler) {
   Bson filter, reply;
   BSON_APPEND_UTF8(filter, "_id", (handler + "|" + pattern).c_str());
   bson_error_t err;
-  count("delete");
+  const auto command = count("delete");
   if (!mongoc_collection_delete_one(coll(kRoutes), filter, nullptr, reply, &err)) raise_store_error("drop route", err);
   int64_t n = 0;
   get_int64(reply, "deletedCount", &n);
@@ -340,7 +340,7 @@ bool Store::drop_route(const std::string& pattern, const std::string& handler) {
 std::vector<RouteDoc> Store::load_routes() {
   std::vector<RouteDoc> out;
   Bson filter;
-  count("find");
+  const auto command = count("find");
   mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kRoutes), filter, nullptr, nullptr);
   const bson_t* doc;
   while (mongoc_cursor_next(cur, &doc)) {
@@ -361,7 +361,7 @@ std::vector<RouteDoc> Store::load_routes() {
 std::vector<LaneDoc> Store::read_lanes() {
   std::vector<LaneDoc> out;
   Bson filter;
-  count("find");
+  const auto command = count("find");
   mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kLanes), filter, nullptr, nullptr);
   const bson_t* doc;
   while (mongoc_cursor_next(cur, &doc)) {
@@ -397,7 +397,7 @@ std::vector<bool> Store::insert_lanes(const std::vector<LaneDoc>& ls) {
   Bson opts, reply;
   BSON_APPEND_BOOL(opts, "ordered", false);
   bson_error_t err;
-  count("insert");
+  const auto command = count("insert", true);
   bool ok = mongoc_collection_insert_many(coll(kLanes), const_cast<const bson_t**>(docs.data()), docs.size(), opts,
                                           reply, &err);
   for (bson_t* d : docs) bson_destroy(d);
@@ -422,7 +422,7 @@ void Store::delete_lane_docs(const std::vector<std::pair<int, int64_t>>& lane_ep
   bson_append_array_end(&in, &arr);
   bson_append_document_end(filter, &in);
   bson_error_t err;
-  count("delete");
+  const auto command = count("delete");
   if (!mongoc_collection_delete_many(coll(kLanes), filter, nullptr, reply, &err)) raise_store_error("delete old leases", err);
 }
 
@@ -433,7 +433,7 @@ void Store::heartbeat(const std::string& instance, int64_t until_ms) {
   BSON_APPEND_DATE_TIME(doc, "until", until_ms);
   BSON_APPEND_BOOL(opts, "upsert", true);
   bson_error_t err;
-  count("replace");
+  const auto command = count("replace");
   if (!mongoc_collection_replace_one(coll(kInstances), filter, doc, opts, reply, &err)) {
     if (err.code == kDuplicateKey) return;  // a concurrent first upsert of our own doc: harmless
     raise_store_error("heartbeat", err);
@@ -444,13 +444,13 @@ void Store::remove_instance(const std::string& instance) {
   Bson filter, reply;
   BSON_APPEND_UTF8(filter, "_id", instance.c_str());
   bson_error_t err;
-  count("delete");
+  const auto command = count("delete");
   if (!mongoc_collection_delete_one(coll(kInstances), filter, nullptr, reply, &err)) raise_store_error("remove instance", err);
 }
 
 int Store::live_instances(int64_t now_ms) {
   Bson filter;
-  count("find");
+  const auto command = count("find");
   mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kInstances), filter, nullptr, nullptr);
   const bson_t* doc;
   int n = 0;
@@ -516,6 +516,17 @@ std::vector<Delivery> Store::find_in_segments(const bson_t* filter, const std::s
     }
     const Segment& seg = list[i];
     if (priority != nullptr && !(seg.classes & (1u << *priority))) continue;
+    if (seg.first_id >= 0 && seg.first_id > inserted_bound_) break;  // newer segments: later versions only
+    // The segment the bound falls in: only its ids up to the bound.
+    Bson bounded;
+    const bool cut = seg.first_id >= 0 && seg.first_id + kSegmentIds - 1 > inserted_bound_;
+    if (cut) {
+      bson_copy_to_excluding_noinit(filter, bounded, "_id", nullptr);
+      bson_t lte;
+      bson_append_document_begin(bounded, "_id", 3, &lte);
+      BSON_APPEND_INT64(&lte, "$lte", inserted_bound_);
+      bson_append_document_end(bounded, &lte);
+    }
     Bson opts;
     if (sorted) {
       bson_t sort;
@@ -528,8 +539,9 @@ std::vector<Delivery> Store::find_in_segments(const bson_t* filter, const std::s
       BSON_APPEND_INT64(opts, "limit", want);
       BSON_APPEND_INT32(opts, "batchSize", want);
     }
-    count("find");
-    mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(seg.collection.c_str()), filter, opts, nullptr);
+    const auto command = count("find");
+    mongoc_cursor_t* cur =
+        mongoc_collection_find_with_opts(coll(seg.collection.c_str()), cut ? bounded.get() : filter, opts, nullptr);
     const bson_t* doc;
     while (mongoc_cursor_next(cur, &doc)) {
       Delivery d = parse_delivery(doc);
@@ -541,6 +553,7 @@ std::vector<Delivery> Store::find_in_segments(const bson_t* filter, const std::s
     bool failed = mongoc_cursor_error(cur, &err);
     mongoc_cursor_destroy(cur);
     if (failed) raise_store_error(what, err);
+    pause_point("after_segment_read", seg.collection);
     if (limit > 0 && static_cast<int>(out.size()) >= limit) break;
   }
   return out;
@@ -570,7 +583,7 @@ std::vector<std::string> Store::earlier_keys(const std::string& handler,
   bson_append_document_end(opts, &proj);
   const std::vector<Segment> segs = delivery_collections(100);
   for (const auto& seg : segs) {
-    count("find");
+    const auto command = count("find");
     mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(seg.collection.c_str()), filter, opts, nullptr);
     const bson_t* doc;
     while (mongoc_cursor_next(cur, &doc)) {
@@ -606,7 +619,7 @@ int64_t Store::delete_deliveries(mongoc_collection_t* c, const std::vector<int64
   Bson filter, reply;
   id_in(filter, ids);
   bson_error_t err;
-  count("delete");
+  const auto command = count("delete");
   if (!mongoc_collection_delete_many(c, filter, nullptr, reply, &err)) raise_store_error("complete", err);
   int64_t n = 0;
   get_int64(reply, "deletedCount", &n);
@@ -653,7 +666,7 @@ void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
       mongoc_bulk_operation_update_one_with_opts(bulk, sel, upd, nullptr, &err);
     }
     Bson reply;
-    count("update");
+    const auto command = count("update");
     uint32_t ok = mongoc_bulk_operation_execute(bulk, reply, &err);
     mongoc_bulk_operation_destroy(bulk);
     if (!ok) raise_store_error("record retries", err);
@@ -672,7 +685,7 @@ void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
     }
     Bson filter;
     id_in(filter, ids);
-    count("find");
+    const auto command = count("find");
     mongoc_cursor_t* cur = mongoc_collection_find_with_opts(c, filter, nullptr, nullptr);
     const bson_t* doc;
     std::vector<bson_t *> letters;
@@ -699,7 +712,7 @@ void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
     if (!letters.empty()) {
       Bson opts, reply;
       BSON_APPEND_BOOL(opts, "ordered", false);
-      count("insert");
+      const auto command = count("insert");
       bool ok = mongoc_collection_insert_many(coll(kDeadLetters), const_cast<const bson_t**>(letters.data()),
                                               letters.size(), opts, reply, &err);
       for (bson_t* d : letters) bson_destroy(d);
@@ -729,7 +742,7 @@ int64_t Store::replay(const std::string& handler, const std::vector<int64_t>& id
     BSON_APPEND_BOOL(&ex, "$exists", false);
     bson_append_document_end(filter, &ex);
   }
-  count("find");
+  const auto command = count("find");
   mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeadLetters), filter, nullptr, nullptr);
   const bson_t* doc;
   std::vector<bson_t *> docs;
@@ -754,7 +767,7 @@ int64_t Store::replay(const std::string& handler, const std::vector<int64_t>& id
   }
   Bson opts, reply;
   BSON_APPEND_BOOL(opts, "ordered", false);
-  count("insert");
+  const auto inserting = count("insert");
   bool ok = mongoc_collection_insert_many(coll(kDeliveries), const_cast<const bson_t**>(docs.data()), docs.size(),
                                           opts, reply, &err);
   for (bson_t* d : docs) bson_destroy(d);
@@ -766,7 +779,7 @@ int64_t Store::replay(const std::string& handler, const std::vector<int64_t>& id
   }
   Bson df, dr;
   id_in(df, moved);
-  count("delete");
+  const auto deleting = count("delete");
   if (!mongoc_collection_delete_many(coll(kDeadLetters), df, nullptr, dr, &err)) raise_store_error("replay", err);
   return static_cast<int64_t>(moved.size());
 }
@@ -787,7 +800,7 @@ std::vector<HandlerStats> Store::stats() {
       bson_append_document_begin(fd, "handler_dropped_at", -1, &ex);
       BSON_APPEND_BOOL(&ex, "$exists", false);
       bson_append_document_end(fd, &ex);
-      count("count");
+      const auto command = count("count");
       s.dead = mongoc_collection_count_documents(coll(kDeadLetters), fd, nullptr, nullptr, nullptr, &err);
       if (s.dead < 0) raise_store_error("count", err);
     }
@@ -811,7 +824,7 @@ int64_t Store::count_deliveries_where(const bson_t* filter) {
   const std::vector<Segment> segs = delivery_collections(0);
   for (const auto& seg : segs) {
     bson_error_t err;
-    count("count");
+    const auto command = count("count");
     int64_t n = mongoc_collection_count_documents(coll(seg.collection.c_str()), filter, nullptr, nullptr, nullptr, &err);
     if (n < 0) raise_store_error("count", err);
     total += n;
@@ -831,7 +844,7 @@ int64_t Store::oldest_published_ms(const std::string& handler) {
     BSON_APPEND_INT32(&sort, "_id", 1);
     bson_append_document_end(opts, &sort);
     BSON_APPEND_INT64(opts, "limit", 1);
-    count("find");
+    const auto command = count("find");
     mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(seg.collection.c_str()), f, opts, nullptr);
     const bson_t* doc;
     int64_t at = 0;
@@ -855,7 +868,7 @@ int64_t Store::count_deliveries() {
 int64_t Store::count_all(const char* collection, const char* what) {
   Bson f;
   bson_error_t err;
-  count("count");
+  const auto command = count("count");
   int64_t n = mongoc_collection_count_documents(coll(collection), f, nullptr, nullptr, nullptr, &err);
   if (n < 0) raise_store_error(what, err);
   return n;
@@ -874,7 +887,7 @@ bool Store::insert_handler(const HandlerDoc& h) {
   BSON_APPEND_UTF8(doc, "target", h.target.c_str());
   BSON_APPEND_UTF8(doc, "options", h.options_json.c_str());
   bson_error_t err;
-  count("insert");
+  const auto command = count("insert");
   if (mongoc_collection_insert_one(coll(kHandlers), doc, nullptr, reply, &err)) return true;
   if (err.code == kDuplicateKey) return false;
   for (const auto& [index, code] : write_errors(reply))
@@ -897,7 +910,7 @@ int64_t Store::dead_letter_handler(const std::string& handler, const std::string
     Bson filter, opts;
     BSON_APPEND_UTF8(filter, "handler", handler.c_str());
     BSON_APPEND_INT64(opts, "limit", 1000);
-    count("find");
+    const auto command = count("find");
     mongoc_cursor_t* cur = mongoc_collection_find_with_opts(c, filter, opts, nullptr);
     const bson_t* doc;
     std::vector<bson_t*> letters;
@@ -925,7 +938,7 @@ int64_t Store::dead_letter_handler(const std::string& handler, const std::string
     if (letters.empty()) break;
     Bson iopts, reply;
     BSON_APPEND_BOOL(iopts, "ordered", false);
-    count("insert");
+    const auto second_command = count("insert");
     bool ok = mongoc_collection_insert_many(coll(kDeadLetters), const_cast<const bson_t**>(letters.data()),
                                             letters.size(), iopts, reply, &err);
     for (bson_t* d : letters) bson_destroy(d);
@@ -949,7 +962,7 @@ int64_t Store::dead_letter_handler(const std::string& handler, const std::string
   bson_append_document_begin(upd, "$set", -1, &set);
   BSON_APPEND_DATE_TIME(&set, "handler_dropped_at", now_ms);
   bson_append_document_end(upd, &set);
-  count("update");
+  const auto command = count("update");
   if (!mongoc_collection_update_many(coll(kDeadLetters), f, upd, nullptr, reply, &err))
     raise_store_error("mark dead letters of a dropped handler", err);
   return moved;
@@ -983,7 +996,7 @@ Store::Backlog Store::backlog(const std::string& handler, int64_t now_ms) {
       BSON_APPEND_BOOL(&ex, "$exists", false);
       bson_append_document_end(f, &ex);
     }
-    count("count");
+    const auto command = count("count");
     int64_t n = mongoc_collection_count_documents(c, f, nullptr, nullptr, nullptr, &err);
     if (n < 0) raise_store_error("count", err);
     return n;
@@ -1025,7 +1038,7 @@ void Store::heartbeat_load(const std::string& instance, int64_t until_ms,
   bson_append_document_end(doc, &handlers);
   BSON_APPEND_BOOL(opts, "upsert", true);
   bson_error_t err;
-  count("replace");
+  const auto command = count("replace");
   if (!mongoc_collection_replace_one(coll(kInstances), filter, doc, opts, reply, &err)) {
     if (err.code == kDuplicateKey) return;  // a concurrent first upsert of our own doc: harmless
     raise_store_error("heartbeat", err);
@@ -1035,7 +1048,7 @@ void Store::heartbeat_load(const std::string& instance, int64_t until_ms,
 std::map<std::string, Store::HandlerLoad> Store::live_load(int64_t now_ms) {
   std::map<std::string, HandlerLoad> out;
   Bson filter;
-  count("find");
+  const auto command = count("find");
   mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kInstances), filter, nullptr, nullptr);
   const bson_t* doc;
   while (mongoc_cursor_next(cur, &doc)) {

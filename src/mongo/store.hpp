@@ -206,6 +206,14 @@ class Store {
   std::vector<std::shared_ptr<bson_t>> read_outbox_ids(const std::vector<const bson_t*>& ids);
   // relay_sequence: the highest version document (owned), or null.
   std::shared_ptr<bson_t> read_top_version();
+  // Segment reads stop at the ids whose version is wholly inserted: reads the
+  // top version's `first_id`, `next_id` and `inserted` (one find) and bounds
+  // every later window read (fetch_window, fetch_class_window) until the next
+  // call; never called: no bound. The dispatcher and the pull API call it
+  // before each round of window reads (docs/mongo.md, "Delivery segments").
+  void read_inserted_bound();
+  // The sequencer, once every delivery of `version` is inserted.
+  void mark_version_inserted(int64_t version);
   // Inserts a version document; false if its _id exists (another writer got there first).
   bool insert_version(const bson_t* doc);
   void delete_versions_below(int64_t version);
@@ -238,11 +246,18 @@ class Store {
 
   uint64_t commands() const { return commands_; }
   const std::map<std::string, uint64_t>& command_counts() const { return by_op_; }
-  // Called before every command (same thread): the dispatcher gives its
-  // HTTP requests a turn there and publishes its counters to the metrics
-  // server's thread, so that one loop pass of slow store commands does not
-  // hold up requests in flight. It must not call the store.
-  void set_command_hook(std::function<void()> hook) { hook_ = std::move(hook); }
+  // Brackets every command, on the calling thread: the dispatcher lets helper
+  // threads drive its HTTP requests and renew its lane leases while the
+  // command runs (command_window.hpp). begin(lanes): `lanes` says the command
+  // writes lane leases itself (a renewal must not race it). Commands nested
+  // in one method share the outer bracket. Neither may call the store.
+  struct CommandObserver {
+    virtual void begin(bool lanes) = 0;
+    virtual void end() noexcept = 0;
+   protected:
+    ~CommandObserver() = default;
+  };
+  void set_observer(CommandObserver* o) { observer_ = o; }
 
  private:
   // {_id: {$in: [the _id of each of `docs`]}} into `filter` (outbox_store.cpp).
@@ -254,10 +269,24 @@ class Store {
                                         const int* priority, int limit, const char* what);
 
   mongoc_collection_t* coll(const char* name);
-  void count(const char* op) {
+  // Ends the observer's bracket when the command's method is done with it.
+  class CommandScope {
+   public:
+    explicit CommandScope(Store* s) : s_(s) {}
+    CommandScope(const CommandScope&) = delete;
+    CommandScope& operator=(const CommandScope&) = delete;
+    ~CommandScope() {
+      if (s_ != nullptr && --s_->depth_ == 0 && s_->observer_ != nullptr) s_->observer_->end();
+    }
+   private:
+    Store* s_;
+  };
+  // Counts a command about to be sent and opens the observer's bracket.
+  [[nodiscard]] CommandScope count(const char* op, bool lanes = false) {
     commands_++;
     by_op_[op]++;
-    if (hook_) hook_();
+    if (depth_++ == 0 && observer_ != nullptr) observer_->begin(lanes);
+    return CommandScope(this);
   }
 
   mongoc_client_t* client_ = nullptr;
@@ -265,13 +294,15 @@ class Store {
   std::map<std::string, mongoc_collection_t*> colls_;
   uint64_t commands_ = 0;
   std::map<std::string, uint64_t> by_op_;
-  std::function<void()> hook_;
+  CommandObserver* observer_ = nullptr;
+  int depth_ = 0;  // commands in progress (nested: one bracket)
   int ferretdb_ = -1;  // unknown until is_ferretdb()
   // Segments (segments.cpp).
   std::vector<Segment> segments_;     // relay_deliveries first
   int64_t segments_read_ms_ = -1;
   std::set<int64_t> prepared_;        // segments this process recorded
   std::set<int64_t> base_ids_;        // delivery ids read from relay_deliveries itself
+  int64_t inserted_bound_ = INT64_MAX;  // read_inserted_bound: highest segment id a window reads
   // The collection that holds delivery `id`: relay_deliveries for ids read
   // from there, else its segment's.
   mongoc_collection_t* delivery_coll(int64_t id);

@@ -163,6 +163,19 @@ bool get_date_ms(const bson_t* doc, const char* name, int64_t* out) {
   return true;
 }
 
+void pause_point(const char* point, const std::string& detail) {
+  static const char* want = getenv("RELAYBUS_MONGO_PAUSE_POINT");
+  if (want == nullptr || strcmp(want, point) != 0) return;
+  const char* at = getenv("RELAYBUS_MONGO_PAUSE_AT");
+  if (at != nullptr && detail != at) return;
+  const char* armed = getenv("RELAYBUS_MONGO_PAUSE_FILE");
+  if (armed != nullptr && unlink(armed) != 0) return;  // not armed (again) by the test
+  const char* ms = getenv("RELAYBUS_MONGO_PAUSE_MS");
+  const int64_t n = ms != nullptr ? atoll(ms) : 1000;
+  log_warn("test pause point reached: sleeping", {{"point", point}, {"at", detail}, {"ms", n}});
+  usleep(static_cast<useconds_t>(n) * 1000);
+}
+
 void crash_point(const char* point) {
   static const char* want = getenv("RELAYBUS_MONGO_CRASH_POINT");
   if (want != nullptr && strcmp(want, point) == 0) {

@@ -29,6 +29,15 @@ inline void log_debug(std::string_view msg, nlohmann::json f = nlohmann::json::o
 // (after_version, after_key_seqs, after_deliveries, after_outbox), or between
 // the segments of one completion batch (between_segment_completes).
 void crash_point(const char* point);
+// Tests only: with RELAYBUS_MONGO_PAUSE_POINT=<point> the process logs "test
+// pause point reached" (with `detail`) and sleeps RELAYBUS_MONGO_PAUSE_MS
+// (default 1000) there, so a test can act at a known moment in between; with
+// RELAYBUS_MONGO_PAUSE_AT only where `detail` is that, and with
+// RELAYBUS_MONGO_PAUSE_FILE only when that file exists (it is removed: one
+// pause per file the test creates). Points: after_segment_read (detail: the
+// collection read by a window), before_deliveries (the sequencer, a version
+// committed and its deliveries not inserted yet; detail: the version).
+void pause_point(const char* point, const std::string& detail);
 
 int64_t wall_ms();       // milliseconds since the Unix epoch
 int64_t monotonic_ms();  // for intervals

@@ -208,6 +208,59 @@ check_eq "after the crash: nothing lost, per-key order kept (the duplicates are 
 stop_instance $SPB
 control /split '[]'
 
+# ------------------------------------------------------------------ a window read across a version's inserts
+# One version's deliveries can go into two segments, one insertMany each, the
+# older first. A reader in another sidecar that read the older segment before
+# its insert and the newer one after saw a key's later deliveries without the
+# earlier ones and sent them first (the two-sidecar tests above failed now and
+# then with order=1..11). Readers now read no id above the last version marked
+# wholly inserted. Here the reader pauses after each segment read (a test
+# hook) and the events are published while it pauses after the older segment.
+log "a window read while a version's deliveries go into two segments"
+DB=t_segrace
+setup_db $DB /segrace '{"concurrency":16}'
+$PYM -c "import pymongo; pymongo.MongoClient('$URI')['$DB'].relay_counters.insert_one({'_id': 'ids', 'n': 250})"
+RELAYBUS_MONGO_PAUSE_POINT=before_deliveries RELAYBUS_MONGO_PAUSE_FILE="$TMP/segrace_seq_pause" \
+    RELAYBUS_MONGO_PAUSE_MS=2000 start_instance segrace_a $DB
+SRA=$IPID
+wait_until 20 grep -q '"sequencer role taken"' "$TMP/segrace_a.err" || fail "the first instance never took the sequencer role"
+"$BIN" publish o.warm '{"n":-1}' --database $DB >/dev/null  # id 251: segment 0 exists, read by both
+wait_until 20 has_requests /segrace 1 || fail "the warm-up event was not delivered"
+RELAYBUS_MONGO_PAUSE_POINT=after_segment_read RELAYBUS_MONGO_PAUSE_AT=relay_deliveries_0000000000000000000 \
+    RELAYBUS_MONGO_PAUSE_FILE="$TMP/segrace_pause" RELAYBUS_MONGO_PAUSE_MS=4000 start_instance segrace_b $DB
+SRB=$IPID
+held_by() { [[ "$(metric "$1" relaybus_mongo_lanes_held)" == 32 ]]; }
+wait_until 30 held_by segrace_a && wait_until 30 held_by segrace_b || fail "the lanes were not shared 32/32"
+# A key in a lane the pausing instance holds (the top epoch of each lane names its holder).
+key=$($PYM -c "
+import pymongo, sys
+sys.path.insert(0, '$INTEG')
+from mongo_bulk_load import lane_for_key
+db = pymongo.MongoClient('$URI')['$DB']
+top = {}
+for d in db.relay_lanes.find({'lane': {'\$gte': 0}}):
+    if d['lane'] not in top or d['epoch'] > top[d['lane']]['epoch']: top[d['lane']] = d
+mine = {l for l, d in top.items() if d['owner'] == 'segrace_b'}
+print(next(f'k{i}' for i in range(10000) if lane_for_key(f'k{i}') in mine))")
+# The sequencer pauses 2 s with the version committed (its events' not_before
+# is now past) and its deliveries not inserted; meanwhile the reader starts a
+# window, reads segment 0 and pauses 4 s after it; then it reads segment 256.
+touch "$TMP/segrace_seq_pause"
+for i in $(seq 1 10); do echo "{\"topic\":\"o.k\",\"payload\":{\"n\":$i},\"key\":\"$key\"}"; done |
+    "$BIN" publish --batch - --database $DB >/dev/null  # ids 252..261: seqs 1-4 in segment 0, 5-10 in segment 256
+wait_until 20 grep -q '"test pause point reached' "$TMP/segrace_a.err" || fail "the sequencer never paused"
+touch "$TMP/segrace_pause"
+wait_until 20 grep -q '"test pause point reached' "$TMP/segrace_b.err" || fail "the reader never paused after segment 0"
+if wait_until 60 has_requests /segrace 11; then pass "the ten events of one version delivered across two segments"
+else fail "the ten events were not delivered" "$(count_path /segrace) requests"; fi
+check_eq "the key's events arrived in seq order although the reader read segment 0 before they were inserted" \
+    "1 2 3 4 5 6 7 8 9 10" "$(curl -s "$HOOK/_requests" | $PY -c "
+import json, sys
+ns = [json.loads(r['body'])['payload']['n'] for r in json.load(sys.stdin) if r['path'] == '/segrace']
+print(' '.join(str(n) for n in ns if n > 0))")"
+kill -KILL $SRB $SRA 2>/dev/null
+wait $SRB $SRA 2>/dev/null
+
 # ------------------------------------------------------------------ sequence outlasting its lease
 # `relaybus-mongo sequence` renews its role as it goes; a batch cut short by the
 # lease's margin must not end the command with the outbox half done.

@@ -384,6 +384,84 @@ stop_instance $P1
 check_eq "SIGTERM exits 0 (the metrics thread joined)" 0 "$STOP_RC"
 }
 
+# slow_link_to NAME DELAY COMMANDS: a link to FerretDB that delays only the
+# replies to COMMANDS (comma-separated) by DELAY seconds, or by the number in
+# $TMP/NAME_delay once it is changed; sets SLOW_URI.
+slow_link_to() {
+    local fport
+    fport=$($PY -c "import urllib.parse as u; print(u.urlparse('$URI').port)")
+    echo "$2" >"$TMP/$1_delay"
+    $PY "$INTEG/slow_link.py" --target 127.0.0.1:$fport --delay "$2" --commands "$3" --delay-file "$TMP/$1_delay" \
+        --port-file "$TMP/$1_port" 2>"$TMP/$1_link.err" &
+    PIDS+=($!)
+    wait_until 10 test -s "$TMP/$1_port" || fail "slow link $1 did not start"
+    SLOW_URI="mongodb://127.0.0.1:$(cat "$TMP/$1_port")/?serverSelectionTimeoutMS=5000"
+}
+
+# HTTP requests in flight progress while a store command is in progress: a
+# helper thread drives them (docs/mongo.md, "The loop and its threads").
+# Before it, the loop gave HTTP a turn only before each command, so with every
+# find taking 1.5 s a request submitted before a find was sent, or its
+# response read, only after it: past its 1 s timeout, every time.
+test_http_during_slow_store() {
+log "HTTP requests complete while a store command takes longer than their timeout"
+local DB=t_httpwin
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/httpwin" --options '{"concurrency":24,"timeout":"1s","max_attempts":3}' \
+    --database $DB >/dev/null
+slow_link_to httpwin 0 find,aggregate
+start_instance httpwin $DB --uri "$SLOW_URI" --lease 30s --batch-size 24 --scan-window 32
+local P1=$IPID
+wait_until 20 bash -c "grep -q '\"held\":64' '$TMP/httpwin.err'" || fail "the instance took no lanes"
+echo 1.5 >"$TMP/httpwin_delay"
+$PYM "$INTEG/mongo_bulk_load.py" "$URI" $DB hook w.x 24 24 1 win >/dev/null || fail "bulk load"
+if wait_until 60 pending_is $DB 0; then pass "24 deliveries done through a store whose finds take 1.5 s"; else
+    fail "the backlog did not drain" "$(count_path /httpwin) requests; pending $(stats_field $DB pending)"; fi
+check_eq "each delivered by its first request: no timeout, no retry, no dead letter" "24 24 0 0" \
+    "$(count_path /httpwin) $(tag_positions /httpwin win | wc -w) $(metric httpwin 'relaybus_mongo_retried_total{handler="hook"}') $(stats_field $DB dead)"
+kill -KILL $P1  # a graceful stop waits for more slow finds; nothing is checked after it
+wait $P1 2>/dev/null
+}
+
+# A lane lease is renewed while a store command takes longer than the lease:
+# renewals go over a connection of their own on a thread of their own. Before
+# it, a 4 s find outlasted the 3 s lease and a second instance took the lanes
+# over.
+test_renewal_during_slow_store() {
+log "lane leases are renewed while a store command outlasts the lease"
+local DB=t_renewwin
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/renewwin" --database $DB >/dev/null
+slow_link_to renewwin 0 find,aggregate
+start_instance renewa $DB --uri "$SLOW_URI"
+local PA=$IPID
+held_is() { [[ "$(metric renewa relaybus_mongo_lanes_held)" == "$1" ]]; }
+wait_until 20 held_is 64 ||
+    fail "the slow instance never held the 64 lanes" "$(metric renewa relaybus_mongo_lanes_held)"
+echo 4 >"$TMP/renewwin_delay"
+sleep 1
+start_instance renewb $DB
+local PB=$IPID
+sleep 12  # three 4 s finds of A against B's 1 s ticks: A's leases would lapse in each
+stop_instance $PB
+# Lanes B took that A had not given back: taken over after A's lease lapsed.
+local unreleased
+unreleased=$($PY -c "
+import json, sys
+def lanes(name, field):
+    out = set()
+    for l in open('$TMP/%s.err' % name):
+        try: j = json.loads(l)
+        except ValueError: continue
+        if j.get('msg') == 'lanes': out.update(j[field])
+    return out
+print(sorted(lanes('renewb', 'taken') - lanes('renewa', 'released')))")
+check_eq "the other instance took only lanes the slow one had given back (none lapsed)" "[]" "$unreleased"
+check_eq "the slow instance lost no lane" 0 "$(grep -c 'lane lease lost' "$TMP/renewa.err")"
+kill -KILL $PA  # a graceful stop waits for more 4 s finds; nothing is checked after it
+wait $PA 2>/dev/null
+}
+
 # ------------------------------------------------------------------ 5. batch publish and stats
 test_batch_stats() {
 log "publish --batch and the stats of the PostgreSQL views"
@@ -446,7 +524,7 @@ control /batch '[]'
 }
 
 # MONGO_PARITY_ONLY=pattern runs only the test_* functions whose name matches.
-for t in test_handlers test_server_wait test_pull test_priorities test_slow_store test_metrics_slow_store test_batch_stats; do
+for t in test_handlers test_server_wait test_pull test_priorities test_slow_store test_metrics_slow_store test_http_during_slow_store test_renewal_during_slow_store test_batch_stats; do
     [[ -z "${MONGO_PARITY_ONLY:-}" || "$t" == *${MONGO_PARITY_ONLY}* ]] && "$t"
 done
 log "done"

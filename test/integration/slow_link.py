@@ -5,15 +5,20 @@ through at once). Used to give relaybus-mongo a store whose every command
 takes at least DELAY, as FerretDB's finds do on a loaded machine.
 
     slow_link.py --target HOST:PORT --delay SECONDS --port-file F [--delay-file D]
+                 [--commands find,aggregate]
 
 Listens on 127.0.0.1 (a free port, written to --port-file). With --delay-file,
 the number in file D (when it exists) replaces --delay while the link runs,
 also for replies already waiting: a test raises it to stall the store for a
-while and lowers it to let everything through at once.
+while and lowers it to let everything through at once. With --commands, only
+the replies to those MongoDB commands (OP_MSG, by the first field of the body)
+are delayed; every other reply passes at once, so a test can make one kind of
+command slow and leave, e.g., the lane lease inserts fast.
 """
 import argparse
 import asyncio
 import os
+import struct
 
 
 def delay_from(default, path):
@@ -27,21 +32,54 @@ def delay_from(default, path):
     return default
 
 
-async def pipe(reader, writer, delay, delay_file=None):
+OP_MSG = 2013
+
+
+def command_name(msg):
+    """The command an OP_MSG request runs (its body's first field), else None."""
+    _, _, _, opcode = struct.unpack_from("<iiii", msg)
+    if opcode != OP_MSG or len(msg) < 26 or msg[20] != 0:  # flags, then a kind-0 body section
+        return None
+    end = msg.index(b"\0", 26)  # element: type byte at 25, then its name (a C string)
+    return msg[26:end].decode("utf-8", "replace")
+
+
+def frames(buf):
+    """Splits whole wire messages off the front of buf: (messages, rest)."""
+    out = []
+    while len(buf) >= 16:
+        (n,) = struct.unpack_from("<i", buf)
+        if len(buf) < n:
+            break
+        out.append(bytes(buf[:n]))
+        buf = buf[n:]
+    return out, buf
+
+
+async def pipe(reader, writer, delay, delay_file=None, slow=None):
+    """Copies reader to writer, every chunk `delay` late. slow: a function of
+    one whole wire message saying whether it is delayed (messages are then
+    framed); None: every byte is."""
     loop = asyncio.get_running_loop()
     queue = asyncio.Queue()
 
     async def read():
+        buf = b""
         while True:
             data = await reader.read(65536)
-            await queue.put((loop.time(), data))
-            if not data:
-                return
+            if slow is None or not data:
+                await queue.put((loop.time(), data, slow is None or not data))
+                if not data:
+                    return
+                continue
+            msgs, buf = frames(buf + data)
+            for m in msgs:
+                await queue.put((loop.time(), m, slow(m)))
 
     async def write():
         while True:
-            arrived, data = await queue.get()
-            while True:
+            arrived, data, delayed = await queue.get()
+            while delayed:
                 wait = arrived + delay_from(delay, delay_file) - loop.time()
                 if wait <= 0:
                     break
@@ -65,8 +103,10 @@ async def main():
     ap.add_argument("--delay", type=float, required=True)
     ap.add_argument("--port-file", required=True)
     ap.add_argument("--delay-file")
+    ap.add_argument("--commands", help="comma-separated: delay only the replies to these commands")
     a = ap.parse_args()
     host, port = a.target.rsplit(":", 1)
+    only = set(a.commands.split(",")) if a.commands else None
 
     async def serve(creader, cwriter):
         try:
@@ -74,8 +114,26 @@ async def main():
         except OSError:
             cwriter.close()
             return
-        await asyncio.gather(pipe(creader, swriter, 0), pipe(sreader, cwriter, a.delay, a.delay_file),
-                             return_exceptions=True)
+        if only is None:
+            requests, replies = pipe(creader, swriter, 0), pipe(sreader, cwriter, a.delay, a.delay_file)
+        else:  # the request ids of the slow commands; a reply names its request (responseTo)
+            slow_ids = set()
+
+            def note(msg):
+                if command_name(msg) in only:
+                    slow_ids.add(struct.unpack_from("<i", msg, 4)[0])
+                return False
+
+            def late(msg):
+                to = struct.unpack_from("<i", msg, 8)[0]
+                if to in slow_ids:
+                    slow_ids.discard(to)
+                    return True
+                return False
+
+            requests = pipe(creader, swriter, 0, slow=note)
+            replies = pipe(sreader, cwriter, a.delay, a.delay_file, slow=late)
+        await asyncio.gather(requests, replies, return_exceptions=True)
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     tmp = a.port_file + ".tmp"
