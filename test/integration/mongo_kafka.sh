@@ -5,7 +5,8 @@
 # events published through the outbox on several keys reach the topic once
 # each, a key in one partition in seq order, with relaybus's headers; a
 # message too large for the producer is dead-lettered with librdkafka's error;
-# librdkafka's log lines reach the sidecar's log; kill -9 of the sidecar
+# handler alter moves a running sidecar to a new topic; librdkafka's log
+# lines reach the sidecar's log; kill -9 of the sidecar
 # mid-delivery loses nothing and keeps per-key order (re-sends only of what
 # was in flight). Ignores the PostgreSQL cluster. Prints "N passed, N failed".
 SUITE=mongo_kafka
@@ -189,6 +190,18 @@ if wait_until 20 grep -q '"msg":"kafka relaybus-down' "$TMP/flow.err"; then
     pass "librdkafka's lines for the unreachable broker are in the sidecar's log"
 else
     fail "no librdkafka line for the unreachable broker in the sidecar's log"
+fi
+# handler alter: a running sidecar produces to the new topic from its next
+# catalog read (unkeyed events: the keys above would continue their seqs).
+"$BIN" handler alter k --target "kafka://$KAFKA_BOOTSTRAP/mk-flow2" --database $DB >/dev/null || fail "handler alter k"
+sleep 1.5  # the catalog is read every lease/3 (1 s here): publish after that
+$PYM "$INTEG/mongo_preload.py" "$URI" $DB o.e 5 5 1 --tag altered >"$TMP/pub_altered" || fail "preload"
+if wait_until 20 kafka_has mk-flow2 5; then
+    analyze mk-flow2 "$TMP/pub_altered" && check_eq "after handler alter: the new topic gets the new events" \
+        "$CLEAN duplicates=0" "$(report) duplicates=${R[duplicates]}"
+    check_eq "and the old topic none of them" 110 "$(kafka_count mk-flow)"
+else
+    fail "after handler alter: no messages in the new topic" "$(grep -v '"level":"info"' "$TMP/flow.err" | tail -n 3)"
 fi
 t0=$(date +%s%N)
 stop_instance $PF
