@@ -61,9 +61,18 @@ bool Dispatcher::ensure_engine() {
     return false;
   }
   sink_ = std::make_unique<core::HttpSink>(*engine_);
+  kafka_sink_ = std::make_unique<core::KafkaSink>();
+  if (!kafka_sink_->ok()) {
+    log_error("the kafka producers' wake-up pipe could not be made");
+    kafka_sink_.reset();
+    sink_.reset();
+    engine_.reset();
+    return false;
+  }
+  router_ = std::make_unique<core::RoutingSink>(*sink_, *kafka_sink_);
   core::PipelineOptions po;
   po.max_in_flight = cfg_.max_in_flight;
-  pipeline_ = std::make_unique<core::DeliveryPipeline>(*sink_, po, rng_());
+  pipeline_ = std::make_unique<core::DeliveryPipeline>(*router_, po, rng_());
   return true;
 }
 
@@ -109,9 +118,9 @@ void Dispatcher::lease_tick() {
       pull_handlers_[d.name] = d;
       continue;
     }
-    if (d.kind != core::HandlerKind::Http) {
+    if (d.kind != core::HandlerKind::Http && d.kind != core::HandlerKind::Kafka) {
       if (warned_.insert("kind " + d.name).second)
-        log_warn("handler kind not served by relaybus-mongo (http only)",
+        log_warn("handler kind not served by relaybus-mongo (http, pull and kafka)",
                  {{"handler", d.name}, {"kind", core::handler_kind_name(d.kind)}});
       continue;
     }
@@ -123,13 +132,22 @@ void Dispatcher::lease_tick() {
     // Deliveries already claimed keep the handler as it was.
     auto pipe = std::make_shared<core::PipelineHandler>();
     pipe->key = hs.key;
+    pipe->kind = hs.doc.kind;
     pipe->name = hs.doc.name;
     pipe->target = hs.doc.target;
     pipe->options = hs.doc.options;
     hs.pipe = std::move(pipe);
+    // Before the fetch asks the pipeline for room: the sink's counts are by kind.
+    if (router_) router_->set_kind(hs.key, hs.doc.kind);
   }
   for (auto it = handlers_.begin(); it != handlers_.end();)
     it = seen.count(it->first) ? std::next(it) : handlers_.erase(it);
+  if (kafka_sink_) {  // producers of dropped handlers (or no longer kafka) close
+    std::vector<int> kafka_keys;
+    for (const auto& [name, h] : handlers_)
+      if (h.doc.kind == core::HandlerKind::Kafka) kafka_keys.push_back(h.key);
+    kafka_sink_->retain_handlers(kafka_keys);
+  }
   for (auto it = pull_handlers_.begin(); it != pull_handlers_.end();)
     it = seen_pull.count(it->first) ? std::next(it) : pull_handlers_.erase(it);
 
@@ -528,7 +546,7 @@ void Dispatcher::fetch_handler(HandlerState& h) {
   // reads may have taken longer than that).
   pipeline_->enqueue(h.pipe, std::move(claimed), wall_ms() + cfg_.lease_ms);
   pipeline_->pump(*this, wall_ms());
-  metrics_.in_flight = static_cast<int>(engine_->in_flight());
+  metrics_.in_flight = static_cast<int>(router_->in_flight());
   // More may be waiting: look again as soon as there is room.
   if (static_cast<int>(chosen.size()) >= cap || plan.may_have_more) next_fetch_ms_ = 0;
 }
@@ -580,7 +598,7 @@ void Dispatcher::sequence_some() {
 void Dispatcher::collect_results() {
   if (!pipeline_) return;
   pipeline_->collect(wall_ms());
-  metrics_.in_flight = static_cast<int>(engine_->in_flight());
+  metrics_.in_flight = static_cast<int>(router_->in_flight());
 }
 
 bool Dispatcher::receipt_holds(const core::Receipt& r, int64_t now) const {
@@ -746,6 +764,8 @@ void Dispatcher::wait(int64_t max_ms) {
   server_.publish(metrics_, 3 * cfg_.lease_ms);
   // Pull API requests (they call the store): served here, between loop passes.
   fds.push_back({server_.api_fd(), POLLIN, 0});
+  const size_t kafka_at = fds.size();  // the kafka producers' delivery reports
+  fds.push_back({kafka_sink_ ? kafka_sink_->wait_fd() : -1, POLLIN, 0});
   int64_t t = max_ms;
   if (engine_) {
     int64_t et = engine_->timeout_ms();
@@ -777,7 +797,10 @@ void Dispatcher::wait(int64_t max_ms) {
         engine_->on_socket(p.fd, failed || (p.revents & POLLIN), failed || (p.revents & POLLOUT));
       }
     if (fds[engine_to].revents & POLLIN) server_.serve_api();
+    if (fds[kafka_at].revents & POLLIN) kafka_sink_->poll();  // reports become results: collect_results
   }
+  if (kafka_sink_)
+    for (const std::string& line : kafka_sink_->take_log()) log_warn(line);  // librdkafka's errors and warnings
   if (engine_ && (engine_->timeout_ms() == 0 || n == 0)) engine_->on_timeout();
 }
 

@@ -11,6 +11,10 @@
 // a store command runs, helper threads drive the HTTP requests in flight and
 // renew the lane leases (command_window.hpp).
 //
+// kafka handlers share the pipeline: a core::RoutingSink hands their
+// deliveries to core::KafkaSink (librdkafka producers), whose wake-up fd is in
+// the same poll() set; their completions go through the same receipts.
+//
 // Lane leases (docs/mongo.md, "Lane leases"): relay_lanes holds one document
 // per (lane, epoch), unique. The holder of a lane is the owner of its highest
 // epoch while that document's `until` has not passed. Taking a free or expired
@@ -37,6 +41,8 @@
 
 #include "core/delivery_pipeline.hpp"
 #include "core/http_engine.hpp"
+#include "core/kafka_sink.hpp"
+#include "core/routing_sink.hpp"
 #include "mongo/command_window.hpp"
 #include "mongo/config.hpp"
 #include "mongo/metrics.hpp"
@@ -132,6 +138,8 @@ class Dispatcher final : private core::DeliveryStore, private PullHost, private 
   MetricsServer server_;
   std::unique_ptr<core::HttpEngine> engine_;
   std::unique_ptr<core::HttpSink> sink_;
+  std::unique_ptr<core::KafkaSink> kafka_sink_;  // kafka handlers' deliveries
+  std::unique_ptr<core::RoutingSink> router_;    // the pipeline's sink: http or kafka by handler
   std::unique_ptr<core::DeliveryPipeline> pipeline_;
   std::string engine_allowlist_;
   std::map<std::string, HandlerState> handlers_;

@@ -17,9 +17,9 @@ std::optional<HandlerDoc> find_handler(Store& store, const std::string& name) {
 
 // The kinds this sidecar serves; notify is PostgreSQL's LISTEN/NOTIFY.
 void check_kind(core::HandlerKind kind) {
-  if (kind == core::HandlerKind::Http || kind == core::HandlerKind::Pull) return;
+  if (kind == core::HandlerKind::Http || kind == core::HandlerKind::Pull || kind == core::HandlerKind::Kafka) return;
   throw BadInput(std::string("handler kind \"") + core::handler_kind_name(kind) +
-                 "\" is not served by relaybus-mongo (http and pull; notify is PostgreSQL's LISTEN/NOTIFY)");
+                 "\" is not served by relaybus-mongo (http, pull and kafka; notify is PostgreSQL's LISTEN/NOTIFY)");
 }
 
 // Options and target checked as at creation; fills h.options.

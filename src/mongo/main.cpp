@@ -2,6 +2,7 @@
 //
 //   relaybus-mongo init                               collections and indexes (idempotent)
 //   relaybus-mongo handler create NAME http URL [--options JSON]
+//   relaybus-mongo handler create NAME kafka kafka://HOST:PORT[,HOST:PORT...]/TOPIC [--options JSON]
 //   relaybus-mongo handler alter NAME [--target URL] [--options JSON]
 //   relaybus-mongo handler drop NAME [--force] | handler list
 //   relaybus-mongo route PATTERN HANDLER [--wire NAME] | unroute PATTERN HANDLER
@@ -61,6 +62,7 @@ const char* kUsage =
     "  init                                   create collections and indexes (idempotent)\n"
     "  handler create NAME http URL [--options JSON]   (an existing NAME is refused)\n"
     "  handler create NAME pull [--options JSON]\n"
+    "  handler create NAME kafka kafka://HOST:PORT[,HOST:PORT...]/TOPIC [--options JSON]\n"
     "  handler alter NAME [--target URL] [--options JSON]   (options merged; null restores a default)\n"
     "  handler drop NAME [--force]            (--force dead-letters its pending deliveries)\n"
     "  handler list\n"

@@ -41,7 +41,7 @@ std::map<std::string, Store::HandlerLoad> Dispatcher::handler_load() {
   std::map<std::string, Store::HandlerLoad> out;
   metrics_.handler_in_flight.clear();
   for (const auto& [name, h] : handlers_)
-    out[name].in_flight = sink_ ? static_cast<int64_t>(sink_->in_flight(h.key)) : 0;
+    out[name].in_flight = router_ ? static_cast<int64_t>(router_->in_flight(h.key)) : 0;
   if (pull_)
     for (const auto& [name, n] : pull_->leased_by_handler()) out[name].in_flight = n;
   for (const auto& [name, m] : metrics_.handlers) {

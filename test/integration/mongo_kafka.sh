@@ -1,0 +1,244 @@
+#!/usr/bin/env bash
+# relaybus-mongo's kafka handlers (docs/mongo.md, "Kafka handlers"), with a
+# real single-node broker and kcat as the consumer, FerretDB v1.24.2 (SQLite)
+# as the store: bad targets and producer options refused as on PostgreSQL;
+# events published through the outbox on several keys reach the topic once
+# each, a key in one partition in seq order, with relaybus's headers; a
+# message too large for the producer is dead-lettered with librdkafka's error;
+# handler alter moves a running sidecar to a new topic; librdkafka's log
+# lines reach the sidecar's log; kill -9 of the sidecar
+# mid-delivery loses nothing and keeps per-key order (re-sends only of what
+# was in flight). Ignores the PostgreSQL cluster. Prints "N passed, N failed".
+SUITE=mongo_kafka
+source "$(dirname "${BASH_SOURCE[0]}")/mongo_lib.sh"
+RELAYBUS_ROOT=$ROOT
+source "$INTEG/kafka_lib.sh"
+declare -A R
+
+# ------------------------------------------------------------------ refused input (no broker needed)
+DB=t_bad
+"$BIN" init --database $DB >/dev/null
+check_rc "a target without a topic (exit 2)" 2 \
+    'relaybus-mongo: error: invalid target: a kafka target needs a topic: kafka://host:port/topic' \
+    "$BIN" handler create k1 kafka kafka://127.0.0.1:9092 --database $DB
+check_rc "a target without a port (exit 2)" 2 'relaybus-mongo: error: invalid target: ' \
+    "$BIN" handler create k1 kafka kafka://127.0.0.1/t --database $DB
+check_rc "an http URL as a kafka target (exit 2)" 2 'relaybus-mongo: error: invalid target: ' \
+    "$BIN" handler create k1 kafka http://127.0.0.1:9092/t --database $DB
+check_rc "no target (exit 2)" 2 'relaybus-mongo: error: invalid target: a kafka handler needs kafka://host:port/topic' \
+    "$BIN" handler create k1 kafka --database $DB
+check_rc "an unknown librdkafka property (exit 2)" 2 \
+    'relaybus-mongo: error: invalid options: option "producer": unknown librdkafka property "no.such"' \
+    "$BIN" handler create k1 kafka kafka://127.0.0.1:1/t --options '{"producer": {"no.such": "1"}}' --database $DB
+check_rc "a bad property value (exit 2)" 2 'relaybus-mongo: error: invalid options: option "producer": property "linger.ms"' \
+    "$BIN" handler create k1 kafka kafka://127.0.0.1:1/t --options '{"producer": {"linger.ms": "x"}}' --database $DB
+check_rc "a pinned property (exit 2)" 2 \
+    'relaybus-mongo: error: invalid options: option "producer": property "acks" is set by relaybus' \
+    "$BIN" handler create k1 kafka kafka://127.0.0.1:1/t --options '{"producer": {"acks": "1"}}' --database $DB
+check_rc "a command-running property (exit 2)" 2 \
+    'invalid options: option "producer": property "sasl.kerberos.kinit.cmd" is not allowed' \
+    "$BIN" handler create k1 kafka kafka://127.0.0.1:1/t --options '{"producer": {"sasl.kerberos.kinit.cmd": "id"}}' \
+    --database $DB
+check_rc "a webhook secret on a kafka handler (exit 2)" 2 \
+    'invalid options: option "secret" is only valid for http handlers' \
+    "$BIN" handler create k1 kafka kafka://127.0.0.1:1/t \
+    --options '{"secret": "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"}' --database $DB
+out=$("$BIN" handler create creds kafka kafka://127.0.0.1:1/t --database $DB \
+    --options '{"producer": {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "hunter2"}}' 2>&1)
+if [[ $? == 0 ]] && grep -q '"sasl.password":"\[redacted\]"' <<<"$out" && ! grep -q hunter2 <<<"$out"; then
+    pass "a kafka handler is created; its output redacts the credentials"
+else
+    fail "kafka handler create with credentials" "$out"
+fi
+check_rc "altering to a pinned property (exit 2)" 2 \
+    'invalid options: option "producer": property "enable.idempotence" is set by relaybus' \
+    "$BIN" handler alter creds --options '{"producer": {"enable.idempotence": "false"}}' --database $DB
+check_rc "altering to a target without a topic (exit 2)" 2 'invalid target: a kafka target needs a topic' \
+    "$BIN" handler alter creds --target kafka://127.0.0.1:1 --database $DB
+check_eq "the refused alters changed nothing; handler list redacts too" \
+    'kafka kafka://127.0.0.1:1/t [redacted] SASL_PLAINTEXT' \
+    "$("$BIN" handler list --database $DB | $PY -c 'import json,sys; h=json.load(sys.stdin)[0]
+print(h["kind"], h["target"], h["options"]["producer"]["sasl.password"], h["options"]["producer"]["security.protocol"])')"
+
+kafka_start || die "the broker did not start"
+log "broker at $KAFKA_BOOTSTRAP"
+
+# analyze TOPIC PUB...: what kcat read from TOPIC against the publishers'
+# lines ({"payload", "key"?}, payloads distinct; mongo_preload.py), as R[...].
+analyze() {
+    local line topic=$1
+    shift
+    kafka_consume "$topic" "$TMP/$topic.json"
+    R=()
+    while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done < <($PY - "$TMP/$topic.json" "$@" <<'PY'
+import json, sys
+canon = lambda v: json.dumps(v, sort_keys=True, separators=(",", ":"))
+pub = {}
+for f in sys.argv[2:]:
+    for l in open(f):
+        if l.strip():
+            p = json.loads(l)
+            pub[canon(p["payload"])] = p
+msgs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+msgs.sort(key=lambda m: (m["partition"], m["offset"]))
+seen, parts, last, seqs, nth = {}, {}, {}, {}, {}
+out_of_order = publish_order = bad_headers = 0
+for m in msgs:
+    h = dict(zip(m["headers"][0::2], m["headers"][1::2])) if m.get("headers") else {}
+    c = canon(json.loads(m["payload"]))
+    seen[c] = seen.get(c, 0) + 1
+    p = pub.get(c)
+    key = m.get("key")
+    if p is None or key != p.get("key") or h.get("relay-key") != p.get("key"):
+        bad_headers += 1
+    if not h.get("relay-id") or not h.get("relay-event-id") or h.get("relay-topic") != "o.e" \
+            or "relay-published-at" not in h or not h.get("relay-attempt"):
+        bad_headers += 1
+    if key is None:
+        continue
+    parts.setdefault(key, set()).add(m["partition"])
+    seq = int(h["relay-seq"])
+    prev, prev_n = last.get(key, (0, -1))
+    if seq == prev:  # a re-send of the previous message (its completion was lost)
+        continue
+    if seq != prev + 1:
+        out_of_order += 1
+    n = json.loads(m["payload"])["n"]
+    if n <= prev_n:
+        publish_order += 1
+    last[key] = (max(prev, seq), n)
+    seqs.setdefault(key, []).append(seq)
+per_key = {}
+for p in pub.values():
+    if "key" in p:
+        per_key[p["key"]] = per_key.get(p["key"], 0) + 1
+print("messages=%d" % len(msgs))
+print("missing=%d" % len(set(pub) - set(seen)))
+print("extra=%d" % len(set(seen) - set(pub)))
+print("duplicates=%d" % sum(c - 1 for c in seen.values()))
+print("keys_in_one_partition=%s" % all(len(p) == 1 for p in parts.values()))
+print("partitions=%d" % len(set().union(*parts.values())) if parts else "partitions=0")
+print("out_of_order=%d" % out_of_order)
+print("publish_order=%d" % publish_order)
+print("seq_gap_keys=%d" % sum(1 for k, n in per_key.items() if seqs.get(k) != list(range(1, n + 1))))
+print("bad_headers=%d" % bad_headers)
+PY
+)
+    [[ -n "${R[messages]:-}" ]]
+}
+report() {
+    echo "missing=${R[missing]:-?} extra=${R[extra]:-?} one_partition=${R[keys_in_one_partition]:-?} order=${R[out_of_order]:-?} publish_order=${R[publish_order]:-?} gaps=${R[seq_gap_keys]:-?} headers=${R[bad_headers]:-?}"
+}
+CLEAN="missing=0 extra=0 one_partition=True order=0 publish_order=0 gaps=0 headers=0"
+dead_letter() {  # DB HANDLER: "attempts|last_error" of its dead letter
+    $PYM -c "
+import pymongo
+d = pymongo.MongoClient('$URI')['$1'].relay_dead_letters.find_one({'handler': '$2'})
+print('%s|%s' % (d.get('attempts'), d.get('last_error')) if d else 'none')"
+}
+dead_is_there() { [[ "$(dead_letter "$@")" != none ]]; }
+outbox_and_pending() {
+    $PYM -c "
+import pymongo, mongo_deliveries as md
+db = pymongo.MongoClient('$URI')['$1']
+print(db.relay_outbox.count_documents({}) + md.count(db))"
+}
+drained() { [[ "$(outbox_and_pending "$1")" == 0 ]]; }
+none_pending_of() {  # DB HANDLER
+    [[ "$($PYM -c "import pymongo, mongo_deliveries as md; print(md.count(pymongo.MongoClient('$URI')['$1'], {'handler': '$2'}))")" == 0 ]]
+}
+
+# ------------------------------------------------------------------ delivery: keys, order, headers, once each
+log "110 events (100 on 5 keys, 10 unkeyed) through the outbox into a 3-partition topic"
+DB=t_flow
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create k kafka "kafka://$KAFKA_BOOTSTRAP/mk-flow" --database $DB \
+    --options '{"concurrency": 64, "backoff_base": "100ms", "backoff_max": "1s"}' >/dev/null || die "handler create k"
+"$BIN" route 'o.#' k --database $DB
+# Too large for the producer's message.max.bytes: dead at once, librdkafka's error.
+"$BIN" handler create big kafka "kafka://$KAFKA_BOOTSTRAP/mk-big" --database $DB \
+    --options '{"max_attempts": 10, "backoff_base": "100ms", "producer": {"message.max.bytes": "1000"}}' >/dev/null
+"$BIN" route 'big.#' big --database $DB
+# A broker nobody listens on: librdkafka's complaints go to the sidecar's log
+# (a short timeout: the SIGTERM drain below waits for its attempt in flight).
+"$BIN" handler create down kafka "kafka://127.0.0.1:1/mk-down" --database $DB \
+    --options '{"timeout": "1s", "backoff_base": "100ms"}' >/dev/null
+"$BIN" route 'down.#' down --database $DB
+$PYM "$INTEG/mongo_preload.py" "$URI" $DB o.e 110 5 11 --tag flow >"$TMP/pub_flow" || fail "preload"
+"$BIN" publish big.x "{\"blob\": \"$(head -c 3000 /dev/zero | tr '\0' x)\"}" --key b --database $DB >/dev/null
+"$BIN" publish down.x '{"d": 1}' --key d --database $DB >/dev/null
+start_instance flow $DB
+PF=$IPID
+if wait_until 40 kafka_has mk-flow 110 && wait_until 20 none_pending_of $DB k; then
+    pass "110 messages in the topic, every delivery completed"
+else
+    fail "110 messages" "topic: $(wc -l <"$TMP/has.json"), pending: $(stats_field $DB pending)" "$(grep -v '"level":"info"' "$TMP/flow.err" | tail -n 5)"
+fi
+analyze mk-flow "$TMP/pub_flow" || fail "could not read the topic back"
+log "flow: messages=${R[messages]} duplicates=${R[duplicates]} partitions=${R[partitions]} $(report)"
+check_eq "every event once, a key in one partition in seq (and publish) order, relay-* headers" \
+    "$CLEAN duplicates=0" "$(report) duplicates=${R[duplicates]}"
+if ((${R[partitions]:-0} > 1)); then pass "the keys spread over ${R[partitions]} partitions"; else fail "keys in ${R[partitions]} partition(s)"; fi
+check_eq "the sidecar counts them delivered (/metrics)" 110 "$(metric flow 'relaybus_mongo_delivered_total{handler="k"}')"
+if wait_until 20 dead_is_there $DB big; then
+    check_eq "too large for the producer: dead on its first attempt with librdkafka's error" \
+        "1|kafka: Broker: Message size too large (MSG_SIZE_TOO_LARGE)" "$(dead_letter $DB big)"
+else
+    fail "the too-large message is not dead-lettered" "$(stats_field $DB dead)"
+fi
+if wait_until 20 grep -q '"msg":"kafka relaybus-down' "$TMP/flow.err"; then
+    pass "librdkafka's lines for the unreachable broker are in the sidecar's log"
+else
+    fail "no librdkafka line for the unreachable broker in the sidecar's log"
+fi
+# handler alter: a running sidecar produces to the new topic from its next
+# catalog read (unkeyed events: the keys above would continue their seqs).
+"$BIN" handler alter k --target "kafka://$KAFKA_BOOTSTRAP/mk-flow2" --database $DB >/dev/null || fail "handler alter k"
+sleep 1.5  # the catalog is read every lease/3 (1 s here): publish after that
+$PYM "$INTEG/mongo_preload.py" "$URI" $DB o.e 5 5 1 --tag altered >"$TMP/pub_altered" || fail "preload"
+if wait_until 20 kafka_has mk-flow2 5; then
+    analyze mk-flow2 "$TMP/pub_altered" && check_eq "after handler alter: the new topic gets the new events" \
+        "$CLEAN duplicates=0" "$(report) duplicates=${R[duplicates]}"
+    check_eq "and the old topic none of them" 110 "$(kafka_count mk-flow)"
+else
+    fail "after handler alter: no messages in the new topic" "$(grep -v '"level":"info"' "$TMP/flow.err" | tail -n 3)"
+fi
+t0=$(date +%s%N)
+stop_instance $PF
+check_eq "SIGTERM with a kafka message in flight: exit 0" 0 "$STOP_RC"
+if (($(date +%s%N) - t0 < 5000000000)); then pass "it stopped within 5 s"; else fail "SIGTERM took $((($(date +%s%N) - t0) / 1000000)) ms"; fi
+
+# ------------------------------------------------------------------ kill -9 mid-delivery
+# linger.ms slows each key's round (a key has one message in flight), so the
+# kill finds deliveries in flight and pending.
+KEYS=20
+log "kill -9 of the sidecar mid-delivery: 600 events on $KEYS keys"
+DB=t_kill
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create k kafka "kafka://$KAFKA_BOOTSTRAP/mk-kill" --database $DB \
+    --options '{"concurrency": 64, "backoff_base": "100ms", "backoff_max": "1s", "producer": {"linger.ms": "200"}}' \
+    >/dev/null || die "handler create k"
+"$BIN" route 'o.#' k --database $DB
+$PYM "$INTEG/mongo_preload.py" "$URI" $DB o.e 600 $KEYS --tag kill --many >"$TMP/pub_kill" || fail "preload"
+start_instance kill_a $DB
+PA=$IPID
+wait_until 40 kafka_has mk-kill 60 || fail "fewer than 60 messages before the kill"
+kill -9 $PA
+wait $PA 2>/dev/null
+left=$(outbox_and_pending $DB)
+at_kill=$(kafka_count mk-kill)
+log "killed after $at_kill messages; $left outbox documents and deliveries left"
+if ((left > 0 && at_kill < 600)); then pass "killed mid-delivery ($at_kill of 600 in the topic)"; else fail "not mid-delivery: $at_kill in the topic, $left left"; fi
+start_instance kill_b $DB
+PB=$IPID
+if wait_until 60 drained $DB && wait_until 20 kafka_has mk-kill 600; then
+    pass "the next sidecar took the lanes over and finished"
+else
+    fail "after the kill" "left: $(outbox_and_pending $DB), topic: $(wc -l <"$TMP/has.json")" "$(grep -v '"level":"info"' "$TMP/kill_b.err" | tail -n 5)"
+fi
+analyze mk-kill "$TMP/pub_kill" || fail "could not read the topic back"
+log "kill -9: messages=${R[messages]} duplicates=${R[duplicates]} $(report)"
+check_eq "kill -9: nothing lost, a key in one partition in seq order (re-sends collapsed)" "$CLEAN" "$(report)"
+if ((${R[duplicates]:-999} <= KEYS)); then pass "re-sends only of what was in flight (${R[duplicates]} <= one per key)"; else fail "too many duplicates: ${R[duplicates]}"; fi
+stop_instance $PB
+finish
