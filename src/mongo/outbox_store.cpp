@@ -122,45 +122,32 @@ std::shared_ptr<bson_t> Store::read_top_version() {
   return docs.empty() ? nullptr : docs[0];
 }
 
-void Store::read_inserted_bound() {
-  Bson filter, opts;
-  bson_t sort, proj;
-  bson_append_document_begin(opts, "sort", 4, &sort);
-  BSON_APPEND_INT32(&sort, "_id", -1);
-  bson_append_document_end(opts, &sort);
-  bson_append_document_begin(opts, "projection", 10, &proj);
-  BSON_APPEND_INT32(&proj, "first_id", 1);
-  BSON_APPEND_INT32(&proj, "next_id", 1);
-  BSON_APPEND_INT32(&proj, "inserted", 1);
-  bson_append_document_end(opts, &proj);
-  BSON_APPEND_INT64(opts, "limit", 1);
+bool Store::read_counter(const char* id, int64_t* n) {
+  Bson filter;
+  BSON_APPEND_UTF8(filter, "_id", id);
   const auto command = count("find");
-  auto docs = drain(mongoc_collection_find_with_opts(coll(kSequence), filter, opts, nullptr), "read relay_sequence");
-  int64_t first = 0, next = 0;
-  bson_iter_t it;
-  if (docs.empty()) {  // no version yet: no segment holds a delivery
-    inserted_bound_ = 0;
-    return;
-  }
-  if (!get_int64(docs[0].get(), "first_id", &first) || !get_int64(docs[0].get(), "next_id", &next)) {
-    inserted_bound_ = INT64_MAX;  // a version by a sidecar before first_id: unbounded, as it read
-    return;
-  }
-  const bool inserted = bson_iter_init_find(&it, docs[0].get(), "inserted") && bson_iter_as_bool(&it);
-  inserted_bound_ = inserted ? next - 1 : first - 1;
+  auto docs = drain(mongoc_collection_find_with_opts(coll(kCountersColl), filter, nullptr, nullptr), "read relay_counters");
+  return !docs.empty() && get_int64(docs[0].get(), "n", n);
 }
 
-void Store::mark_version_inserted(int64_t version) {
-  Bson filter, update, reply;
-  bson_t set;
-  BSON_APPEND_INT64(filter, "_id", version);
-  bson_append_document_begin(update, "$set", 4, &set);
-  BSON_APPEND_BOOL(&set, "inserted", true);
-  bson_append_document_end(update, &set);
+void Store::read_inserted_bound() {
+  int64_t n = 0;
+  // None: no sequencer of this version has run, and the reads are not bounded (as they were).
+  inserted_bound_ = read_counter("inserted_below", &n) ? n - 1 : INT64_MAX;
+}
+
+void Store::raise_inserted_below(int64_t next_id) {
+  Bson filter, update, opts, reply;
+  bson_t max;
+  BSON_APPEND_UTF8(filter, "_id", "inserted_below");
+  bson_append_document_begin(update, "$max", 4, &max);
+  BSON_APPEND_INT64(&max, "n", next_id);
+  bson_append_document_end(update, &max);
+  BSON_APPEND_BOOL(opts, "upsert", true);
   bson_error_t err;
   const auto command = count("update");
-  if (!mongoc_collection_update_one(coll(kSequence), filter, update, nullptr, reply, &err))
-    raise_store_error("mark a version inserted", err);
+  if (!mongoc_collection_update_one(coll(kCountersColl), filter, update, opts, reply, &err) && err.code != kDuplicateKey)
+    raise_store_error("record the inserted deliveries' bound", err);
 }
 
 bool Store::insert_version(const bson_t* doc) {
@@ -186,13 +173,8 @@ void Store::delete_versions_below(int64_t version) {
 }
 
 int64_t Store::read_id_counter() {
-  Bson filter;
-  BSON_APPEND_UTF8(filter, "_id", "ids");
-  const auto command = count("find");
-  auto docs = drain(mongoc_collection_find_with_opts(coll(kCountersColl), filter, nullptr, nullptr), "read relay_counters");
   int64_t n = 0;
-  if (!docs.empty()) get_int64(docs[0].get(), "n", &n);
-  return n;
+  return read_counter("ids", &n) ? n : 0;
 }
 
 std::map<std::string, int64_t> Store::read_key_seqs(const std::vector<std::string>& keys) {

@@ -80,15 +80,11 @@ void Sequencer::load_catalog() {
 
 namespace {
 
-// first_id: the lowest delivery id the version may insert (readers read no
-// segment id from it on until the version is marked `inserted`).
-void append_version(bson_t* d, int64_t v, int64_t epoch, const std::string& owner, int64_t at_ms, int64_t first_id,
-                    int64_t next_id) {
+void append_version(bson_t* d, int64_t v, int64_t epoch, const std::string& owner, int64_t at_ms, int64_t next_id) {
   BSON_APPEND_INT64(d, "_id", v);
   BSON_APPEND_INT64(d, "epoch", epoch);
   BSON_APPEND_UTF8(d, "owner", owner.c_str());
   BSON_APPEND_DATE_TIME(d, "at", at_ms);
-  BSON_APPEND_INT64(d, "first_id", first_id);
   BSON_APPEND_INT64(d, "next_id", next_id);
 }
 
@@ -165,6 +161,10 @@ bool Sequencer::recover(const std::function<bool()>& holds) {
     if (!apply(v, holds)) return false;
     sequenced_ += present.size();  // the outbox documents this redo consumed
   }
+  // Every id below next_id_ is inserted now: readers' bound, before this
+  // tenure's first version (a database whose sequencer predates the bound has none).
+  if (!holds()) return false;
+  store_.raise_inserted_below(next_id_);
   recovered_ = true;
   return true;
 }
@@ -278,7 +278,7 @@ bool Sequencer::apply(const Version& v, const std::function<bool()>& holds) {
   // Readers may now read this version's deliveries (Store::read_inserted_bound):
   // the inserts above went to up to two segments one after the other, and a
   // reader between them would see a key's newer delivery without its older one.
-  store_.mark_version_inserted(v.v);
+  store_.raise_inserted_below(v.next_id);
   crash_point("after_deliveries");
   // 4. The outbox documents, last.
   std::vector<const bson_t*> ids;
@@ -388,7 +388,7 @@ int Sequencer::step(int limit, int64_t now_ms, const std::function<bool()>& hold
 
   // The commit: version v + 1, unique. Whoever inserted it owns this batch's ids and seqs.
   Bson doc;
-  append_version(doc, v.v, v.epoch, v.owner, v.at_ms, next_id_, v.next_id);
+  append_version(doc, v.v, v.epoch, v.owner, v.at_ms, v.next_id);
   bson_t arr;
   bson_append_array_begin(doc, "events", -1, &arr);
   for (size_t i = 0; i < v.events.size(); i++) {

@@ -206,14 +206,15 @@ class Store {
   std::vector<std::shared_ptr<bson_t>> read_outbox_ids(const std::vector<const bson_t*>& ids);
   // relay_sequence: the highest version document (owned), or null.
   std::shared_ptr<bson_t> read_top_version();
-  // Segment reads stop at the ids whose version is wholly inserted: reads the
-  // top version's `first_id`, `next_id` and `inserted` (one find) and bounds
+  // Segment reads stop below the sequencer's relay_counters "inserted_below"
+  // (every delivery id below it is inserted): read (one find) and applied to
   // every later window read (fetch_window, fetch_class_window) until the next
-  // call; never called: no bound. The dispatcher and the pull API call it
-  // before each round of window reads (docs/mongo.md, "Delivery segments").
+  // call; never called, or no such document: no bound. The dispatcher and the
+  // pull API call it before each round of window reads (docs/mongo.md,
+  // "Delivery segments").
   void read_inserted_bound();
-  // The sequencer, once every delivery of `version` is inserted.
-  void mark_version_inserted(int64_t version);
+  // The sequencer: every delivery id below next_id is inserted ($max, upsert).
+  void raise_inserted_below(int64_t next_id);
   // Inserts a version document; false if its _id exists (another writer got there first).
   bool insert_version(const bson_t* doc);
   void delete_versions_below(int64_t version);
@@ -263,6 +264,7 @@ class Store {
   // {_id: {$in: [the _id of each of `docs`]}} into `filter` (outbox_store.cpp).
   static void append_id_in(bson_t* filter, const std::vector<const bson_t*>& docs);
   int64_t count_all(const char* collection, const char* what);
+  bool read_counter(const char* id, int64_t* n);  // relay_counters {_id: id}.n; false: none
   // One find of the handler's deliveries in the lanes (of one priority class
   // when `priority` is set), oldest first; `what` names it in errors.
   std::vector<Delivery> find_deliveries(const std::string& handler, const std::vector<int>& lanes,
