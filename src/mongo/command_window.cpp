@@ -87,21 +87,14 @@ void CommandWindow::run_http() {
       engine = engine_;
     }
     // The window is open: the engine is this thread's until close() wakes it.
-    for (;;) {
+    // Without an epoll set (ready_fd -1: not Linux, or it failed) requests
+    // wait for the loop, as they did before this thread.
+    while (engine->ready_fd() >= 0) {
       pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {engine->ready_fd(), POLLIN, 0}};
-      std::vector<pollfd> more;
-      nfds_t n = 2;
-      if (engine->ready_fd() < 0) {  // no epoll set: every socket
-        more.push_back(fds[0]);
-        for (const auto& w : engine->sockets())
-          more.push_back({w.fd, static_cast<short>((w.read ? POLLIN : 0) | (w.write ? POLLOUT : 0)), 0});
-        n = more.size();
-      }
-      pollfd* set = more.empty() ? fds : more.data();
       int64_t t = engine->timeout_ms();
       if (t < 0 || t > 1000) t = 1000;
-      int r = poll(set, n, static_cast<int>(t));
-      if (set[0].revents & POLLIN) {
+      const int r = poll(fds, 2, static_cast<int>(t));
+      if (fds[0].revents & POLLIN) {
         uint64_t v;
         (void)!read(wake_fd_, &v, sizeof v);
       }
@@ -109,18 +102,7 @@ void CommandWindow::run_http() {
         std::lock_guard<std::mutex> g(mu_);
         if (!open_ || quit_) break;
       }
-      if (r > 0) {
-        if (more.empty()) {
-          if (fds[1].revents) engine->on_ready();
-        } else {
-          for (size_t i = 1; i < more.size(); i++) {
-            const pollfd& p = more[i];
-            if (p.revents == 0 || (p.revents & POLLNVAL)) continue;
-            const bool failed = (p.revents & (POLLERR | POLLHUP)) != 0;
-            engine->on_socket(p.fd, failed || (p.revents & POLLIN), failed || (p.revents & POLLOUT));
-          }
-        }
-      }
+      if (r > 0 && fds[1].revents) engine->on_ready();
       if (engine->timeout_ms() == 0 || r == 0) engine->on_timeout();
     }
     {

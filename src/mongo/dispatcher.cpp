@@ -102,7 +102,7 @@ void Dispatcher::reload() {
 
 void Dispatcher::lease_tick() {
   const int64_t now = wall_ms();
-  next_tick_ms_ = now + std::max<int64_t>(100, cfg_.lease_ms / 3);
+  next_tick_ms_ = now + tick_interval_ms();
 
   // The handler catalog (cheap: a handful of documents).
   std::vector<std::string> bad;
@@ -311,12 +311,12 @@ void Dispatcher::lease_tick() {
   // a tick whose reads took longer than the interval (a slow store) would
   // otherwise be due again at once and leave no time to deliver. Renewals
   // do not wait for it (renew_if_due).
-  next_tick_ms_ = wall_ms() + std::max<int64_t>(100, cfg_.lease_ms / 3);
+  next_tick_ms_ = wall_ms() + tick_interval_ms();
 }
 
 void Dispatcher::renew_if_due() {
   settle_renewals();
-  if ((!held_.empty() || seq_held_) && wall_ms() >= renewed_at_ms_ + std::max<int64_t>(100, cfg_.lease_ms / 3))
+  if ((!held_.empty() || seq_held_) && wall_ms() >= renewed_at_ms_ + tick_interval_ms())
     renew_leases();
 }
 
@@ -336,23 +336,36 @@ void Dispatcher::renew_leases() {
         seq_lease_.epoch = inserts[i].epoch;
         seq_lease_.until_ms = until;
       } else {
-        log_warn("sequencer role lost", {{"epoch", seq_lease_.epoch}});
-        seq_held_ = false;
-        sequencer_->end();
+        lost.push_back(lane);
       }
     } else if (ok[i]) {
       held_[lane].epoch = inserts[i].epoch;
       held_[lane].until_ms = until;
     } else {
       lost.push_back(lane);
-      held_.erase(lane);
-      metrics_.lanes_lost++;
     }
   }
   // The epochs this skipped past are removed by the next lease_tick (it
   // deletes the three below each new epoch).
-  metrics_.lanes_held = static_cast<int>(held_.size());
   metrics_.last_store_ok_ms = wall_ms();
+  drop_lost(lost);
+}
+
+// Leases a renewal found taken (the sequencer role among them): given up.
+void Dispatcher::drop_lost(const std::vector<int>& leases) {
+  std::vector<int> lost;
+  for (int lane : leases) {
+    if (lane == kSequencerLane) {
+      if (!seq_held_) continue;
+      log_warn("sequencer role lost", {{"epoch", seq_lease_.epoch}});
+      seq_held_ = false;
+      sequencer_->end();
+    } else if (held_.erase(lane) > 0) {
+      lost.push_back(lane);
+      metrics_.lanes_lost++;
+    }
+  }
+  metrics_.lanes_held = static_cast<int>(held_.size());
   if (!lost.empty()) log_warn("lane lease lost", {{"lost", lost}, {"held", held_.size()}});
 }
 
@@ -691,7 +704,7 @@ void Dispatcher::begin(bool lanes) {
   std::vector<CommandWindow::Lease> leases;
   for (const auto& [lane, h] : held_) leases.push_back({lane, h.epoch});
   if (seq_held_) leases.push_back({kSequencerLane, seq_lease_.epoch});
-  const int64_t interval = std::max<int64_t>(100, cfg_.lease_ms / 3);
+  const int64_t interval = tick_interval_ms();
   // A command that writes lane leases itself must not race a renewal of them.
   window_->open(engine_.get(), std::move(leases), cfg_.instance, renewed_at_ms_ + interval, interval, !lanes);
 }
@@ -735,21 +748,8 @@ void Dispatcher::settle_renewals() {
     window_error_.clear();
   }
   if (lost_in_window_.empty()) return;
-  std::vector<int> lost;
-  for (int lane : lost_in_window_) {
-    if (lane == kSequencerLane) {
-      if (!seq_held_) continue;
-      log_warn("sequencer role lost", {{"epoch", seq_lease_.epoch}});
-      seq_held_ = false;
-      sequencer_->end();
-    } else if (held_.erase(lane) > 0) {
-      lost.push_back(lane);
-      metrics_.lanes_lost++;
-    }
-  }
+  drop_lost(lost_in_window_);
   lost_in_window_.clear();
-  metrics_.lanes_held = static_cast<int>(held_.size());
-  if (!lost.empty()) log_warn("lane lease lost", {{"lost", lost}, {"held", held_.size()}});
 }
 
 void Dispatcher::wait(int64_t max_ms) {

@@ -91,6 +91,8 @@ class Dispatcher final : private core::DeliveryStore, private PullHost, private 
   // renew_leases when a tick interval has passed since the last renewal was
   // sent: before the lease is used (queuing, sending, completing).
   void renew_if_due();
+  int64_t tick_interval_ms() const { return std::max<int64_t>(100, cfg_.lease_ms / 3); }
+  void drop_lost(const std::vector<int>& leases);  // lanes (and kSequencerLane) a renewal found taken
   int64_t renewed_at_ms_ = 0;
   void fetch_all();
   bool bound_read_ = false;  // this fetch pass read Store::read_inserted_bound
