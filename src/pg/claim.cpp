@@ -23,6 +23,7 @@
 #include "pg/complete.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/claim.hpp"
+#include "pg/claim_floor.hpp"
 #include "pg/claim_frontier.hpp"
 #include "pg/guard.hpp"
 #include "pg/leases.hpp"
@@ -30,6 +31,7 @@
 #include "pg/recovery_guard.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi_support.hpp"
+#include "pg/worker_state.hpp"
 
 extern "C" {
 PG_FUNCTION_INFO_V1(relay_claim);
@@ -55,14 +57,18 @@ static SavedPlan scan_plan = {ALL_CLASSES(""), 2, {INT4OID, INT4OID}, nullptr, P
 static SavedPlan scan_lanes_plan = {ALL_CLASSES(" AND lane = ANY ($3)"), 3,
                                     {INT4OID, INT4OID, INT2ARRAYOID}, nullptr, PlanShape::IndexScans};
 // relay_claim of a busy pull handler starts each class at its frontier
-// (claim_frontier.hpp): `id >= $n` after `priority >= p` positions the index
-// descent there, past the rows in flight and the entries of acked ones.
-#define FROM_CLASSES                                                                              \
-    "SELECT id, priority, key, not_before FROM (" CLASS_SCAN(3, " AND id >= $3") " UNION ALL "       \
-    CLASS_SCAN(2, " AND id >= $4") " UNION ALL " CLASS_SCAN(1, " AND id >= $5") " UNION ALL "         \
-    CLASS_SCAN(0, " AND id >= $6") ") s"
-static SavedPlan scan_from_plan = {FROM_CLASSES, 6, {INT4OID, INT4OID, INT8OID, INT8OID, INT8OID, INT8OID}, nullptr,
-                                   PlanShape::IndexScans};
+// (claim_frontier.hpp), a dispatcher at its floor (claim_floor.hpp): `id >= $n`
+// after `priority >= p` positions the index descent there, past the rows in
+// flight and the entries of completed ones.
+#define FROM_CLASSES(lanes)                                                                             \
+    "SELECT id, priority, key, not_before FROM (" CLASS_SCAN(3, " AND id >= $3" lanes) " UNION ALL "       \
+    CLASS_SCAN(2, " AND id >= $4" lanes) " UNION ALL " CLASS_SCAN(1, " AND id >= $5" lanes) " UNION ALL "   \
+    CLASS_SCAN(0, " AND id >= $6" lanes) ") s"
+static SavedPlan scan_from_plan = {FROM_CLASSES(""), 6, {INT4OID, INT4OID, INT8OID, INT8OID, INT8OID, INT8OID},
+                                   nullptr, PlanShape::IndexScans};
+static SavedPlan scan_from_lanes_plan = {FROM_CLASSES(" AND lane = ANY ($7)"), 7,
+                                         {INT4OID, INT4OID, INT8OID, INT8OID, INT8OID, INT8OID, INT2ARRAYOID},
+                                         nullptr, PlanShape::IndexScans};
 
 // Key heads: the first per_key deliveries (by seq) of up to $2 keys, found by
 // walking deliveries_key one key at a time (one index descent per key) instead
@@ -169,9 +175,10 @@ static void read_scanned(int window, TimestampTz now, bool take_notified, Scanne
 static void scan(int32 handler_id, int window, Datum lanes, const int64* from, TimestampTz now,
                  bool take_notified, ScannedRows* out) {
     if (from != nullptr) {
-        Datum values[6] = {Int32GetDatum(handler_id), Int32GetDatum(window), Int64GetDatum(from[3]),
-                           Int64GetDatum(from[2]),    Int64GetDatum(from[1]), Int64GetDatum(from[0])};
-        spi_exec_latest(&scan_from_plan, values, nullptr, true, 0);
+        Datum values[7] = {Int32GetDatum(handler_id), Int32GetDatum(window), Int64GetDatum(from[3]),
+                           Int64GetDatum(from[2]),    Int64GetDatum(from[1]), Int64GetDatum(from[0]),
+                           lanes};
+        spi_exec_latest(lanes == (Datum)0 ? &scan_from_plan : &scan_from_lanes_plan, values, nullptr, true, 0);
     } else {
         Datum values[3] = {Int32GetDatum(handler_id), Int32GetDatum(window), lanes};
         spi_exec_latest(lanes == (Datum)0 ? &scan_plan : &scan_lanes_plan, values, nullptr, true, 0);
@@ -403,6 +410,25 @@ static void advance_frontier(int32 handler_id, const FrontierView& view, const S
     frontier_advance(handler_id, view, upto, now);
 }
 
+// The lanes a claim reads, as a bit mask (every lane: all bits).
+static uint64 lane_mask(const ClaimRequest* req) {
+    static_assert(kNumLanes == 64, "a lane set is one 64-bit mask");
+    if (req->lanes == nullptr) return ~UINT64CONST(0);
+    uint64 m = 0;
+    for (int i = 0; i < req->nlanes; i++) m |= UINT64CONST(1) << (req->lanes[i] & 63);
+    return m;
+}
+
+// Per class: the first and highest id a window scan returned (-1: none).
+static void window_bounds(const ScannedRows& rows, int64 first[4], int64 highest[4]) {
+    for (int p = 0; p < 4; p++) first[p] = highest[p] = -1;
+    for (int i = 0; i < rows.n; i++) {
+        int p = std::clamp(rows.priority[i], 0, 3);
+        if (first[p] < 0 || rows.ids[i] < first[p]) first[p] = rows.ids[i];
+        highest[p] = std::max(highest[p], rows.ids[i]);
+    }
+}
+
 void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
     TimestampTz now = GetCurrentTimestamp();
     int64 now_ms = timestamptz_to_epoch_ms(now);
@@ -431,6 +457,17 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
         FrontierView view = {};
         view.head = true;
         if (req->use_frontier) frontier_read(req->handler_id, now, &view);
+        // A dispatcher's floor, and the xmin of a snapshot older than the scan.
+        TransactionId xmin = InvalidTransactionId;
+        int64 first[4] = {-1, -1, -1, -1};
+        int64 highest[4] = {-1, -1, -1, -1};
+        if (req->use_floor) {
+            FloorView fv;
+            floor_read(req->handler_id, lane_mask(req), req->rescans, now, &fv);
+            view.head = fv.head;
+            for (int p = 0; p < 4; p++) view.from[p] = fv.from[p];
+            xmin = GetLatestSnapshot()->xmin;
+        }
         int64* chosen = static_cast<int64*>(palloc(sizeof(int64) * (max + 1)));
         int nchosen = 0;
         int64 rows_needed = 0;
@@ -447,6 +484,7 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
             for (;;) {
                 scan(req->handler_id, window, lanes, view.head ? nullptr : view.from, now, req->take_notified,
                      &rows);
+                if (req->use_floor) window_bounds(rows, first, highest);
                 if (heads_added) add_rows(&rows, heads);
                 out->next_ready_ms = 0;
                 for (int i = 0; i < rows.n; i++)
@@ -491,11 +529,18 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
             // window that shrank below them would cost a second scan.
             int target = static_cast<int>(std::min<int64>(rows_needed + rows_needed / 8 + 8, cap));
             hinted = std::max(target, hinted - hinted / 16);
+            if (req->use_floor) break;
             // Nothing more ahead of the frontier: look behind it too. (Short
             // because the rows ahead are held by concurrent claimers: not.)
             if (view.head || nchosen >= max || !exhausted) break;
             view.head = true;
             for (int64& f : view.from) f = 0;
+        }
+        if (req->use_floor) {
+            FloorView used;
+            used.head = view.head;
+            for (int p = 0; p < 4; p++) used.from[p] = view.head ? 0 : view.from[p];
+            floor_note(req->handler_id, used, first, highest, xmin);
         }
         hint->claims++;
         charge_expired(rows, now);

@@ -21,6 +21,8 @@ struct ClaimRequest {
     LeaseKind kind;      // who the leases are for
     bool take_notified;  // relay_claim of an ack-mode notify handler: take over unacked NOTIFYs
     bool use_frontier;   // relay_claim of a pull handler: start at the claim frontier (claim_frontier.hpp)
+    bool use_floor;      // a dispatcher: start at its claim floor (claim_floor.hpp)
+    uint32 rescans;      // with use_floor: its slot's rescan count, read before the claim
 };
 
 struct ClaimResult {

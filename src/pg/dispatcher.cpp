@@ -195,6 +195,8 @@ static void claim_lanes(ClaimRequest* req) {
     bool all = my_nlanes == kNumLanes;
     req->lanes = all ? nullptr : my_lanes;
     req->nlanes = all ? 0 : my_nlanes;
+    req->use_floor = true;
+    req->rescans = pg_atomic_read_u32(&workers->slots[my_slot].rescans);
 }
 
 // Fencing: completing is allowed only while every lane read is still ours.

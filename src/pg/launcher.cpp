@@ -325,6 +325,7 @@ static long reconcile() {
             uint32 ticket = slot.ticket + 1;
             memset(&slot, 0, sizeof(slot));
             pg_atomic_init_u32(&slot.wakes, 0);
+            pg_atomic_init_u32(&slot.rescans, 0);
             slot.dboid = db->oid;
             slot.worker_index = w;
             slot.ticket = ticket;

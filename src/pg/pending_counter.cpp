@@ -71,6 +71,7 @@ RELAYBUS_SQL_FUNCTION(relay_recount_pending) {
     LockRelationOid(deliveries_oid(), ShareLock);
     count_locked(extension);
     frontier_forget(0);
+    rescan_dispatchers_at_commit();
     PG_RETURN_VOID();
 }
 
@@ -80,6 +81,9 @@ RELAYBUS_SQL_FUNCTION(relay_count_pending) {
     if (PG_ARGISNULL(0) || PG_ARGISNULL(1)) PG_RETURN_VOID();
     count_pending_at_commit(PG_GETARG_INT32(0), PG_GETARG_INT64(1));
     // Rows came back with their old ids (relay_replay): claims look from the head.
-    if (PG_GETARG_INT64(1) > 0) frontier_forget(PG_GETARG_INT32(0));
+    if (PG_GETARG_INT64(1) > 0) {
+        frontier_forget(PG_GETARG_INT32(0));
+        rescan_dispatchers_at_commit();
+    }
     PG_RETURN_VOID();
 }

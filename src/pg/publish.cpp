@@ -187,6 +187,9 @@ static void insert_deliveries_spi(const PublishCommon& common, Datum topic, cons
 // One delivery per (event, route), events in order.
 static void insert_deliveries(const PublishCommon& common, const EventRows& ev,
                               const RouteTarget* targets, int ntargets) {
+    // The transaction id comes before any delivery id is drawn: the
+    // dispatchers' claim floors rely on that order (claim_floor.hpp).
+    (void)GetCurrentTransactionId();
     for (int t = 0; t < ntargets; t++) count_published_at_commit(targets[t].handler_id, ev.n);
     Datum topic = CStringGetTextDatum(common.topic);
     DeliveryWriter w;

@@ -38,7 +38,10 @@ void worker_state_init(bool found) {
     workers->slots = reinterpret_cast<DispatcherSlot*>(base + slots_offset());
     workers->databases = reinterpret_cast<DatabaseState*>(base + databases_offset());
     workers->lanes = reinterpret_cast<LaneLease(*)[kNumLanes]>(base + lanes_offset());
-    for (int s = 0; s < workers->nslots; s++) pg_atomic_init_u32(&workers->slots[s].wakes, 0);
+    for (int s = 0; s < workers->nslots; s++) {
+        pg_atomic_init_u32(&workers->slots[s].wakes, 0);
+        pg_atomic_init_u32(&workers->slots[s].rescans, 0);
+    }
     for (int d = 0; d < workers->ndatabases; d++)
         for (int l = 0; l < kNumLanes; l++) workers->lanes[d][l].owner_slot = -1;
     workers->next_token = 1;
@@ -129,8 +132,23 @@ static HandlerCounters* counters_of(Oid dboid, int32 handler_id) {
 }
 
 static bool wake_pending = false;
+static bool rescan_pending = false;
 
 void wake_dispatchers_at_commit() { wake_pending = true; }
+void rescan_dispatchers_at_commit() { rescan_pending = true; }
+
+// Runs after the commit made this transaction's rows visible: a dispatcher
+// that reads the new count before its next scan sees them.
+static void rescan_dispatchers(Oid dboid) {
+    if (workers == nullptr) return;
+    for (int i = 0; i < workers->nslots; i++) {
+        DispatcherSlot& s = workers->slots[i];
+        if (s.dboid == dboid && s.pid != 0) {
+            pg_atomic_fetch_add_u32(&s.rescans, 1);
+            wake_dispatcher(s);
+        }
+    }
+}
 
 // What this transaction's publishes and completions change per (handler,
 // nesting level): published deliveries and the pending count. Kept in a fixed
@@ -221,8 +239,11 @@ static void apply_at_commit() {
 }
 
 void workers_at_xact_end(bool commit) {
-    if (wake_pending && commit) wake_dispatchers(MyDatabaseId);
-    wake_pending = false;
+    if (rescan_pending && commit)
+        rescan_dispatchers(MyDatabaseId);
+    else if (wake_pending && commit)
+        wake_dispatchers(MyDatabaseId);
+    wake_pending = rescan_pending = false;
     if (commit) apply_at_commit();
     ncount_notes = 0;
 }

@@ -43,6 +43,10 @@ struct DispatcherSlot {
     // Bumped by every wake-up request before the latch is set. The latch alone
     // can lose a wake: a lock wait inside an iteration (ProcSleep) resets it.
     pg_atomic_uint32 wakes;
+    // Bumped after a commit put deliveries back with old ids (relay_replay,
+    // relay._recount_pending): the dispatcher's claims forget their floors
+    // (claim_floor.hpp) and scan from the head.
+    pg_atomic_uint32 rescans;
 };
 
 struct DatabaseState {
@@ -125,6 +129,9 @@ void wake_dispatcher(DispatcherSlot& slot);
 
 // Publishers ask for a wake-up; it happens when their transaction commits.
 void wake_dispatchers_at_commit();
+// At commit (after its rows are visible): the database's dispatchers rescan
+// their handlers from the head, and are woken.
+void rescan_dispatchers_at_commit();
 void workers_at_xact_end(bool commit);
 
 // Delivery counters of the workers, for relay.handler_stats.

@@ -1,0 +1,60 @@
+// Where a dispatcher's claims start reading a handler's backlog.
+//
+// Completed deliveries are deleted, and their index entries stay until VACUUM.
+// A scan skips an entry cheaply only once it is marked dead, which needs its
+// row to be dead to every snapshot. A transaction that holds an old snapshot
+// (a report, pg_dump, a session idle in transaction) keeps them all alive: a
+// claim that starts each priority class at its first entry read every
+// delivery completed since that snapshot was taken (601 entries per claim
+// after 1,200 events one at a time: test/integration/old_snapshot.sh).
+//
+// A floor per class: no delivery of the class with a smaller id is live in
+// this dispatcher's lanes or can become live, so its claims scan from there.
+// It rises in two steps, because rows below the first one a scan returns may
+// still be uncommitted:
+//   1. a claim notes, per class, the first id its scan returned (none: one past
+//      the highest it ever returned) and the next transaction id after the
+//      scan: a candidate;
+//   2. a later claim whose snapshot's xmin has passed that transaction id
+//      (every transaction that was running at the first scan has ended) raises
+//      the floor to the smaller of the candidate and the first id its own scan
+//      returned.
+// This holds because a publisher has its transaction id before it draws
+// delivery ids (delivery_writer_open): a row with an id below the candidate's
+// was drawn earlier, by a transaction older than the noted id.
+//
+// Other paths put rows below a floor. relay_replay puts dead letters back with
+// their old ids, and relay._recount_pending follows rows written by other
+// means (pg_restore): after their commit the dispatchers' rescan counts are
+// bumped (worker_state.hpp), and a claim that sees a new count starts from
+// the head. For anything else (an operator's INSERT), once per
+// relaybus.poll_interval a claim starts from the head anyway: such a row waits
+// one poll interval at most. A change of the dispatcher's lanes starts from
+// the head too, and so does every claim after the dispatcher's transaction
+// aborted (its own deletes, which its claims did not see, are back).
+//
+// A transaction that has a transaction id and stays open (a long writer)
+// holds back every snapshot's xmin: no candidate is taken up meanwhile, and
+// claims scan from the last floor, as before this file.
+#pragma once
+
+#include "pg/pg_includes.hpp"
+
+namespace relaybus::pg {
+
+// A claim's floor: from[p] is the first id of class p worth reading.
+struct FloorView {
+    bool head;      // from the head (from[] all 0)
+    int64 from[4];
+};
+
+// Before the scan. lanes: the dispatcher's lanes as a bit mask (bit n = lane
+// n); rescans: its slot's rescan count, read before the claim.
+void floor_read(int32 handler_id, uint64 lanes, uint32 rescans, TimestampTz now, FloorView* out);
+// After the scan (from view): first[p] the first id of class p it returned,
+// highest[p] the highest (-1: none); xmin: the xmin of a snapshot taken before
+// the scan.
+void floor_note(int32 handler_id, const FloorView& view, const int64 first[4], const int64 highest[4],
+                TransactionId xmin);
+
+}  // namespace relaybus::pg
