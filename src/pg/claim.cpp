@@ -454,20 +454,27 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
         // Widen the window (x4) while the plan is short and a class may hold more.
         const int cap = guc_claim_scan_limit / 4 + 1;
         WindowHint* hint = window_hint(req->handler_id, max, req->per_key);
+        // Where the scan starts. view.head: at the settled floor (claim_floor.hpp),
+        // where "the head" starts; otherwise at a pull handler's frontier.
         FrontierView view = {};
         view.head = true;
         if (req->use_frontier) frontier_read(req->handler_id, now, &view);
-        // A dispatcher's floor, and the xmin of a snapshot older than the scan.
-        TransactionId xmin = InvalidTransactionId;
-        int64 first[4] = {-1, -1, -1, -1};
-        int64 highest[4] = {-1, -1, -1, -1};
+        int64 floor[4] = {0, 0, 0, 0};
         if (req->use_floor) {
             FloorView fv;
             floor_read(req->handler_id, lane_mask(req), req->rescans, now, &fv);
-            view.head = fv.head;
-            for (int p = 0; p < 4; p++) view.from[p] = fv.from[p];
-            xmin = GetLatestSnapshot()->xmin;
+            for (int p = 0; p < 4; p++) floor[p] = fv.from[p];
+        } else if (req->use_frontier) {
+            for (int p = 0; p < 4; p++) floor[p] = view.floor[p];
         }
+        if (view.head)
+            for (int p = 0; p < 4; p++) view.from[p] = floor[p];
+        // For the floor's rule: the xmin of a snapshot older than the scan, and
+        // what the last scan from the floor returned.
+        const bool track_floor = req->use_floor || req->use_frontier;
+        TransactionId xmin = track_floor ? GetLatestSnapshot()->xmin : InvalidTransactionId;
+        int64 first[4] = {-1, -1, -1, -1};
+        int64 highest[4] = {-1, -1, -1, -1};
         int64* chosen = static_cast<int64*>(palloc(sizeof(int64) * (max + 1)));
         int nchosen = 0;
         int64 rows_needed = 0;
@@ -482,9 +489,9 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
             heads_added = more_keys = false;
             bool exhausted = false;  // every row ahead was seen
             for (;;) {
-                scan(req->handler_id, window, lanes, view.head ? nullptr : view.from, now, req->take_notified,
-                     &rows);
-                if (req->use_floor) window_bounds(rows, first, highest);
+                bool at_head = std::all_of(view.from, view.from + 4, [](int64 f) { return f == 0; });
+                scan(req->handler_id, window, lanes, at_head ? nullptr : view.from, now, req->take_notified, &rows);
+                if (track_floor && view.head) window_bounds(rows, first, highest);
                 if (heads_added) add_rows(&rows, heads);
                 out->next_ready_ms = 0;
                 for (int i = 0; i < rows.n; i++)
@@ -534,13 +541,16 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
             // because the rows ahead are held by concurrent claimers: not.)
             if (view.head || nchosen >= max || !exhausted) break;
             view.head = true;
-            for (int64& f : view.from) f = 0;
+            for (int p = 0; p < 4; p++) view.from[p] = floor[p];
         }
-        if (req->use_floor) {
+        if (track_floor && view.head) {  // the last scan started at the floor
             FloorView used;
-            used.head = view.head;
-            for (int p = 0; p < 4; p++) used.from[p] = view.head ? 0 : view.from[p];
-            floor_note(req->handler_id, used, first, highest, xmin);
+            used.head = std::all_of(floor, floor + 4, [](int64 f) { return f == 0; });
+            for (int p = 0; p < 4; p++) used.from[p] = floor[p];
+            if (req->use_floor)
+                floor_note(req->handler_id, used, first, highest, xmin);
+            else
+                frontier_note_floor(req->handler_id, view, used, first, highest, xmin);
         }
         hint->claims++;
         charge_expired(rows, now);

@@ -10,59 +10,15 @@ extern "C" {
 
 namespace relaybus::pg {
 
-namespace {
-
-// Per dispatcher process and handler (a few handlers per database; a slot
-// taken over by another handler starts from the head, which is always right).
-struct Floor {
-    int32 handler_id;
-    uint64 lanes;
-    uint32 rescans;
-    int64 floor[4];
-    int64 highest[4];        // the highest id ever returned per class (-1: none)
-    bool pending;
-    int64 candidate[4];
-    TransactionId after;     // the candidate holds once xmin has passed this
-    TimestampTz head_due;    // the next claim from the head, at the latest
-};
-
-Floor floors[16];
-bool callback_registered = false;
-
-// A claim does not see the rows its own transaction deleted, so its floor may
-// pass them; if that transaction aborts they are back. (Rows another
-// transaction deleted and then restored by aborting are covered by the
-// two-step rule.)
-void forget_at_abort(XactEvent event, void*) {
-    if (event == XACT_EVENT_ABORT)
-        for (Floor& f : floors) f.handler_id = 0;
+void floor_state_init(FloorState* f) {
+    *f = FloorState{};
+    for (int64& h : f->highest) h = -1;
 }
 
-Floor* floor_of(int32 handler_id) {
-    if (!callback_registered) {
-        RegisterXactCallback(forget_at_abort, nullptr);
-        callback_registered = true;
-    }
-    Floor* f = &floors[static_cast<uint32>(handler_id) % lengthof(floors)];
-    if (f->handler_id != handler_id) {
-        *f = Floor{};
-        f->handler_id = handler_id;
-        for (int64& h : f->highest) h = -1;
-    }
-    return f;
-}
-
-void reset(Floor* f) {
-    for (int64& x : f->floor) x = 0;
-    f->pending = false;
-}
-
-}  // namespace
-
-void floor_read(int32 handler_id, uint64 lanes, uint32 rescans, TimestampTz now, FloorView* out) {
-    Floor* f = floor_of(handler_id);
+void floor_state_view(FloorState* f, uint64 lanes, uint32 rescans, TimestampTz now, FloorView* out) {
     if (f->lanes != lanes || f->rescans != rescans || now >= f->head_due) {
-        reset(f);
+        for (int64& x : f->floor) x = 0;
+        f->pending = false;
         f->lanes = lanes;
         f->rescans = rescans;
         f->head_due = TimestampTzPlusMilliseconds(now, guc_poll_interval_ms);
@@ -74,15 +30,14 @@ void floor_read(int32 handler_id, uint64 lanes, uint32 rescans, TimestampTz now,
     }
 }
 
-void floor_note(int32 handler_id, const FloorView& view, const int64 first[4], const int64 highest[4],
-                TransactionId xmin) {
-    Floor* f = floor_of(handler_id);
+void floor_state_note(FloorState* f, const FloorView& used, const int64 first[4], const int64 highest[4],
+                      TransactionId xmin, TransactionId next_xid) {
     int64 seen[4];
     for (int p = 0; p < 4; p++) {
         f->highest[p] = std::max(f->highest[p], highest[p]);
-        // Nothing of the class at or past view.from[p] is live now: up to the
-        // highest id it ever returned, every row is settled or uncommitted.
-        seen[p] = first[p] >= 0 ? first[p] : std::max(view.from[p], f->highest[p] + 1);
+        // Nothing of the class at or past used.from[p] is live now: up to the
+        // highest id ever returned, every row is settled or uncommitted.
+        seen[p] = first[p] >= 0 ? first[p] : std::max(used.from[p], f->highest[p] + 1);
     }
     if (f->pending && TransactionIdIsNormal(xmin) && TransactionIdFollowsOrEquals(xmin, f->after)) {
         for (int p = 0; p < 4; p++) f->floor[p] = std::max(f->floor[p], std::min(f->candidate[p], seen[p]));
@@ -90,9 +45,56 @@ void floor_note(int32 handler_id, const FloorView& view, const int64 first[4], c
     }
     if (!f->pending) {
         for (int p = 0; p < 4; p++) f->candidate[p] = seen[p];
-        f->after = XidFromFullTransactionId(ReadNextFullTransactionId());
+        f->after = next_xid;
         f->pending = true;
     }
+}
+
+TransactionId floor_next_xid() { return XidFromFullTransactionId(ReadNextFullTransactionId()); }
+
+namespace {
+
+// Per dispatcher process and handler (a few handlers per database; a slot
+// taken over by another handler starts from the head, which is always right).
+struct DispatcherFloor {
+    int32 handler_id;  // 0: none
+    FloorState state;
+};
+
+DispatcherFloor floors[16];
+bool callback_registered = false;
+
+// A claim does not see the rows its own transaction deleted, so its floor may
+// pass them; if that transaction aborts they are back. (Rows another
+// transaction deleted and then restored by aborting are covered by the
+// two-step rule.)
+void forget_at_abort(XactEvent event, void*) {
+    if (event == XACT_EVENT_ABORT)
+        for (DispatcherFloor& f : floors) f.handler_id = 0;
+}
+
+FloorState* floor_of(int32 handler_id) {
+    if (!callback_registered) {
+        RegisterXactCallback(forget_at_abort, nullptr);
+        callback_registered = true;
+    }
+    DispatcherFloor* f = &floors[static_cast<uint32>(handler_id) % lengthof(floors)];
+    if (f->handler_id != handler_id) {
+        f->handler_id = handler_id;
+        floor_state_init(&f->state);
+    }
+    return &f->state;
+}
+
+}  // namespace
+
+void floor_read(int32 handler_id, uint64 lanes, uint32 rescans, TimestampTz now, FloorView* out) {
+    floor_state_view(floor_of(handler_id), lanes, rescans, now, out);
+}
+
+void floor_note(int32 handler_id, const FloorView& used, const int64 first[4], const int64 highest[4],
+                TransactionId xmin) {
+    floor_state_note(floor_of(handler_id), used, first, highest, xmin, floor_next_xid());
 }
 
 }  // namespace relaybus::pg

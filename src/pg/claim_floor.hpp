@@ -1,4 +1,4 @@
-// Where a dispatcher's claims start reading a handler's backlog.
+// Where claims start reading a handler's backlog: the settled floor.
 //
 // Completed deliveries are deleted, and their index entries stay until VACUUM.
 // A scan skips an entry cheaply only once it is marked dead, which needs its
@@ -9,7 +9,10 @@
 // after 1,200 events one at a time: test/integration/old_snapshot.sh).
 //
 // A floor per class: no delivery of the class with a smaller id is live in
-// this dispatcher's lanes or can become live, so its claims scan from there.
+// the claimer's lanes or can become live, so claims scan from there. A
+// dispatcher keeps its floors in its own memory (below); relay_claim of a
+// pull handler keeps one per handler in the claim frontier's shared table
+// (claim_frontier.hpp), where it is where a scan "from the head" starts.
 // It rises in two steps, because rows below the first one a scan returns may
 // still be uncommitted:
 //   1. a claim notes, per class, the first id its scan returned (none: one past
@@ -30,7 +33,7 @@
 // the head. For anything else (an operator's INSERT), once per
 // relaybus.poll_interval a claim starts from the head anyway: such a row waits
 // one poll interval at most. A change of the dispatcher's lanes starts from
-// the head too, and so does every claim after the dispatcher's transaction
+// the head too, and so does every claim after the claimer's transaction
 // aborted (its own deletes, which its claims did not see, are back).
 //
 // A transaction that has a transaction id and stays open (a long writer)
@@ -48,13 +51,36 @@ struct FloorView {
     int64 from[4];
 };
 
-// Before the scan. lanes: the dispatcher's lanes as a bit mask (bit n = lane
-// n); rescans: its slot's rescan count, read before the claim.
+// The rule's state for one handler (plain data: it may live in shared memory).
+struct FloorState {
+    uint64 lanes;            // the lanes it is for (bit n = lane n)
+    uint32 rescans;          // the rescan count it is for
+    int64 floor[4];
+    int64 highest[4];        // the highest id ever returned per class (-1: none)
+    bool pending;
+    int64 candidate[4];
+    TransactionId after;     // the candidate holds once xmin has passed this
+    TimestampTz head_due;    // the next claim from the head, at the latest
+};
+
+void floor_state_init(FloorState* f);
+// Before a scan: starts again from the head on a change of lanes or rescan
+// count, or once per relaybus.poll_interval. No call that can fail or wait.
+void floor_state_view(FloorState* f, uint64 lanes, uint32 rescans, TimestampTz now, FloorView* out);
+// After a scan from `used`: first[p] the first id of class p it returned,
+// highest[p] the highest (-1: none); xmin: of a snapshot taken before the scan;
+// next_xid: the next transaction id, read after the scan. No call that can
+// fail or wait.
+void floor_state_note(FloorState* f, const FloorView& used, const int64 first[4], const int64 highest[4],
+                      TransactionId xmin, TransactionId next_xid);
+
+// A dispatcher's floors, per handler, in its own memory; all forgotten when
+// its transaction aborts.
 void floor_read(int32 handler_id, uint64 lanes, uint32 rescans, TimestampTz now, FloorView* out);
-// After the scan (from view): first[p] the first id of class p it returned,
-// highest[p] the highest (-1: none); xmin: the xmin of a snapshot taken before
-// the scan.
-void floor_note(int32 handler_id, const FloorView& view, const int64 first[4], const int64 highest[4],
+void floor_note(int32 handler_id, const FloorView& used, const int64 first[4], const int64 highest[4],
                 TransactionId xmin);
+
+// The next transaction id (for floor_state_note).
+TransactionId floor_next_xid();
 
 }  // namespace relaybus::pg

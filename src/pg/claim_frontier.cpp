@@ -17,6 +17,8 @@ struct FrontierSlot {
     uint64 gen;
     TimestampTz valid_until;  // 0: no frontier
     TimestampTz head_until;   // a claim is scanning from the head until then (at most)
+    FloorState floor;
+    uint64 floor_gen;
 };
 
 struct FrontierTable {
@@ -42,10 +44,55 @@ FrontierSlot* slot_of(int32 handler_id, bool create, TimestampTz stale_before) {
         if (s->valid_until < stale_before && (stale == nullptr || s->valid_until < stale->valid_until)) stale = s;
     }
     if (!create || stale == nullptr) return nullptr;
+    uint64 floor_gen = stale->floor_gen + 1;  // a view of the handler it served is dropped
     memset(stale, 0, sizeof(*stale));
     stale->dboid = MyDatabaseId;
     stale->handler_id = handler_id;
+    floor_state_init(&stale->floor);
+    stale->floor_gen = floor_gen;
     return stale;
+}
+
+void forget_floor(FrontierSlot* s) {
+    floor_state_init(&s->floor);
+    s->floor_gen++;
+}
+
+// Handlers whose floor this transaction noted: forgotten if it aborts (its
+// claims did not see its own deletes, which are back then).
+int32 noted[8];
+int nnoted = 0;
+bool noted_overflow = false;
+bool callback_registered = false;
+
+void floors_at_xact_end(XactEvent event, void*) {
+    if (event != XACT_EVENT_ABORT && event != XACT_EVENT_PREPARE && event != XACT_EVENT_COMMIT) return;
+    if (event != XACT_EVENT_COMMIT && (nnoted > 0 || noted_overflow) && table != nullptr) {
+        SpinLockAcquire(&table->mutex);
+        for (int i = 0; i < kSlots; i++) {
+            FrontierSlot* s = &table->slots[i];
+            if (s->dboid != MyDatabaseId) continue;
+            bool hit = noted_overflow;
+            for (int k = 0; k < nnoted && !hit; k++) hit = s->handler_id == noted[k];
+            if (hit) forget_floor(s);
+        }
+        SpinLockRelease(&table->mutex);
+    }
+    nnoted = 0;
+    noted_overflow = false;
+}
+
+void note_in_xact(int32 handler_id) {
+    if (!callback_registered) {
+        RegisterXactCallback(floors_at_xact_end, nullptr);
+        callback_registered = true;
+    }
+    for (int k = 0; k < nnoted; k++)
+        if (noted[k] == handler_id) return;
+    if (nnoted < static_cast<int>(lengthof(noted)))
+        noted[nnoted++] = handler_id;
+    else
+        noted_overflow = true;
 }
 
 // Slots of handlers nobody claimed for a minute may go to others.
@@ -72,6 +119,10 @@ void frontier_read(int32 handler_id, TimestampTz now, FrontierView* out) {
     FrontierSlot* s = slot_of(handler_id, false, 0);
     if (s != nullptr) {
         out->gen = s->gen;
+        FloorView fv;
+        floor_state_view(&s->floor, ~UINT64CONST(0), 0, now, &fv);
+        for (int p = 0; p < 4; p++) out->floor[p] = fv.from[p];
+        out->floor_gen = s->floor_gen;
         // Once it expired, one claim scans from the head; the others keep
         // using it meanwhile (with 4 consumers all 4 used to, at once).
         bool renewing = s->valid_until != 0 && now < s->head_until;
@@ -123,7 +174,21 @@ void frontier_forget(int32 handler_id) {
         if (s->dboid != MyDatabaseId || (handler_id != 0 && s->handler_id != handler_id)) continue;
         s->valid_until = 0;
         s->gen++;
+        forget_floor(s);
     }
+    SpinLockRelease(&table->mutex);
+}
+
+void frontier_note_floor(int32 handler_id, const FrontierView& view, const FloorView& used, const int64 first[4],
+                         const int64 highest[4], TransactionId xmin) {
+    if (table == nullptr) return;
+    TransactionId next_xid = floor_next_xid();  // an LWLock: before the spinlock
+    note_in_xact(handler_id);
+    TimestampTz cutoff = stale_cutoff();
+    SpinLockAcquire(&table->mutex);
+    FrontierSlot* s = slot_of(handler_id, true, cutoff);
+    if (s != nullptr && s->floor_gen == view.floor_gen)
+        floor_state_note(&s->floor, used, first, highest, xmin, next_xid);
     SpinLockRelease(&table->mutex);
 }
 

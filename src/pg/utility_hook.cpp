@@ -95,6 +95,7 @@ void utility_at_xact_end(bool commit) {
     if (deliveries_copied && commit) {
         forget_pending_counts(MyDatabaseId);
         frontier_forget(0);  // rows with any id arrived
+        rescan_dispatchers(MyDatabaseId);
     }
     deliveries_copied = false;
     if (extension_changed_level > 0 && commit && workers != nullptr) {
@@ -104,6 +105,7 @@ void utility_at_xact_end(bool commit) {
         // Delivery ids start again in a new extension: leases of the old one must not block them.
         leases_purge_database(MyDatabaseId);
         frontier_forget(0);
+        rescan_dispatchers(MyDatabaseId);
         wake_launcher();
     }
     extension_changed_level = 0;

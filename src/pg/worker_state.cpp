@@ -139,7 +139,7 @@ void rescan_dispatchers_at_commit() { rescan_pending = true; }
 
 // Runs after the commit made this transaction's rows visible: a dispatcher
 // that reads the new count before its next scan sees them.
-static void rescan_dispatchers(Oid dboid) {
+void rescan_dispatchers(Oid dboid) {
     if (workers == nullptr) return;
     for (int i = 0; i < workers->nslots; i++) {
         DispatcherSlot& s = workers->slots[i];

@@ -132,6 +132,8 @@ void wake_dispatchers_at_commit();
 // At commit (after its rows are visible): the database's dispatchers rescan
 // their handlers from the head, and are woken.
 void rescan_dispatchers_at_commit();
+// The same, now (from a callback that runs after the commit).
+void rescan_dispatchers(Oid dboid);
 void workers_at_xact_end(bool commit);
 
 // Delivery counters of the workers, for relay.handler_stats.

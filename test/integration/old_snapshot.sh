@@ -16,6 +16,10 @@
 #     open while a stream of later events was claimed past it, is delivered
 #     within seconds of its commit, not at the next poll (poll_interval 10 s).
 # (d) A replay (old ids, below any floor) while the stream runs is delivered.
+# (e) A pull consumer (relay_claim) under an old snapshot: 1,000 events, each
+#     published, claimed and acked in turn; its claims read a bounded number
+#     of index entries (they used to scan from the head every time nothing
+#     was ahead of the frontier).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 new_db db oldsnap || die "could not create a database"
@@ -130,5 +134,37 @@ check "(d) the replayed delivery (id $old) arrives within 3 s" wait_until 3 grep
 wait "$stream"
 expect 2502 60 "(c, d) the stream, the late event and the replay are delivered"
 check_eq "(c, d) nothing is left" 0 "$(sql "$db" "SELECT count(*) FROM relay.deliveries")"
+reset_conf relaybus.poll_interval
+
+log "(e) a pull consumer under an old snapshot"
+sql "$db" "SELECT relay_create_handler('p', 'pull', '', '{}')" "SELECT relay_route('p.#', 'p')" >/dev/null
+check "(e) a session holds an old snapshot" hold_snapshot
+sleep 2.5
+read -r s0 t0 < <(claim_index)
+# One session (its statistics are flushed when it exits): publish, claim, ack.
+psql -X -q -At -v ON_ERROR_STOP=1 -d "$db" -c "DO \$\$
+    DECLARE got int := 0; c record;
+    BEGIN
+      FOR i IN 1..1000 LOOP
+        PERFORM relay_publish('p.x', jsonb_build_object('i', i));
+        COMMIT;
+        FOR c IN SELECT * FROM relay_claim('p', 10) LOOP
+          PERFORM relay_ack(ARRAY[c.id], ARRAY[c.lease]);
+          got := got + 1;
+        END LOOP;
+        COMMIT;
+      END LOOP;
+      RAISE NOTICE 'claimed %', got;
+    END \$\$" >"$TMP/pull.out" 2>"$TMP/pull.err"
+check_eq "(e) the consumer's session ran" 0 "$?"
+check "(e) it claimed and acked all 1,000" grep -q "claimed 1000" "$TMP/pull.err"
+pull_flushed() { read -r s1 t1 < <(claim_index); ((s1 - s0 >= 4000)); }
+check "(e) the session's index statistics are flushed" wait_until 20 pull_flushed
+read -r s1 t1 < <(claim_index)
+per_claim=$(python3 -c "print(round(($t1 - $t0) / 1000, 1))")
+log "(e) deliveries_claim entries read per relay_claim: $per_claim"
+check "(e) a claim reads at most 30 index entries on average ($per_claim)" \
+    python3 -c "import sys; sys.exit(0 if $per_claim <= 30 else 1)"
+release_snapshot
 
 finish
