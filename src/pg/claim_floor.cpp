@@ -65,17 +65,23 @@ DispatcherFloor floors[16];
 bool callback_registered = false;
 
 // A claim does not see the rows its own transaction deleted, so its floor may
-// pass them; if that transaction aborts they are back. (Rows another
+// pass them; if that transaction (or a subtransaction) aborts they are back. (Rows another
 // transaction deleted and then restored by aborting are covered by the
 // two-step rule.)
+void forget_all() {
+    for (DispatcherFloor& f : floors) f.handler_id = 0;
+}
 void forget_at_abort(XactEvent event, void*) {
-    if (event == XACT_EVENT_ABORT)
-        for (DispatcherFloor& f : floors) f.handler_id = 0;
+    if (event == XACT_EVENT_ABORT) forget_all();
+}
+void forget_at_subabort(SubXactEvent event, SubTransactionId, SubTransactionId, void*) {
+    if (event == SUBXACT_EVENT_ABORT_SUB) forget_all();
 }
 
 FloorState* floor_of(int32 handler_id) {
     if (!callback_registered) {
         RegisterXactCallback(forget_at_abort, nullptr);
+        RegisterSubXactCallback(forget_at_subabort, nullptr);
         callback_registered = true;
     }
     DispatcherFloor* f = &floors[static_cast<uint32>(handler_id) % lengthof(floors)];

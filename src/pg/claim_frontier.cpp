@@ -58,16 +58,16 @@ void forget_floor(FrontierSlot* s) {
     s->floor_gen++;
 }
 
-// Handlers whose floor this transaction noted: forgotten if it aborts (its
-// claims did not see its own deletes, which are back then).
+// Handlers whose floor this transaction noted: forgotten if it or one of its
+// subtransactions aborts (its claims did not see its own deletes, which are
+// back then).
 int32 noted[8];
 int nnoted = 0;
 bool noted_overflow = false;
 bool callback_registered = false;
 
-void floors_at_xact_end(XactEvent event, void*) {
-    if (event != XACT_EVENT_ABORT && event != XACT_EVENT_PREPARE && event != XACT_EVENT_COMMIT) return;
-    if (event != XACT_EVENT_COMMIT && (nnoted > 0 || noted_overflow) && table != nullptr) {
+void forget_noted() {
+    if ((nnoted > 0 || noted_overflow) && table != nullptr) {
         SpinLockAcquire(&table->mutex);
         for (int i = 0; i < kSlots; i++) {
             FrontierSlot* s = &table->slots[i];
@@ -78,13 +78,23 @@ void floors_at_xact_end(XactEvent event, void*) {
         }
         SpinLockRelease(&table->mutex);
     }
+}
+
+void floors_at_xact_end(XactEvent event, void*) {
+    if (event != XACT_EVENT_ABORT && event != XACT_EVENT_PREPARE && event != XACT_EVENT_COMMIT) return;
+    if (event != XACT_EVENT_COMMIT) forget_noted();  // a prepared transaction may still roll back
     nnoted = 0;
     noted_overflow = false;
+}
+
+void floors_at_subabort(SubXactEvent event, SubTransactionId, SubTransactionId, void*) {
+    if (event == SUBXACT_EVENT_ABORT_SUB) forget_noted();
 }
 
 void note_in_xact(int32 handler_id) {
     if (!callback_registered) {
         RegisterXactCallback(floors_at_xact_end, nullptr);
+        RegisterSubXactCallback(floors_at_subabort, nullptr);
         callback_registered = true;
     }
     for (int k = 0; k < nnoted; k++)
