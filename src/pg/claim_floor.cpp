@@ -17,7 +17,9 @@ void floor_state_init(FloorState* f) {
 
 void floor_state_view(FloorState* f, uint64 lanes, uint32 rescans, TimestampTz now, FloorView* out) {
     if (f->lanes != lanes || f->rescans != rescans || now >= f->head_due) {
+        // Everything learnt goes: ids may have started again (a new extension).
         for (int64& x : f->floor) x = 0;
+        for (int64& h : f->highest) h = -1;
         f->pending = false;
         f->lanes = lanes;
         f->rescans = rescans;
@@ -36,7 +38,7 @@ void floor_state_note(FloorState* f, const FloorView& used, const int64 first[4]
     for (int p = 0; p < 4; p++) {
         f->highest[p] = std::max(f->highest[p], highest[p]);
         // Nothing of the class at or past used.from[p] is live now: up to the
-        // highest id ever returned, every row is settled or uncommitted.
+        // highest id returned since the reset, every row is settled or uncommitted.
         seen[p] = first[p] >= 0 ? first[p] : std::max(used.from[p], f->highest[p] + 1);
     }
     if (f->pending && TransactionIdIsNormal(xmin) && TransactionIdFollowsOrEquals(xmin, f->after)) {

@@ -16,8 +16,8 @@
 // It rises in two steps, because rows below the first one a scan returns may
 // still be uncommitted:
 //   1. a claim notes, per class, the first id its scan returned (none: one past
-//      the highest it ever returned) and the next transaction id after the
-//      scan: a candidate;
+//      the highest returned since the floor was last reset) and the next
+//      transaction id after the scan: a candidate;
 //   2. a later claim whose snapshot's xmin has passed that transaction id
 //      (every transaction that was running at the first scan has ended) raises
 //      the floor to the smaller of the candidate and the first id its own scan
@@ -56,7 +56,7 @@ struct FloorState {
     uint64 lanes;            // the lanes it is for (bit n = lane n)
     uint32 rescans;          // the rescan count it is for
     int64 floor[4];
-    int64 highest[4];        // the highest id ever returned per class (-1: none)
+    int64 highest[4];        // the highest id returned per class since the last reset (-1: none)
     bool pending;
     int64 candidate[4];
     TransactionId after;     // the candidate holds once xmin has passed this
