@@ -167,5 +167,4 @@ check "(e) a claim reads at most 30 index entries on average ($per_claim)" \
     python3 -c "import sys; sys.exit(0 if $per_claim <= 30 else 1)"
 release_snapshot
 
-
 finish
