@@ -171,17 +171,18 @@ static void read_scanned(int window, TimestampTz now, bool take_notified, Scanne
     }
 }
 
-// from: per class the first id to read (nullptr: from the head).
+// from: per class the first id to read (nullptr: from the head). xmin: the
+// xmin of the scan's snapshot (when not nullptr).
 static void scan(int32 handler_id, int window, Datum lanes, const int64* from, TimestampTz now,
-                 bool take_notified, ScannedRows* out) {
+                 bool take_notified, ScannedRows* out, TransactionId* xmin) {
     if (from != nullptr) {
         Datum values[7] = {Int32GetDatum(handler_id), Int32GetDatum(window), Int64GetDatum(from[3]),
                            Int64GetDatum(from[2]),    Int64GetDatum(from[1]), Int64GetDatum(from[0]),
                            lanes};
-        spi_exec_latest(lanes == (Datum)0 ? &scan_from_plan : &scan_from_lanes_plan, values, nullptr, true, 0);
+        spi_exec_latest(lanes == (Datum)0 ? &scan_from_plan : &scan_from_lanes_plan, values, nullptr, true, 0, xmin);
     } else {
         Datum values[3] = {Int32GetDatum(handler_id), Int32GetDatum(window), lanes};
-        spi_exec_latest(lanes == (Datum)0 ? &scan_plan : &scan_lanes_plan, values, nullptr, true, 0);
+        spi_exec_latest(lanes == (Datum)0 ? &scan_plan : &scan_lanes_plan, values, nullptr, true, 0, xmin);
     }
     read_scanned(window, now, take_notified, out);
 }
@@ -469,10 +470,10 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
         }
         if (view.head)
             for (int p = 0; p < 4; p++) view.from[p] = floor[p];
-        // For the floor's rule: the xmin of a snapshot older than the scan, and
-        // what the last scan from the floor returned.
+        // For the floor's rule: what the last scan from the floor returned, and
+        // the xmin of its snapshot.
         const bool track_floor = req->use_floor || req->use_frontier;
-        TransactionId xmin = track_floor ? GetLatestSnapshot()->xmin : InvalidTransactionId;
+        TransactionId xmin = InvalidTransactionId;
         int64 first[4] = {-1, -1, -1, -1};
         int64 highest[4] = {-1, -1, -1, -1};
         int64* chosen = static_cast<int64*>(palloc(sizeof(int64) * (max + 1)));
@@ -490,7 +491,8 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
             bool exhausted = false;  // every row ahead was seen
             for (;;) {
                 bool at_head = std::all_of(view.from, view.from + 4, [](int64 f) { return f == 0; });
-                scan(req->handler_id, window, lanes, at_head ? nullptr : view.from, now, req->take_notified, &rows);
+                scan(req->handler_id, window, lanes, at_head ? nullptr : view.from, now, req->take_notified, &rows,
+                     track_floor && view.head ? &xmin : nullptr);
                 if (track_floor && view.head) window_bounds(rows, first, highest);
                 if (heads_added) add_rows(&rows, heads);
                 out->next_ready_ms = 0;

@@ -68,7 +68,7 @@ void floor_state_init(FloorState* f);
 // count, or once per relaybus.poll_interval. No call that can fail or wait.
 void floor_state_view(FloorState* f, uint64 lanes, uint32 rescans, TimestampTz now, FloorView* out);
 // After a scan from `used`: first[p] the first id of class p it returned,
-// highest[p] the highest (-1: none); xmin: of a snapshot taken before the scan;
+// highest[p] the highest (-1: none); xmin: of the scan's snapshot (or an older one);
 // next_xid: the next transaction id, read after the scan. No call that can
 // fail or wait.
 void floor_state_note(FloorState* f, const FloorView& used, const int64 first[4], const int64 highest[4],

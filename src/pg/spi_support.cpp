@@ -78,8 +78,11 @@ static int execute(SavedPlan* p, Snapshot snapshot, Datum* values, const char* n
     return check(rc, p);
 }
 
-int spi_exec_latest(SavedPlan* p, Datum* values, const char* nulls, bool read_only, long tcount) {
-    return execute(p, GetLatestSnapshot(), values, nulls, read_only, tcount);
+int spi_exec_latest(SavedPlan* p, Datum* values, const char* nulls, bool read_only, long tcount,
+                    TransactionId* xmin) {
+    Snapshot snap = GetLatestSnapshot();
+    if (xmin != nullptr) *xmin = snap->xmin;
+    return execute(p, snap, values, nulls, read_only, tcount);
 }
 
 int spi_exec(SavedPlan* p, Datum* values, const char* nulls, bool read_only, long tcount) {

@@ -31,7 +31,8 @@ SPIPlanPtr plan_of(SavedPlan* p);
 
 // Executes with a fresh snapshot, so relaybus sees the latest committed state
 // even inside a REPEATABLE READ or SERIALIZABLE caller.
-int spi_exec_latest(SavedPlan* p, Datum* values, const char* nulls, bool read_only, long tcount);
+int spi_exec_latest(SavedPlan* p, Datum* values, const char* nulls, bool read_only, long tcount,
+                    TransactionId* xmin = nullptr);
 // Executes with the caller's statement snapshot.
 int spi_exec(SavedPlan* p, Datum* values, const char* nulls, bool read_only, long tcount);
 
