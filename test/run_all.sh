@@ -130,6 +130,7 @@ run_logged() {
     local limit=$1 log=$2 tailpid
     shift 2
     : >"$log"
+    RUN_T0=$(date +%s)
     timeout -k 30 "$limit" "$@" </dev/null >"$log" 2>&1 &
     CHILD=$!
     tail -n +1 -s 0.2 -f --pid="$CHILD" "$log" &
@@ -137,6 +138,7 @@ run_logged() {
     wait "$CHILD"
     RC=$?
     CHILD=
+    RUN_SECS=$(($(date +%s) - RUN_T0))
     wait "$tailpid" 2>/dev/null
     return 0
 }
@@ -171,12 +173,12 @@ step() {
     banner "step $name: $*"
     run_logged "$SUITE_TIMEOUT" "$LOGDIR/step-$name.log" "$@"
     if ((RC == 0)); then
-        SUMMARY+=("step $name: ok")
-        echo "step $name: ok"
+        SUMMARY+=("step $name: ok ($RUN_SECS s)")
+        echo "step $name: ok ($RUN_SECS s)"
         return 0
     fi
-    SUMMARY+=("step $name: FAILED")
-    echo "step $name: FAILED"
+    SUMMARY+=("step $name: FAILED ($RUN_SECS s)")
+    echo "step $name: FAILED ($RUN_SECS s)"
     TOTAL_FAILED=$((TOTAL_FAILED + 1))
     return 1
 }
@@ -194,10 +196,11 @@ run_suite() {
     run_logged "$limit" "$log" "$@"
     rc=$RC
     read -r p f < <("parse_$parser" "$log")
+    note="$RUN_SECS s"
     if ((rc == 124 || rc == 137)); then
-        note="timed out after ${limit}s"
+        note="$note, timed out after ${limit}s"
     elif ((rc != 0)); then
-        note="exit code $rc"
+        note="$note, exit code $rc"
     fi
     if ((rc != 0 && f == 0)); then f=1; fi
     if ((p + f == 0)); then
@@ -245,6 +248,7 @@ on_signal() {
 trap on_signal INT TERM HUP
 
 # ---------------------------------------------------------------- (a) deps
+RUN_START=$(date +%s)
 step deps bash "$ROOT/scripts/install-deps.sh"
 
 if [[ -z "${PG_CONFIG:-}" ]]; then
@@ -359,5 +363,6 @@ fi
 cleanup
 banner summary
 printf '%s\n' "${SUMMARY[@]}"
+echo "wall time: $(($(date +%s) - RUN_START)) s"
 echo "$TOTAL_PASSED passed, $TOTAL_FAILED failed"
 ((TOTAL_FAILED == 0))
