@@ -187,16 +187,21 @@ step() {
 # parses the log, records the counts. A non-zero exit with no failure counted,
 # or a run that counted nothing, is one failure.
 run_suite() {
-    local name=$1 parser=$2 limit=$3 log rc p f note=
+    local name=$1 parser=$2 limit=$3 log
     shift 3
     LAST_FAILED=0
     wanted "$name" || return 0
     log="$LOGDIR/$(tr '/ ' '__' <<<"$name").log"
     banner "suite $name: $*"
     run_logged "$limit" "$log" "$@"
-    rc=$RC
+    record_suite "$name" "$parser" "$limit" "$log" "$RC" "$RUN_SECS"
+}
+
+# record_suite NAME PARSER LIMIT LOG RC SECS: parses a finished suite's log and
+# records its counts (sets LAST_LOG, LAST_FAILED).
+record_suite() {
+    local name=$1 parser=$2 limit=$3 log=$4 rc=$5 p f note="$6 s"
     read -r p f < <("parse_$parser" "$log")
-    note="$RUN_SECS s"
     if ((rc == 124 || rc == 137)); then
         note="$note, timed out after ${limit}s"
     elif ((rc != 0)); then
@@ -210,6 +215,100 @@ run_suite() {
     record "$name" "$p" "$f" "$note"
     LAST_LOG=$log
     LAST_FAILED=$f
+}
+
+# ---------------------------------------------------------------- the FerretDB lane
+# The relaybus-mongo suites (integration scripts that source mongo_lib.sh) run
+# FerretDB, the HTTP receiver and the sidecar, never the cluster, and take
+# minutes mostly waiting: they run as a second lane in the background, from
+# the start of the run, beside everything else (the "main lane"). First step
+# mongo-build (FerretDB's go build and relaybus-mongo's make, at lower CPU
+# priority so the main lane's builds go first), then each suite in turn, each
+# into its own log; nothing is shown while they run. At the end the main lane
+# waits for the lane and shows each of its logs whole, in order, and records its
+# counts like any other suite's.
+LANE_PID=
+LANE_SUITES=()
+
+# lane_run LIMIT LOG CMD...: like run_logged, without showing the output.
+lane_run() {
+    local limit=$1 log=$2 t0
+    shift 2
+    t0=$(date +%s)
+    timeout -k 30 "$limit" "$@" </dev/null >"$log" 2>&1 &
+    CHILD=$!
+    wait "$CHILD"
+    RC=$?
+    CHILD=
+    RUN_SECS=$(($(date +%s) - t0))
+}
+
+# ferretdb_lane: the lane itself (in a background subshell). Writes one line
+# per step/suite to $LOGDIR/lane.results: "step NAME RC SECS LOG CMD" or
+# "suite NAME RC SECS LOG CMD".
+ferretdb_lane() {
+    trap '[[ -n "$CHILD" ]] && kill -TERM "$CHILD" 2>/dev/null; exit 130' TERM INT HUP
+    local t name log
+    log=$LOGDIR/lane-step-mongo-build.log
+    lane_run "$SUITE_TIMEOUT" "$log" nice -n 10 bash -c \
+        'bash test/ferretdb/build.sh && make -s -C src/mongo -j"$1"' mongo-build "$JOBS"
+    echo "step mongo-build $RC $RUN_SECS $log bash test/ferretdb/build.sh && make -C src/mongo" >>"$LOGDIR/lane.results"
+    for t in "${LANE_SUITES[@]}"; do
+        name="integration/$(basename "$t" .sh)"
+        log="$LOGDIR/$(tr '/ ' '__' <<<"$name").log"
+        lane_run "$INTEGRATION_TIMEOUT" "$log" "$ROOT/$t"
+        echo "suite $name $RC $RUN_SECS $log $ROOT/$t" >>"$LOGDIR/lane.results"
+    done
+}
+
+start_ferretdb_lane() {
+    local t
+    shopt -s nullglob
+    for t in test/integration/*.sh; do
+        [[ -x "$t" ]] && grep -q 'mongo_lib\.sh' "$t" && wanted "integration/$(basename "$t" .sh)" &&
+            LANE_SUITES+=("$t")
+    done
+    shopt -u nullglob
+    ((${#LANE_SUITES[@]} > 0)) || return 0
+    : >"$LOGDIR/lane.results"
+    ferretdb_lane &
+    LANE_PID=$!
+}
+
+in_lane() {
+    local t
+    for t in "${LANE_SUITES[@]}"; do [[ "$t" == "$1" ]] && return 0; done
+    return 1
+}
+
+# finish_ferretdb_lane: waits for the lane, then shows and records its results.
+finish_ferretdb_lane() {
+    local kind name rc secs log cmd
+    [[ -n "$LANE_PID" ]] || return 0
+    banner "waiting for the FerretDB lane"
+    wait "$LANE_PID"
+    LANE_PID=
+    while read -r kind name rc secs log cmd; do
+        banner "$kind $name: $cmd (FerretDB lane)"
+        cat "$log"
+        if [[ $kind == step ]]; then
+            if ((rc == 0)); then
+                SUMMARY+=("step $name: ok ($secs s)")
+                echo "step $name: ok ($secs s)"
+            else
+                SUMMARY+=("step $name: FAILED ($secs s)")
+                echo "step $name: FAILED ($secs s)"
+                TOTAL_FAILED=$((TOTAL_FAILED + 1))
+            fi
+        else
+            record_suite "$name" plain "$INTEGRATION_TIMEOUT" "$log" "$rc" "$secs"
+        fi
+    done <"$LOGDIR/lane.results"
+    # A suite the lane did not get to (it was stopped) counts as failed.
+    for t in "${LANE_SUITES[@]}"; do
+        name="integration/$(basename "$t" .sh)"
+        grep -q "^suite $name " "$LOGDIR/lane.results" || record "$name" 0 1 "the FerretDB lane did not run it"
+    done
 }
 
 # Print the diffs named by pg_regress ("... can be viewed in the file "X"."),
@@ -231,7 +330,14 @@ show_diffs() {
     done
 }
 
+stop_ferretdb_lane() {
+    [[ -n "$LANE_PID" ]] || return 0
+    kill -TERM "$LANE_PID" 2>/dev/null
+    wait "$LANE_PID" 2>/dev/null
+    LANE_PID=
+}
 cleanup() {
+    stop_ferretdb_lane
     if [[ -n "$CLUSTER_DIR" && "${RELAYBUS_KEEP_CLUSTER:-0}" != 1 ]]; then
         bash "$ROOT/test/cluster.sh" destroy "$CLUSTER_DIR" >/dev/null 2>&1
     fi
@@ -242,7 +348,9 @@ trap cleanup EXIT
 on_signal() {
     echo "run_all.sh: interrupted" >&2
     [[ -n "$CHILD" ]] && kill -TERM "$CHILD" 2>/dev/null
+    [[ -n "$LANE_PID" ]] && kill -TERM "$LANE_PID" 2>/dev/null
     wait 2>/dev/null
+    LANE_PID=
     exit 130
 }
 trap on_signal INT TERM HUP
@@ -262,6 +370,8 @@ export PG_CONFIG
 if BINDIR=$("$PG_CONFIG" --bindir 2>/dev/null); then
     export PATH="$BINDIR:$PATH"
 fi
+export RELAYBUS_ROOT=$ROOT
+start_ferretdb_lane
 
 # ---------------------------------------------------------------- (b) build
 if step build make -j"$JOBS" PG_CONFIG="$PG_CONFIG" \
@@ -342,6 +452,7 @@ fi
 # ---------------------------------------------------------------- (g) integration
 for t in test/integration/*.sh; do
     [[ -x "$t" ]] || continue
+    in_lane "$t" && continue
     name="integration/$(basename "$t" .sh)"
     if ensure_cluster; then
         run_suite "$name" plain "$INTEGRATION_TIMEOUT" "$ROOT/$t"
@@ -350,6 +461,7 @@ for t in test/integration/*.sh; do
     fi
 done
 shopt -u nullglob
+finish_ferretdb_lane
 
 # ---------------------------------------------------------------- summary
 if ((TOTAL_FAILED > 0)) && [[ -n "$CLUSTER_DIR" && -f "$CLUSTER_DIR/log/postgresql.log" ]]; then
