@@ -11,6 +11,13 @@
 # (test/cluster.sh), pg_regress + isolation (make installcheck), pgTAP
 # (pg_prove in database relay_tap), and every executable test/integration/*.sh.
 #
+# Two lanes (test/README.md, "How a full run is organised"): the main lane
+# runs the above in that order, core-asan last; the FerretDB lane runs the
+# relaybus-mongo suites (scripts that source mongo_lib.sh, which never use the
+# cluster) beside it from the start, and its logs are shown whole after the
+# main lane's. core-asan's compile runs in the background at nice 19. Every
+# step and suite line, and the summary, give its wall time.
+#
 # Environment: JOBS (parallel make, default nproc), RELAYBUS_SUITE_TIMEOUT
 # (seconds per suite, default 1800), RELAYBUS_INTEGRATION_TIMEOUT (seconds per
 # integration script, default 1200), RELAYBUS_KEEP_CLUSTER=1 (do not destroy the
@@ -275,6 +282,26 @@ start_ferretdb_lane() {
     LANE_PID=$!
 }
 
+# core-asan's build is minutes of compiling and seconds of testing: it goes on
+# in the background from the start at the lowest CPU priority, on the CPU the
+# waiting suites leave idle; the suite core-asan runs at the end of the main
+# lane, after waiting for it (its make then only runs the tests; a failed
+# prebuild leaves the suite's own make to build and report).
+ASAN_PREBUILD_PID=
+start_asan_prebuild() {
+    [[ -f test/core/Makefile ]] && wanted core-asan || return 0
+    timeout -k 30 "$SUITE_TIMEOUT" nice -n 19 make -C test/core -j"$JOBS" "$ROOT/test/core/core_tests_asan" \
+        </dev/null >"$LOGDIR/asan-prebuild.log" 2>&1 &
+    ASAN_PREBUILD_PID=$!
+}
+wait_asan_prebuild() {
+    [[ -n "$ASAN_PREBUILD_PID" ]] || return 0
+    local t0=$SECONDS
+    wait "$ASAN_PREBUILD_PID"
+    ASAN_PREBUILD_PID=
+    echo "(waited $((SECONDS - t0)) s for core-asan's background build)"
+}
+
 in_lane() {
     local t
     for t in "${LANE_SUITES[@]}"; do [[ "$t" == "$1" ]] && return 0; done
@@ -330,14 +357,15 @@ show_diffs() {
     done
 }
 
-stop_ferretdb_lane() {
-    [[ -n "$LANE_PID" ]] || return 0
-    kill -TERM "$LANE_PID" 2>/dev/null
-    wait "$LANE_PID" 2>/dev/null
+stop_background() {
+    [[ -n "$ASAN_PREBUILD_PID" ]] && kill -TERM "$ASAN_PREBUILD_PID" 2>/dev/null
+    [[ -n "$LANE_PID" ]] && kill -TERM "$LANE_PID" 2>/dev/null
+    [[ -n "$ASAN_PREBUILD_PID$LANE_PID" ]] && wait $ASAN_PREBUILD_PID $LANE_PID 2>/dev/null
+    ASAN_PREBUILD_PID=
     LANE_PID=
 }
 cleanup() {
-    stop_ferretdb_lane
+    stop_background
     if [[ -n "$CLUSTER_DIR" && "${RELAYBUS_KEEP_CLUSTER:-0}" != 1 ]]; then
         bash "$ROOT/test/cluster.sh" destroy "$CLUSTER_DIR" >/dev/null 2>&1
     fi
@@ -349,8 +377,10 @@ on_signal() {
     echo "run_all.sh: interrupted" >&2
     [[ -n "$CHILD" ]] && kill -TERM "$CHILD" 2>/dev/null
     [[ -n "$LANE_PID" ]] && kill -TERM "$LANE_PID" 2>/dev/null
+    [[ -n "$ASAN_PREBUILD_PID" ]] && kill -TERM "$ASAN_PREBUILD_PID" 2>/dev/null
     wait 2>/dev/null
     LANE_PID=
+    ASAN_PREBUILD_PID=
     exit 130
 }
 trap on_signal INT TERM HUP
@@ -372,6 +402,7 @@ if BINDIR=$("$PG_CONFIG" --bindir 2>/dev/null); then
 fi
 export RELAYBUS_ROOT=$ROOT
 start_ferretdb_lane
+start_asan_prebuild
 
 # ---------------------------------------------------------------- (b) build
 if step build make -j"$JOBS" PG_CONFIG="$PG_CONFIG" \
@@ -382,15 +413,11 @@ fi
 # ---------------------------------------------------------------- (c) core
 if [[ -f test/core/Makefile ]]; then
     run_suite core gtest "$SUITE_TIMEOUT" make -C test/core -j"$JOBS" check
-    # The same tests built with AddressSanitizer + UndefinedBehaviorSanitizer
-    # (leak detection on): a memory error or UB aborts the binary, which fails
-    # the suite.
-    run_suite core-asan gtest "$SUITE_TIMEOUT" make -C test/core -j"$JOBS" check-asan
+    # (core-asan runs at the end of the main lane: see start_asan_prebuild.)
     # KafkaSink against a real single-node broker that the suite starts.
     run_suite core-kafka gtest "$SUITE_TIMEOUT" bash test/core/kafka/run.sh
 else
     record core 0 1 "test/core/Makefile missing"
-    record core-asan 0 1 "test/core/Makefile missing"
     record core-kafka 0 1 "test/core/Makefile missing"
 fi
 
@@ -461,6 +488,19 @@ for t in test/integration/*.sh; do
     fi
 done
 shopt -u nullglob
+
+# ---------------------------------------------------------------- (h) core-asan
+if [[ -f test/core/Makefile ]]; then
+    # The core tests built with AddressSanitizer + UndefinedBehaviorSanitizer
+    # (leak detection on): a memory error or UB aborts the binary, which fails
+    # the suite.
+    wanted core-asan && wait_asan_prebuild
+    run_suite core-asan gtest "$SUITE_TIMEOUT" make -C test/core -j"$JOBS" check-asan
+else
+    record core-asan 0 1 "test/core/Makefile missing"
+fi
+
+# ---------------------------------------------------------------- (i) the FerretDB lane's results
 finish_ferretdb_lane
 
 # ---------------------------------------------------------------- summary
