@@ -229,8 +229,8 @@ record_suite() {
 # FerretDB, the HTTP receiver and the sidecar, never the cluster, and take
 # minutes mostly waiting: they run as a second lane in the background, from
 # the start of the run, beside everything else (the "main lane"). First step
-# mongo-build (FerretDB's go build and relaybus-mongo's make, at lower CPU
-# priority so the main lane's builds go first), then each suite in turn, each
+# mongo-build (FerretDB's go build and relaybus-mongo's make, at normal CPU
+# priority: this lane is the longer one), then each suite in turn, each
 # into its own log; nothing is shown while they run. At the end the main lane
 # waits for the lane and shows each of its logs whole, in order, and records its
 # counts like any other suite's.
@@ -257,7 +257,7 @@ ferretdb_lane() {
     trap '[[ -n "$CHILD" ]] && kill -TERM "$CHILD" 2>/dev/null; exit 130' TERM INT HUP
     local t name log
     log=$LOGDIR/lane-step-mongo-build.log
-    lane_run "$SUITE_TIMEOUT" "$log" nice -n 10 bash -c \
+    lane_run "$SUITE_TIMEOUT" "$log" bash -c \
         'bash test/ferretdb/build.sh && make -s -C src/mongo -j"$1"' mongo-build "$JOBS"
     echo "step mongo-build $RC $RUN_SECS $log bash test/ferretdb/build.sh && make -C src/mongo" >>"$LOGDIR/lane.results"
     for t in "${LANE_SUITES[@]}"; do
@@ -312,9 +312,11 @@ in_lane() {
 finish_ferretdb_lane() {
     local kind name rc secs log cmd
     [[ -n "$LANE_PID" ]] || return 0
+    local t0=$SECONDS
     banner "waiting for the FerretDB lane"
     wait "$LANE_PID"
     LANE_PID=
+    echo "(waited $((SECONDS - t0)) s for the FerretDB lane)"
     while read -r kind name rc secs log cmd; do
         banner "$kind $name: $cmd (FerretDB lane)"
         cat "$log"
