@@ -26,6 +26,11 @@ fetch() {
     [[ -f "$CACHE/.complete" ]] && return 0
     command -v mvn >/dev/null || die "maven is missing (scripts/install-deps.sh installs it)"
     mkdir -p "$CACHE"
+    # One fetch at a time (run_all.sh's FerretDB lane and its main lane may both
+    # start a broker): the second waits, then finds the cache complete.
+    exec 9>"$CACHE.lock"
+    flock 9
+    [[ -f "$CACHE/.complete" ]] && { exec 9>&-; return 0; }
     local pom_dir
     pom_dir=$(mktemp -d)
     cat >"$pom_dir/pom.xml" <<EOF
@@ -53,6 +58,7 @@ EOF
     rm -rf "$pom_dir"
     ls "$CACHE/libs"/kafka_2.13-*.jar >/dev/null 2>&1 || die "no kafka_2.13 jar in $CACHE/libs"
     touch "$CACHE/.complete"
+    exec 9>&-
 }
 
 classpath() { fetch; printf '%s' "$CACHE/libs/*"; }

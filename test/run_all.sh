@@ -11,6 +11,13 @@
 # (test/cluster.sh), pg_regress + isolation (make installcheck), pgTAP
 # (pg_prove in database relay_tap), and every executable test/integration/*.sh.
 #
+# Two lanes (test/README.md, "How a full run is organised"): the main lane
+# runs the above in that order, core-asan last; the FerretDB lane runs the
+# relaybus-mongo suites (scripts that source mongo_lib.sh, which never use the
+# cluster) beside it from the start, and its logs are shown whole after the
+# main lane's. core-asan's compile runs in the background at nice 19. Every
+# step and suite line, and the summary, give its wall time.
+#
 # Environment: JOBS (parallel make, default nproc), RELAYBUS_SUITE_TIMEOUT
 # (seconds per suite, default 1800), RELAYBUS_INTEGRATION_TIMEOUT (seconds per
 # integration script, default 1200), RELAYBUS_KEEP_CLUSTER=1 (do not destroy the
@@ -130,6 +137,7 @@ run_logged() {
     local limit=$1 log=$2 tailpid
     shift 2
     : >"$log"
+    RUN_T0=$(date +%s)
     timeout -k 30 "$limit" "$@" </dev/null >"$log" 2>&1 &
     CHILD=$!
     tail -n +1 -s 0.2 -f --pid="$CHILD" "$log" &
@@ -137,6 +145,7 @@ run_logged() {
     wait "$CHILD"
     RC=$?
     CHILD=
+    RUN_SECS=$(($(date +%s) - RUN_T0))
     wait "$tailpid" 2>/dev/null
     return 0
 }
@@ -171,12 +180,12 @@ step() {
     banner "step $name: $*"
     run_logged "$SUITE_TIMEOUT" "$LOGDIR/step-$name.log" "$@"
     if ((RC == 0)); then
-        SUMMARY+=("step $name: ok")
-        echo "step $name: ok"
+        SUMMARY+=("step $name: ok ($RUN_SECS s)")
+        echo "step $name: ok ($RUN_SECS s)"
         return 0
     fi
-    SUMMARY+=("step $name: FAILED")
-    echo "step $name: FAILED"
+    SUMMARY+=("step $name: FAILED ($RUN_SECS s)")
+    echo "step $name: FAILED ($RUN_SECS s)"
     TOTAL_FAILED=$((TOTAL_FAILED + 1))
     return 1
 }
@@ -185,19 +194,25 @@ step() {
 # parses the log, records the counts. A non-zero exit with no failure counted,
 # or a run that counted nothing, is one failure.
 run_suite() {
-    local name=$1 parser=$2 limit=$3 log rc p f note=
+    local name=$1 parser=$2 limit=$3 log
     shift 3
     LAST_FAILED=0
     wanted "$name" || return 0
     log="$LOGDIR/$(tr '/ ' '__' <<<"$name").log"
     banner "suite $name: $*"
     run_logged "$limit" "$log" "$@"
-    rc=$RC
+    record_suite "$name" "$parser" "$limit" "$log" "$RC" "$RUN_SECS"
+}
+
+# record_suite NAME PARSER LIMIT LOG RC SECS: parses a finished suite's log and
+# records its counts (sets LAST_LOG, LAST_FAILED).
+record_suite() {
+    local name=$1 parser=$2 limit=$3 log=$4 rc=$5 p f note="$6 s"
     read -r p f < <("parse_$parser" "$log")
     if ((rc == 124 || rc == 137)); then
-        note="timed out after ${limit}s"
+        note="$note, timed out after ${limit}s"
     elif ((rc != 0)); then
-        note="exit code $rc"
+        note="$note, exit code $rc"
     fi
     if ((rc != 0 && f == 0)); then f=1; fi
     if ((p + f == 0)); then
@@ -207,6 +222,122 @@ run_suite() {
     record "$name" "$p" "$f" "$note"
     LAST_LOG=$log
     LAST_FAILED=$f
+}
+
+# ---------------------------------------------------------------- the FerretDB lane
+# The relaybus-mongo suites (integration scripts that source mongo_lib.sh) run
+# FerretDB, the HTTP receiver and the sidecar, never the cluster, and take
+# minutes mostly waiting: they run as a second lane in the background, from
+# the start of the run, beside everything else (the "main lane"). First step
+# mongo-build (FerretDB's go build and relaybus-mongo's make, at normal CPU
+# priority: this lane is the longer one), then each suite in turn, each
+# into its own log; nothing is shown while they run. At the end the main lane
+# waits for the lane and shows each of its logs whole, in order, and records its
+# counts like any other suite's.
+LANE_PID=
+LANE_SUITES=()
+
+# lane_run LIMIT LOG CMD...: like run_logged, without showing the output.
+lane_run() {
+    local limit=$1 log=$2 t0
+    shift 2
+    t0=$(date +%s)
+    timeout -k 30 "$limit" "$@" </dev/null >"$log" 2>&1 &
+    CHILD=$!
+    wait "$CHILD"
+    RC=$?
+    CHILD=
+    RUN_SECS=$(($(date +%s) - t0))
+}
+
+# ferretdb_lane: the lane itself (in a background subshell). Writes one line
+# per step/suite to $LOGDIR/lane.results: "step NAME RC SECS LOG CMD" or
+# "suite NAME RC SECS LOG CMD".
+ferretdb_lane() {
+    trap '[[ -n "$CHILD" ]] && kill -TERM "$CHILD" 2>/dev/null; exit 130' TERM INT HUP
+    local t name log
+    log=$LOGDIR/lane-step-mongo-build.log
+    lane_run "$SUITE_TIMEOUT" "$log" bash -c \
+        'bash test/ferretdb/build.sh && make -s -C src/mongo -j"$1"' mongo-build "$JOBS"
+    echo "step mongo-build $RC $RUN_SECS $log bash test/ferretdb/build.sh && make -C src/mongo" >>"$LOGDIR/lane.results"
+    for t in "${LANE_SUITES[@]}"; do
+        name="integration/$(basename "$t" .sh)"
+        log="$LOGDIR/$(tr '/ ' '__' <<<"$name").log"
+        lane_run "$INTEGRATION_TIMEOUT" "$log" "$ROOT/$t"
+        echo "suite $name $RC $RUN_SECS $log $ROOT/$t" >>"$LOGDIR/lane.results"
+    done
+}
+
+start_ferretdb_lane() {
+    local t
+    shopt -s nullglob
+    for t in test/integration/*.sh; do
+        [[ -x "$t" ]] && grep -q 'mongo_lib\.sh' "$t" && wanted "integration/$(basename "$t" .sh)" &&
+            LANE_SUITES+=("$t")
+    done
+    shopt -u nullglob
+    ((${#LANE_SUITES[@]} > 0)) || return 0
+    : >"$LOGDIR/lane.results"
+    ferretdb_lane &
+    LANE_PID=$!
+}
+
+# core-asan's build is minutes of compiling and seconds of testing: it goes on
+# in the background from the start at the lowest CPU priority, on the CPU the
+# waiting suites leave idle; the suite core-asan runs at the end of the main
+# lane, after waiting for it (its make then only runs the tests; a failed
+# prebuild leaves the suite's own make to build and report).
+ASAN_PREBUILD_PID=
+start_asan_prebuild() {
+    [[ -f test/core/Makefile ]] && wanted core-asan || return 0
+    timeout -k 30 "$SUITE_TIMEOUT" nice -n 19 make -C test/core -j"$JOBS" "$ROOT/test/core/core_tests_asan" \
+        </dev/null >"$LOGDIR/asan-prebuild.log" 2>&1 &
+    ASAN_PREBUILD_PID=$!
+}
+wait_asan_prebuild() {
+    [[ -n "$ASAN_PREBUILD_PID" ]] || return 0
+    local t0=$SECONDS
+    wait "$ASAN_PREBUILD_PID"
+    ASAN_PREBUILD_PID=
+    echo "(waited $((SECONDS - t0)) s for core-asan's background build)"
+}
+
+in_lane() {
+    local t
+    for t in "${LANE_SUITES[@]}"; do [[ "$t" == "$1" ]] && return 0; done
+    return 1
+}
+
+# finish_ferretdb_lane: waits for the lane, then shows and records its results.
+finish_ferretdb_lane() {
+    local kind name rc secs log cmd
+    [[ -n "$LANE_PID" ]] || return 0
+    local t0=$SECONDS
+    banner "waiting for the FerretDB lane"
+    wait "$LANE_PID"
+    LANE_PID=
+    echo "(waited $((SECONDS - t0)) s for the FerretDB lane)"
+    while read -r kind name rc secs log cmd; do
+        banner "$kind $name: $cmd (FerretDB lane)"
+        cat "$log"
+        if [[ $kind == step ]]; then
+            if ((rc == 0)); then
+                SUMMARY+=("step $name: ok ($secs s)")
+                echo "step $name: ok ($secs s)"
+            else
+                SUMMARY+=("step $name: FAILED ($secs s)")
+                echo "step $name: FAILED ($secs s)"
+                TOTAL_FAILED=$((TOTAL_FAILED + 1))
+            fi
+        else
+            record_suite "$name" plain "$INTEGRATION_TIMEOUT" "$log" "$rc" "$secs"
+        fi
+    done <"$LOGDIR/lane.results"
+    # A suite the lane did not get to (it was stopped) counts as failed.
+    for t in "${LANE_SUITES[@]}"; do
+        name="integration/$(basename "$t" .sh)"
+        grep -q "^suite $name " "$LOGDIR/lane.results" || record "$name" 0 1 "the FerretDB lane did not run it"
+    done
 }
 
 # Print the diffs named by pg_regress ("... can be viewed in the file "X"."),
@@ -228,7 +359,15 @@ show_diffs() {
     done
 }
 
+stop_background() {
+    [[ -n "$ASAN_PREBUILD_PID" ]] && kill -TERM "$ASAN_PREBUILD_PID" 2>/dev/null
+    [[ -n "$LANE_PID" ]] && kill -TERM "$LANE_PID" 2>/dev/null
+    [[ -n "$ASAN_PREBUILD_PID$LANE_PID" ]] && wait $ASAN_PREBUILD_PID $LANE_PID 2>/dev/null
+    ASAN_PREBUILD_PID=
+    LANE_PID=
+}
 cleanup() {
+    stop_background
     if [[ -n "$CLUSTER_DIR" && "${RELAYBUS_KEEP_CLUSTER:-0}" != 1 ]]; then
         bash "$ROOT/test/cluster.sh" destroy "$CLUSTER_DIR" >/dev/null 2>&1
     fi
@@ -239,12 +378,17 @@ trap cleanup EXIT
 on_signal() {
     echo "run_all.sh: interrupted" >&2
     [[ -n "$CHILD" ]] && kill -TERM "$CHILD" 2>/dev/null
+    [[ -n "$LANE_PID" ]] && kill -TERM "$LANE_PID" 2>/dev/null
+    [[ -n "$ASAN_PREBUILD_PID" ]] && kill -TERM "$ASAN_PREBUILD_PID" 2>/dev/null
     wait 2>/dev/null
+    LANE_PID=
+    ASAN_PREBUILD_PID=
     exit 130
 }
 trap on_signal INT TERM HUP
 
 # ---------------------------------------------------------------- (a) deps
+RUN_START=$(date +%s)
 step deps bash "$ROOT/scripts/install-deps.sh"
 
 if [[ -z "${PG_CONFIG:-}" ]]; then
@@ -258,6 +402,9 @@ export PG_CONFIG
 if BINDIR=$("$PG_CONFIG" --bindir 2>/dev/null); then
     export PATH="$BINDIR:$PATH"
 fi
+export RELAYBUS_ROOT=$ROOT
+start_ferretdb_lane
+start_asan_prebuild
 
 # ---------------------------------------------------------------- (b) build
 if step build make -j"$JOBS" PG_CONFIG="$PG_CONFIG" \
@@ -268,15 +415,11 @@ fi
 # ---------------------------------------------------------------- (c) core
 if [[ -f test/core/Makefile ]]; then
     run_suite core gtest "$SUITE_TIMEOUT" make -C test/core -j"$JOBS" check
-    # The same tests built with AddressSanitizer + UndefinedBehaviorSanitizer
-    # (leak detection on): a memory error or UB aborts the binary, which fails
-    # the suite.
-    run_suite core-asan gtest "$SUITE_TIMEOUT" make -C test/core -j"$JOBS" check-asan
+    # (core-asan runs at the end of the main lane: see start_asan_prebuild.)
     # KafkaSink against a real single-node broker that the suite starts.
     run_suite core-kafka gtest "$SUITE_TIMEOUT" bash test/core/kafka/run.sh
 else
     record core 0 1 "test/core/Makefile missing"
-    record core-asan 0 1 "test/core/Makefile missing"
     record core-kafka 0 1 "test/core/Makefile missing"
 fi
 
@@ -338,6 +481,7 @@ fi
 # ---------------------------------------------------------------- (g) integration
 for t in test/integration/*.sh; do
     [[ -x "$t" ]] || continue
+    in_lane "$t" && continue
     name="integration/$(basename "$t" .sh)"
     if ensure_cluster; then
         run_suite "$name" plain "$INTEGRATION_TIMEOUT" "$ROOT/$t"
@@ -346,6 +490,20 @@ for t in test/integration/*.sh; do
     fi
 done
 shopt -u nullglob
+
+# ---------------------------------------------------------------- (h) core-asan
+if [[ -f test/core/Makefile ]]; then
+    # The core tests built with AddressSanitizer + UndefinedBehaviorSanitizer
+    # (leak detection on): a memory error or UB aborts the binary, which fails
+    # the suite.
+    wanted core-asan && wait_asan_prebuild
+    run_suite core-asan gtest "$SUITE_TIMEOUT" make -C test/core -j"$JOBS" check-asan
+else
+    record core-asan 0 1 "test/core/Makefile missing"
+fi
+
+# ---------------------------------------------------------------- (i) the FerretDB lane's results
+finish_ferretdb_lane
 
 # ---------------------------------------------------------------- summary
 if ((TOTAL_FAILED > 0)) && [[ -n "$CLUSTER_DIR" && -f "$CLUSTER_DIR/log/postgresql.log" ]]; then
@@ -359,5 +517,6 @@ fi
 cleanup
 banner summary
 printf '%s\n' "${SUMMARY[@]}"
+echo "wall time: $(($(date +%s) - RUN_START)) s"
 echo "$TOTAL_PASSED passed, $TOTAL_FAILED failed"
 ((TOTAL_FAILED == 0))
