@@ -165,8 +165,11 @@ record() {
 # run only the suites it names, for development; unset (CI, make test) runs all.
 wanted() {
     [[ -z "${RELAYBUS_SUITES:-}" ]] && return 0
-    local pat
-    for pat in $RELAYBUS_SUITES; do
+    local pat pats
+    # Split on spaces without expanding the patterns as file names (with
+    # nullglob on, "integration/notify*" used to select nothing).
+    read -r -a pats <<<"$RELAYBUS_SUITES"
+    for pat in "${pats[@]}"; do
         # shellcheck disable=SC2053
         [[ "$1" == $pat ]] && return 0
     done
