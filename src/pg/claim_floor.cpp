@@ -32,6 +32,16 @@ void floor_state_view(FloorState* f, uint64 lanes, uint32 rescans, TimestampTz n
     }
 }
 
+namespace {
+bool candidate_holds(const FloorState* f, TransactionId xmin) {
+    return TransactionIdIsNormal(xmin) && TransactionIdFollowsOrEquals(xmin, f->after);
+}
+}  // namespace
+
+bool floor_state_takes_candidate(const FloorState* f, TransactionId xmin) {
+    return !f->pending || candidate_holds(f, xmin);
+}
+
 void floor_state_note(FloorState* f, const FloorView& used, const int64 first[4], const int64 highest[4],
                       TransactionId xmin, TransactionId next_xid) {
     int64 seen[4];
@@ -41,7 +51,7 @@ void floor_state_note(FloorState* f, const FloorView& used, const int64 first[4]
         // highest id returned since the reset, every row is settled or uncommitted.
         seen[p] = first[p] >= 0 ? first[p] : std::max(used.from[p], f->highest[p] + 1);
     }
-    if (f->pending && TransactionIdIsNormal(xmin) && TransactionIdFollowsOrEquals(xmin, f->after)) {
+    if (f->pending && candidate_holds(f, xmin)) {
         for (int p = 0; p < 4; p++) f->floor[p] = std::max(f->floor[p], std::min(f->candidate[p], seen[p]));
         f->pending = false;
     }
@@ -102,7 +112,10 @@ void floor_read(int32 handler_id, uint64 lanes, uint32 rescans, TimestampTz now,
 
 void floor_note(int32 handler_id, const FloorView& used, const int64 first[4], const int64 highest[4],
                 TransactionId xmin) {
-    floor_state_note(floor_of(handler_id), used, first, highest, xmin, floor_next_xid());
+    FloorState* f = floor_of(handler_id);
+    // The next xid (a shared lock) only when a new candidate is noted.
+    TransactionId next = floor_state_takes_candidate(f, xmin) ? floor_next_xid() : InvalidTransactionId;
+    floor_state_note(f, used, first, highest, xmin, next);
 }
 
 }  // namespace relaybus::pg

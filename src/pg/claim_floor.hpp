@@ -73,6 +73,9 @@ void floor_state_view(FloorState* f, uint64 lanes, uint32 rescans, TimestampTz n
 // fail or wait.
 void floor_state_note(FloorState* f, const FloorView& used, const int64 first[4], const int64 highest[4],
                       TransactionId xmin, TransactionId next_xid);
+// Whether floor_state_note with this xmin will note a new candidate (and so
+// needs next_xid): a caller that holds no lock can skip reading it.
+bool floor_state_takes_candidate(const FloorState* f, TransactionId xmin);
 
 // A dispatcher's floors, per handler, in its own memory; all forgotten when
 // its transaction aborts.

@@ -107,14 +107,19 @@ void wake_dispatcher(DispatcherSlot& slot) {
     set_latch_of(slot.pgprocno);
 }
 
-void wake_dispatchers(Oid dboid) {
+// rescan: bump the rescan count before the wake-up (claim_floor.hpp).
+static void signal_dispatchers(Oid dboid, bool rescan) {
     if (workers == nullptr) return;
     // Unlocked read: a slot that changes meanwhile costs at most one spurious wake-up.
     for (int i = 0; i < workers->nslots; i++) {
         DispatcherSlot& s = workers->slots[i];
-        if (s.dboid == dboid && s.pid != 0) wake_dispatcher(s);
+        if (s.dboid != dboid || s.pid == 0) continue;
+        if (rescan) pg_atomic_fetch_add_u32(&s.rescans, 1);
+        wake_dispatcher(s);
     }
 }
+
+void wake_dispatchers(Oid dboid) { signal_dispatchers(dboid, false); }
 
 static HandlerCounters* counters_of(Oid dboid, int32 handler_id) {
     uint32 h = (static_cast<uint32>(dboid) * 2654435761u) ^ static_cast<uint32>(handler_id);
@@ -139,16 +144,7 @@ void rescan_dispatchers_at_commit() { rescan_pending = true; }
 
 // Runs after the commit made this transaction's rows visible: a dispatcher
 // that reads the new count before its next scan sees them.
-void rescan_dispatchers(Oid dboid) {
-    if (workers == nullptr) return;
-    for (int i = 0; i < workers->nslots; i++) {
-        DispatcherSlot& s = workers->slots[i];
-        if (s.dboid == dboid && s.pid != 0) {
-            pg_atomic_fetch_add_u32(&s.rescans, 1);
-            wake_dispatcher(s);
-        }
-    }
-}
+void rescan_dispatchers(Oid dboid) { signal_dispatchers(dboid, true); }
 
 // What this transaction's publishes and completions change per (handler,
 // nesting level): published deliveries and the pending count. Kept in a fixed
