@@ -134,19 +134,21 @@ RC=0
 # shown live; sets RC. In the background, so that a signal reaches our trap at
 # once (which then stops CMD's whole process group through timeout).
 run_logged() {
-    local limit=$1 log=$2 tailpid
+    local limit=$1 log=$2 tailpid=
     shift 2
     : >"$log"
     RUN_T0=$(date +%s)
     timeout -k 30 "$limit" "$@" </dev/null >"$log" 2>&1 &
     CHILD=$!
-    tail -n +1 -s 0.2 -f --pid="$CHILD" "$log" &
-    tailpid=$!
+    if [[ -z "${RUN_QUIET:-}" ]]; then
+        tail -n +1 -s 0.2 -f --pid="$CHILD" "$log" &
+        tailpid=$!
+    fi
     wait "$CHILD"
     RC=$?
     CHILD=
     RUN_SECS=$(($(date +%s) - RUN_T0))
-    wait "$tailpid" 2>/dev/null
+    [[ -n "$tailpid" ]] && wait "$tailpid" 2>/dev/null
     return 0
 }
 
@@ -240,18 +242,8 @@ record_suite() {
 LANE_PID=
 LANE_SUITES=()
 
-# lane_run LIMIT LOG CMD...: like run_logged, without showing the output.
-lane_run() {
-    local limit=$1 log=$2 t0
-    shift 2
-    t0=$(date +%s)
-    timeout -k 30 "$limit" "$@" </dev/null >"$log" 2>&1 &
-    CHILD=$!
-    wait "$CHILD"
-    RC=$?
-    CHILD=
-    RUN_SECS=$(($(date +%s) - t0))
-}
+# lane_run LIMIT LOG CMD...: run_logged without showing the output.
+lane_run() { RUN_QUIET=1 run_logged "$@"; }
 
 # ferretdb_lane: the lane itself (in a background subshell). Writes one line
 # per step/suite to $LOGDIR/lane.results: "step NAME RC SECS LOG CMD" or
