@@ -32,11 +32,18 @@ EXTRA_CLEAN = results_regress results_isolation $(OBJS:.o=.d)
 # inlining, and this keeps clang out of the build requirements.
 override with_llvm = no
 
-# test, demo and deps install PostgreSQL first when it is missing, so they must
-# not need pg_config to read this file.
-PG_CONFIG ?= $(firstword $(wildcard /usr/lib/postgresql/15/bin/pg_config) pg_config)
+# The PostgreSQL to build against: PG_CONFIG=..., or PG=NN, or the major this
+# Debian release installs (scripts/pg-config.sh). test, demo and deps install
+# PostgreSQL first when it is missing, so they must not need pg_config to read
+# this file.
+PG_CONFIG ?= $(shell bash scripts/pg-config.sh 2>/dev/null || echo pg_config)
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 ifneq ($(PGXS),)
+# Supported majors: 15 to 19. Anything else stops here, in one line.
+PG_MAJOR := $(shell $(PG_CONFIG) --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+ifeq ($(filter 15 16 17 18 19,$(PG_MAJOR)),)
+$(error relaybus supports PostgreSQL 15, 16, 17, 18 and 19; $(PG_CONFIG) is $(shell $(PG_CONFIG) --version))
+endif
 include $(PGXS)
 else ifneq ($(filter-out test demo deps,$(or $(MAKECMDGOALS),all)),)
 $(error $(PG_CONFIG) not found: run `make deps` first (make test and make demo install it themselves))

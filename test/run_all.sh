@@ -46,20 +46,24 @@ parse_gtest() {
         }' "$1"
 }
 
-# pg_regress / pg_isolation_regress (PostgreSQL 15) summaries:
+# pg_regress / pg_isolation_regress summaries. PostgreSQL 15:
 #   " All N tests passed. "
 #   " P of N tests passed, I failed test(s) ignored. "
 #   " F of N tests failed. "
 #   " F of N tests failed, I of these failures ignored. "
-# Without a summary (pg_regress aborted), count the per-test "... ok" / "... FAILED" lines.
+# PostgreSQL 16 and later print TAP: "# All N tests passed.", "# F of N tests failed."
+# ("# F of N tests failed, I of these failures ignored.") after "ok N - name" /
+# "not ok N - name" lines.
+# Without a summary (pg_regress aborted), count the per-test lines.
 parse_regress() {
     awk '
+        { sub(/^# /, " ") }
         /^ All [0-9]+ tests passed\./                                      { p += $2; s = 1 }
         /^ [0-9]+ of [0-9]+ tests passed, [0-9]+ failed test\(s\) ignored/ { p += $1; s = 1 }
         /^ [0-9]+ of [0-9]+ tests failed\./                                { f += $1; p += $3 - $1; s = 1 }
         /^ [0-9]+ of [0-9]+ tests failed, [0-9]+ of these failures ignored/ { f += $1 - $6; p += $3 - $1; s = 1 }
-        / \.\.\. ok( |$)/                                                   { tok++ }
-        / \.\.\. FAILED/                                                    { tfail++ }
+        / \.\.\. ok( |$)/ || /^ok [0-9]+ /                                  { tok++ }
+        / \.\.\. FAILED/ || /^not ok [0-9]+ /                               { tfail++ }
         END {
             if (s) print p + 0, f + 0
             else   print tok + 0, tfail + 0
@@ -386,13 +390,7 @@ trap on_signal INT TERM HUP
 RUN_START=$(date +%s)
 step deps bash "$ROOT/scripts/install-deps.sh"
 
-if [[ -z "${PG_CONFIG:-}" ]]; then
-    if [[ -x /usr/lib/postgresql/15/bin/pg_config ]]; then
-        PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-    else
-        PG_CONFIG=pg_config
-    fi
-fi
+PG_CONFIG=${PG_CONFIG:-$(bash "$ROOT/scripts/pg-config.sh")} || exit 2
 export PG_CONFIG
 if BINDIR=$("$PG_CONFIG" --bindir 2>/dev/null); then
     export PATH="$BINDIR:$PATH"

@@ -17,13 +17,7 @@ INTEG_DIR=$RELAYBUS_ROOT/test/integration
 CLIENT=$INTEG_DIR/build/listen_client
 TEST_NAME=$(basename "${0%.sh}")
 
-if [[ -z "${PG_CONFIG:-}" ]]; then
-    if [[ -x /usr/lib/postgresql/15/bin/pg_config ]]; then
-        PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-    else
-        PG_CONFIG=pg_config
-    fi
-fi
+PG_CONFIG=${PG_CONFIG:-$(bash "$RELAYBUS_ROOT/scripts/pg-config.sh")}
 PATH="$("$PG_CONFIG" --bindir):$PATH"
 export PATH PG_CONFIG
 
