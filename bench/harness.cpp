@@ -54,7 +54,7 @@ struct Options {
     bool no_peers = false;
     std::string cells;
     std::string out;
-    std::string pg_config = "/usr/lib/postgresql/15/bin/pg_config";
+    std::string pg_config;  // empty: scripts/pg-config.sh's choice (PG_CONFIG, PG=NN, the Debian release's major)
     std::string repo;
     int samples = 1;
     // A/B mode
@@ -210,10 +210,10 @@ public:
             auto have = [&]() { return access(control.c_str(), R_OK) == 0 && system("command -v pgqd >/dev/null 2>&1") == 0; };
             if (!have()) {
                 std::cerr << "PgQ peer: " << control << " or pgqd missing; running scripts/install-deps.sh"
-                          << " (postgresql-15-pgq3, pgqd)\n";
+                          << " (postgresql-NN-pgq3, pgqd)\n";
                 int st = system(("bash " + opt_.repo + "/scripts/install-deps.sh >&2").c_str());
                 if (st != 0 || !have())
-                    throw std::runtime_error("PgQ peer: still no " + control + " or pgqd. Install postgresql-15-pgq3 and pgqd "
+                    throw std::runtime_error("PgQ peer: still no " + control + " or pgqd. Install postgresql-NN-pgq3 and pgqd "
                                              "(scripts/install-deps.sh); a private tree from scripts/pg-tree.sh must be "
                                              "created again afterwards (it copies the system's extensions). Or run with --no-peers.");
             }
@@ -1279,7 +1279,7 @@ void usage() {
         "  --warmup S --window S  override warm-up and window seconds\n"
         "  --full-matrix        every publish combination (publishers x batch x handlers x keys)\n"
         "  --out DIR            results directory (default bench/results/<UTC stamp>)\n"
-        "  --pg-config PATH     the build to measure (default /usr/lib/postgresql/15/bin/pg_config)\n"
+        "  --pg-config PATH     the build to measure (default: scripts/pg-config.sh, PG=NN or the Debian release's major)\n"
         "  --keep-cluster --keep-tmp  leave the cluster / the per-process files behind\n"
         "  --no-retry           do not repeat a sample whose backlog drained\n"
         "  --inject-loss        TEST MODE: delete one pending delivery mid-window (exactness must report lost = 1)\n"
@@ -1342,6 +1342,7 @@ int main(int argc, char** argv) {
         o.repo = d.substr(0, d.rfind('/'));
     }
     g_repo = o.repo;
+    if (o.pg_config.empty()) o.pg_config = trim(run_capture("bash '" + o.repo + "/scripts/pg-config.sh'"));
 
     bool ab = !o.base.empty() || !o.candidate.empty();
     if (ab && (o.base.empty() || o.candidate.empty())) {

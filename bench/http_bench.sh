@@ -31,7 +31,7 @@ DURATION=${DURATION:-90}
 OUTAGE=${OUTAGE:-60}
 OUTAGE_AT=${OUTAGE_AT:-15}
 WRK_SECS=${WRK_SECS:-10}
-PG_BIN=$(/usr/lib/postgresql/15/bin/pg_config --bindir 2>/dev/null || pg_config --bindir)
+PG_BIN=$($(bash "$(dirname "${BASH_SOURCE[0]}")/../scripts/pg-config.sh") --bindir)
 export PATH="$PG_BIN:$PATH"
 
 note() { echo "# $*" >&2; }

@@ -26,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-PG_CONFIG=${1:-${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}}
+PG_CONFIG=${1:-${PG_CONFIG:-$(bash "$(dirname "${BASH_SOURCE[0]}")/../scripts/pg-config.sh")}}
 export PG_CONFIG
 MODE=${MODE:-time}
 if [[ $MODE == callgrind ]]; then N=${N:-4000}; else N=${N:-20000}; fi

@@ -21,7 +21,7 @@ N=${N:-20000}
 N1=${N1:-2000}
 SIZE=${SIZE:-200}
 PRODUCER=${PRODUCER:-\{\}}
-PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+PG_CONFIG=${PG_CONFIG:-$(bash "$(dirname "${BASH_SOURCE[0]}")/../scripts/pg-config.sh")}
 export PG_CONFIG PATH="$("$PG_CONFIG" --bindir):$PATH"
 
 note() { echo "# $*" >&2; }

@@ -36,7 +36,7 @@ RATE=100
 DRAIN=120
 OUT=
 KEEP=0
-PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+PG_CONFIG=${PG_CONFIG:-$(bash "$(dirname "${BASH_SOURCE[0]}")/../scripts/pg-config.sh")}
 
 usage() { sed -n '2,17p' "$0" >&2; exit 2; }
 while (($#)); do

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# A private PostgreSQL 15 install tree with one build of relaybus in it, so two
+# A private PostgreSQL install tree with one build of relaybus in it, so two
 # builds (A/B benchmarks, parallel work) never overwrite each other's relaybus.so.
 #
 #   scripts/pg-tree.sh DIR [REF]
 #
-# Copies the system's PostgreSQL 15 (/usr/lib/postgresql/15 and
-# /usr/share/postgresql/15, with every extension installed there, e.g. PgQ and
-# pg_stat_statements) into DIR/usr/..., then builds relaybus and installs it
+# Copies the system's PostgreSQL of the chosen major (scripts/pg-config.sh; e.g.
+# /usr/lib/postgresql/NN and /usr/share/postgresql/NN, with every extension
+# installed there, e.g. PgQ and pg_stat_statements) into DIR/usr/..., then builds relaybus and installs it
 # there with DESTDIR. PostgreSQL's binaries are relocatable: pg_config, initdb
 # and postgres under DIR find their share and lib directories under DIR.
 #
@@ -22,11 +22,11 @@ set -euo pipefail
 dir=$1
 ref=${2:-}
 root=$(cd "$(dirname "$0")/.." && pwd -P)
-SYS_PG_CONFIG=${SYS_PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+SYS_PG_CONFIG=${SYS_PG_CONFIG:-$(bash "$root/scripts/pg-config.sh")}
 [[ -x "$SYS_PG_CONFIG" ]] || { echo "pg-tree.sh: no $SYS_PG_CONFIG (run scripts/install-deps.sh)" >&2; exit 1; }
 
-libdir=$(dirname "$("$SYS_PG_CONFIG" --bindir)")    # /usr/lib/postgresql/15
-sharedir=$("$SYS_PG_CONFIG" --sharedir)            # /usr/share/postgresql/15
+libdir=$(dirname "$("$SYS_PG_CONFIG" --bindir)")    # /usr/lib/postgresql/NN
+sharedir=$("$SYS_PG_CONFIG" --sharedir)            # /usr/share/postgresql/NN
 
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd -P)
