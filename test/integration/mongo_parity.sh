@@ -63,7 +63,7 @@ FPORT=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print
 LATE_URI="mongodb://127.0.0.1:$FPORT/?serverSelectionTimeoutMS=300&connectTimeoutMS=300"
 start_instance early t_late --uri "$LATE_URI"
 P1=$IPID
-wait_until 10 test -n "$(metrics_addr early)" || fail "no metrics address logged"
+wait_until 10 has_metrics_addr early || fail "no metrics address logged"
 healthz() { curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$(metrics_addr early)/healthz"; }
 wait_until 10 bash -c "(( \$(grep -c 'MongoDB server not reachable' '$TMP/early.err') >= 3 ))"
 local addr code ms
@@ -205,7 +205,7 @@ grep '"msg":"lanes"' "$TMP/pull.err" | tail -1 | grep -q '"held":0' && pass "SIG
     fail "lanes kept at SIGTERM" "$(grep '"msg":"lanes"' "$TMP/pull.err" | tail -1)"
 start_instance pull_off $DB
 P1=$IPID
-wait_until 10 test -n "$(metrics_addr pull_off)"
+wait_until 10 has_metrics_addr pull_off
 base="http://$(metrics_addr pull_off)/v1/handlers/work"
 check_rc "without api_token the pull API is off: 403" 0 '^403 .*set api_token' api claim '{}'
 stop_instance $P1
@@ -335,7 +335,7 @@ wait_until 10 test -s "$TMP/mthread_port" || fail "slow link did not start"
 start_instance mthread $DB --uri "mongodb://127.0.0.1:$(cat "$TMP/mthread_port")/?serverSelectionTimeoutMS=5000" \
     --lease 2s
 local P1=$IPID addr
-wait_until 10 test -n "$(metrics_addr mthread)" || fail "no metrics address logged"
+wait_until 10 has_metrics_addr mthread || fail "no metrics address logged"
 addr=$(metrics_addr mthread)
 health() { curl -s -o /dev/null -w '%{http_code}' --max-time 3 "http://$addr/healthz"; }
 wait_until 20 bash -c "[[ \$(curl -s -o /dev/null -w '%{http_code}' 'http://$addr/healthz') == 200 ]]" ||
