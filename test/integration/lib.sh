@@ -158,6 +158,10 @@ wait_until() {
 }
 
 # dispatcher_pids DB: pids of the running relaybus dispatchers of DB (from pg_stat_activity).
+# sql_is DB QUERY EXPECTED: QUERY's result is EXPECTED now (for wait_until, which
+# re-runs its command: a "$(sql ...)" argument would be read once).
+sql_is() { [[ "$(sql "$1" "$2")" == "$3" ]]; }
+
 dispatcher_pids() {
     psql_q -d postgres -c "SELECT pid FROM pg_stat_activity
         WHERE backend_type = 'relaybus dispatcher' AND datname = '$1' ORDER BY pid"

@@ -78,7 +78,7 @@ check_eq "all 5 deliveries were sent, each once, keys in seq order" "k1/1 k1/2 k
 print(" ".join(sorted("%s/%s" % (m["key"], m["seq"]) for m in map(json.loads, sys.stdin))))')"
 check "k1 arrived in seq order" bash -c "grep '\"key\": \"k1\"' '$TMP/watch.out' | grep -o '\"seq\": [0-9]*' | tr -d '\\n' | grep -q '\"seq\": 1\"seq\": 2\"seq\": 3'"
 check "relay.deliveries of the handler is empty after the acks" \
-    wait_until 10 test "$(sql "$db" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id WHERE h.name = 'acked'")" = 0
+    wait_until 10 sql_is "$db" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id WHERE h.name = 'acked'" 0
 kill "$CLIENT_PID" 2>/dev/null
 
 # ---------------------------------------------------------------- redelivery after the lease
@@ -100,7 +100,7 @@ gap=$(python3 -c "print(round($(recv_time "$TMP/lease.out" 2) - $(recv_time "$TM
 check "the redelivery came after the 1 s lease (allowing 0.3 s of client lag), within 5 s (gap ${gap}s)" \
     python3 -c "import sys; sys.exit(not (0.7 <= $gap < 5))"
 check "relay.deliveries is empty after the ack of the redelivery" \
-    wait_until 10 test "$(sql "$db" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id WHERE h.name = 'short'")" = 0
+    wait_until 10 sql_is "$db" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id WHERE h.name = 'short'" 0
 check_eq "the client's acks all succeeded" "" "$(grep -i 'failed' "$TMP/lease.err")"
 kill "$CLIENT_PID" 2>/dev/null
 
@@ -141,7 +141,7 @@ check "then the key's next delivery arrives" wait_lines "$TMP/ref.out" 3 10
 check_eq "it is b/2 inline" "b/2/2" "$(field "$TMP/ref.out" 3 '"%s/%s/%s" % (m["key"], m["seq"], m["payload"]["n"])')"
 check_eq "relay_payload of a completed delivery is NULL" "" "$(sql "$db" "SELECT relay_payload($bigid)")"
 check "nothing of the fire handler is left" \
-    wait_until 10 test "$(sql "$db" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id WHERE h.name = 'fire'")" = 0
+    wait_until 10 sql_is "$db" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id WHERE h.name = 'fire'" 0
 kill "$CLIENT_PID" 2>/dev/null
 
 # ---------------------------------------------------------------- by reference, ack mode, a consumer that fetches and acks
@@ -151,7 +151,7 @@ start_client refack "$db" it_refack --fetch-ref --ack || die "client refack"
 sql "$db" "INSERT INTO pub_log SELECT relay_publish('refack.x', jsonb_build_object('blob', repeat(chr(97 + g), 9000 * (g % 2)), 'n', g), 'rk' || (g % 3)), 'rk' || (g % 3) FROM generate_series(1, 12) g" >/dev/null
 check "all 12 arrive" wait_lines "$TMP/refack.out" 12 20
 check "relay.deliveries is empty (every delivery acked by the client)" \
-    wait_until 10 test "$(sql "$db" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id WHERE h.name = 'bigack'")" = 0
+    wait_until 10 sql_is "$db" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id WHERE h.name = 'bigack'" 0
 kill "$CLIENT_PID" 2>/dev/null
 dump_pub_log "$db" "$TMP/pub.txt"
 analyze --published "$TMP/pub.txt" "$TMP/refack.out" || die "analysis failed"

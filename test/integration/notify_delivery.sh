@@ -100,7 +100,7 @@ published=$(sql "$db" "SELECT count(*) FROM pub_log")
 log "published $published events; waiting for them"
 check "about 2000 events were committed (got $published)" test "$published" -ge 1800
 check "the client receives $published notifications" wait_lines "$TMP/main.out" "$published" 60
-check "relay.deliveries is empty" wait_until 20 test "$(sql "$db" "SELECT count(*) FROM relay.deliveries")" = 0
+check "relay.deliveries is empty" wait_until 20 sql_is "$db" "SELECT count(*) FROM relay.deliveries" 0
 sleep 1  # a late duplicate would show up now
 kill "$CLIENT_PID" 2>/dev/null
 
