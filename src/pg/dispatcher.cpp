@@ -31,6 +31,7 @@
 #include "pg/http_delivery.hpp"
 #include "pg/leases.hpp"
 #include "pg/notify_payload.hpp"
+#include "pg/pg_compat.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/sched_slice.hpp"
 #include "pg/session_settings.hpp"
@@ -416,7 +417,7 @@ static bool iterate() {
             ClaimResult res;
             claim_deliveries(&req, &res);
             note_next_ready(&res);
-            for (int k = 0; k < res.n; k++) remember_inflight(spi_int64(res.rows[k], 1), res.tokens[k]);
+            for (int r = 0; r < res.n; r++) remember_inflight(spi_int64(res.rows[r], 1), res.tokens[r]);
             http_stage(h, &res);
             handed += res.n;
         }
@@ -556,7 +557,7 @@ extern "C" void relay_dispatcher_main(Datum) {
                  database_kept_out(dboid);
     if (!taken && dboid != InvalidOid) {
         slot.pid = MyProcPid;
-        slot.pgprocno = MyProc->pgprocno;
+        slot.pgprocno = relaybus_procno();
         slot.started_at = GetCurrentTimestamp();
         slot.heartbeat = slot.started_at;
         my_slot = args.slot;
