@@ -174,3 +174,22 @@ static inline bool relaybus_may_create_in_tablespace(Oid tablespace) {
 // transaction_timeout exists from 17 on (the dispatchers pin it to 0 there).
 #define RELAYBUS_PG_HAS_TRANSACTION_TIMEOUT (PG_VERSION_NUM >= 170000)
 
+// ------------------------------------------------------------- search path
+
+// The search path of PostgreSQL's own maintenance commands (17's
+// GUC_SAFE_SEARCH_PATH): the catalog first, the session's temporary schema
+// last and for relations only (never for functions, operators or types).
+#define RELAYBUS_SAFE_SEARCH_PATH "pg_catalog, pg_temp"
+
+// Sets search_path to RELAYBUS_SAFE_SEARCH_PATH in the current GUC nest level
+// (the caller opened it with NewGUCNestLevel and closes it with AtEOXact_GUC).
+// 17 has this as RestrictSearchPath (and removed the override search paths
+// that relaybus used on 15 and 16); before 17 it is the same call.
+static inline void relaybus_restrict_search_path() {
+#if PG_VERSION_NUM >= 170000
+    RestrictSearchPath();
+#else
+    (void)set_config_option("search_path", RELAYBUS_SAFE_SEARCH_PATH, PGC_USERSET, PGC_S_SESSION,
+                            GUC_ACTION_SAVE, true, 0, false);
+#endif
+}
