@@ -44,6 +44,7 @@
 
 extern "C" {
 #include "commands/async.h"
+#include "commands/dbcommands.h"  // get_database_name (utils/lsyscache.h on 19)
 #include "commands/extension.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -354,9 +355,14 @@ static bool iterate() {
     worker_xact_begin();
     Oid extension = relaybus_extension(created_seen);
     if (!OidIsValid(extension)) {
+        // Named, since the launcher checks every database: a log reader (and
+        // test/integration/lifecycle.sh) must tell which one this was.
+        char dbname[NAMEDATALEN] = "";
+        const char* name = get_database_name(MyDatabaseId);
+        if (name != nullptr) strlcpy(dbname, name, sizeof(dbname));
         worker_xact_commit();
         mark_no_extension(created_seen);
-        ereport(LOG, (errmsg("relaybus dispatcher: extension not installed in this database, exiting")));
+        ereport(LOG, (errmsg("relaybus dispatcher: extension not installed in database \"%s\", exiting", dbname)));
         proc_exit(0);
     }
     ensure_pending_counted(extension);
