@@ -39,6 +39,7 @@ PACKAGES=(
     libcurl4-openssl-dev
     libssl-dev
     librdkafka-dev                           # the kafka handler kind's producer (src/core/kafka_sink)
+    nlohmann-json3-dev                       # src/core's handler options (handler_config.cpp), built into relaybus.so
     libpq-dev                                # the integration tests' LISTEN client
     libtap-parser-sourcehandler-pgtap-perl   # pg_prove
     python3
@@ -60,7 +61,6 @@ if [[ $PROFILE == full ]]; then
     PACKAGES+=(
         libgtest-dev
         googletest
-        nlohmann-json3-dev
         python3-pip
         nghttp2-server                           # nghttpd: the HTTP/2 TLS peer of the core HTTP tests
         libmongoc-dev                            # relaybus-mongo

@@ -130,7 +130,7 @@ RELAYBUS_SQL_FUNCTION(relay_validate_route) {
 RELAYBUS_SQL_FUNCTION(relay_catalog_changed) {
     if (!CALLED_AS_TRIGGER(fcinfo)) elog(ERROR, "relay._catalog_changed must be called as a trigger");
     catalog_changed_in_this_transaction();
-    return PointerGetDatum(nullptr);
+    return (Datum)0;
 }
 
 RELAYBUS_SQL_FUNCTION(relay_leases) {

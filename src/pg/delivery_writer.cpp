@@ -1,4 +1,5 @@
 #include "pg/delivery_writer.hpp"
+#include "pg/pg_compat.hpp"
 
 extern "C" {
 #include "access/table.h"
@@ -155,7 +156,7 @@ void delivery_writer_insert(DeliveryWriter* w, const DeliveryRow& row) {
     n[14] = true;
     ExecStoreVirtualTuple(slot);
     table_tuple_insert(w->rel, slot, w->cid, 0, nullptr);
-    List* recheck = ExecInsertIndexTuples(w->rri, slot, w->estate, false, false, nullptr, NIL);
+    List* recheck = relaybus_insert_index_tuples(w->rri, slot, w->estate);
     list_free(recheck);
     ResetPerTupleExprContext(w->estate);
 }

@@ -31,6 +31,7 @@
 #include "pg/http_delivery.hpp"
 #include "pg/leases.hpp"
 #include "pg/notify_payload.hpp"
+#include "pg/pg_compat.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/sched_slice.hpp"
 #include "pg/session_settings.hpp"
@@ -43,6 +44,7 @@
 
 extern "C" {
 #include "commands/async.h"
+#include "commands/dbcommands.h"  // get_database_name (utils/lsyscache.h on 19)
 #include "commands/extension.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -353,9 +355,14 @@ static bool iterate() {
     worker_xact_begin();
     Oid extension = relaybus_extension(created_seen);
     if (!OidIsValid(extension)) {
+        // Named, since the launcher checks every database: a log reader (and
+        // test/integration/lifecycle.sh) must tell which one this was.
+        char dbname[NAMEDATALEN] = "";
+        const char* name = get_database_name(MyDatabaseId);
+        if (name != nullptr) strlcpy(dbname, name, sizeof(dbname));
         worker_xact_commit();
         mark_no_extension(created_seen);
-        ereport(LOG, (errmsg("relaybus dispatcher: extension not installed in this database, exiting")));
+        ereport(LOG, (errmsg("relaybus dispatcher: extension not installed in database \"%s\", exiting", dbname)));
         proc_exit(0);
     }
     ensure_pending_counted(extension);
@@ -416,7 +423,7 @@ static bool iterate() {
             ClaimResult res;
             claim_deliveries(&req, &res);
             note_next_ready(&res);
-            for (int k = 0; k < res.n; k++) remember_inflight(spi_int64(res.rows[k], 1), res.tokens[k]);
+            for (int r = 0; r < res.n; r++) remember_inflight(spi_int64(res.rows[r], 1), res.tokens[r]);
             http_stage(h, &res);
             handed += res.n;
         }
@@ -556,7 +563,7 @@ extern "C" void relay_dispatcher_main(Datum) {
                  database_kept_out(dboid);
     if (!taken && dboid != InvalidOid) {
         slot.pid = MyProcPid;
-        slot.pgprocno = MyProc->pgprocno;
+        slot.pgprocno = relaybus_procno();
         slot.started_at = GetCurrentTimestamp();
         slot.heartbeat = slot.started_at;
         my_slot = args.slot;

@@ -13,6 +13,7 @@
 #include "core/outbound_policy.hpp"
 #include "core/routing_sink.hpp"
 #include "pg/boundary.hpp"
+#include "pg/pg_compat.hpp"
 #include "pg/complete.hpp"
 #include "pg/leases.hpp"
 #include "pg/settings.hpp"
@@ -413,7 +414,7 @@ void drop_kept_set() {
 WaitEventSet* kept_wait_set(int engine_fd, int kafka_fd) {
     if (kept_set != nullptr && kept_engine_fd == engine_fd && kept_kafka_fd == kafka_fd) return kept_set;
     drop_kept_set();
-    WaitEventSet* set = CreateWaitEventSet(TopMemoryContext, 4);
+    WaitEventSet* set = relaybus_wait_event_set(true, 4);
     AddWaitEventToSet(set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
     AddWaitEventToSet(set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
     if (kafka_fd >= 0) AddWaitEventToSet(set, WL_SOCKET_READABLE, kafka_fd, nullptr, nullptr);
@@ -483,7 +484,7 @@ bool http_wait(long timeout_ms) {
         set = kept_wait_set(engine_fd, kafka_fd);
     } else {
         drop_kept_set();
-        set = CreateWaitEventSet(CurrentMemoryContext, nsock + 3);
+        set = relaybus_wait_event_set(false, nsock + 3);
         AddWaitEventToSet(set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, nullptr);
         AddWaitEventToSet(set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, nullptr, nullptr);
         if (kafka_fd >= 0) AddWaitEventToSet(set, WL_SOCKET_READABLE, kafka_fd, nullptr, nullptr);

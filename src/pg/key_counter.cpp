@@ -1,4 +1,5 @@
 #include "pg/key_counter.hpp"
+#include "pg/pg_compat.hpp"
 
 extern "C" {
 #include "access/genam.h"
@@ -88,7 +89,7 @@ CounterBump bump_one(Relation rel, Relation idx, IndexInfo** index_info, Snapsho
     ScanKeyData scan_key;
     ScanKeyEntryInitialize(&scan_key, 0, 1, BTEqualStrategyNumber, InvalidOid,
                            idx->rd_indcollation[0], F_TEXTEQ, key);
-    IndexScanDesc scan = index_beginscan(rel, idx, snapshot, 1, 0);
+    IndexScanDesc scan = relaybus_index_beginscan(rel, idx, snapshot, 1, 0);
     index_rescan(scan, &scan_key, 1, nullptr, 0);
     TupleTableSlot* old_row = table_slot_create(rel, nullptr);
     TupleTableSlot* new_row = MakeSingleTupleTableSlot(RelationGetDescr(rel), &TTSOpsVirtual);
@@ -106,9 +107,9 @@ CounterBump bump_one(Relation rel, Relation idx, IndexInfo** index_info, Snapsho
         TM_FailureData failure;
         LockTupleMode lock_mode;
         bool update_indexes = false;
-        TM_Result r = table_tuple_update(rel, &old_row->tts_tid, new_row, GetCurrentCommandId(true),
-                                         snapshot, InvalidSnapshot, true, &failure, &lock_mode,
-                                         &update_indexes);
+        TM_Result r = relaybus_table_tuple_update(rel, &old_row->tts_tid, new_row, GetCurrentCommandId(true),
+                                                  snapshot, InvalidSnapshot, true, &failure, &lock_mode,
+                                                  &update_indexes);
         if (r == TM_Ok) {
             // Not a HOT update (no room on the page): the new version needs its index entry.
             if (update_indexes) {

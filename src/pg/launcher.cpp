@@ -29,6 +29,7 @@
 
 #include "pg/launcher.hpp"
 
+#include "pg/pg_compat.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/settings.hpp"
 #include "pg/worker_signals.hpp"
@@ -369,7 +370,7 @@ extern "C" void relay_launcher_main(Datum) {
         MemoryContextAllocZero(TopMemoryContext, sizeof(BackgroundWorkerHandle*) * workers->nslots));
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     workers->launcher_pid = MyProcPid;
-    workers->launcher_procno = MyProc->pgprocno;
+    workers->launcher_procno = relaybus_procno();
     LWLockRelease(workers->lock);
     before_shmem_exit(on_launcher_exit, 0);
 

@@ -1,4 +1,5 @@
 #include "pg/leases.hpp"
+#include "pg/pg_compat.hpp"
 
 #include "pg/settings.hpp"
 #include "pg/shared_state.hpp"
@@ -28,8 +29,8 @@ void leases_shmem_init() {
     memset(&ctl, 0, sizeof(ctl));
     ctl.keysize = sizeof(LeaseKey);
     ctl.entrysize = sizeof(LeaseEntry);
-    lease_table = ShmemInitHash("relaybus leases", guc_max_leases, guc_max_leases, &ctl,
-                                HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
+    lease_table = relaybus_shmem_init_fixed_hash("relaybus leases", guc_max_leases, &ctl,
+                                                 HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 }
 
 static void require_shared() {

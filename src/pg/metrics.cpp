@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "pg/boundary.hpp"
+#include "pg/pg_compat.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/worker_state.hpp"
 
@@ -115,7 +116,7 @@ RELAYBUS_SQL_FUNCTION(relay_oldest_pending) {
         ScanKeyData keys[2];
         ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(handler_id));
         ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, F_INT2EQ, Int16GetDatum(priority));
-        IndexScanDesc scan = index_beginscan(heap, index, snapshot, 2, 0);
+        IndexScanDesc scan = relaybus_index_beginscan(heap, index, snapshot, 2, 0);
         index_rescan(scan, keys, 2, nullptr, 0);
         if (index_getnext_slot(scan, ForwardScanDirection, slot)) {
             bool isnull = false;

@@ -1,5 +1,6 @@
 #include "pg/session_settings.hpp"
 
+#include "pg/pg_compat.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/settings.hpp"
 
@@ -40,7 +41,7 @@ static const PinnedSetting kPinned[] = {
     // claim was re-planned on every call (planning took as long as executing).
     // The generic plans have the same shapes.
     {"plan_cache_mode", "force_generic_plan"},
-#if PG_VERSION_NUM >= 170000
+#if RELAYBUS_PG_HAS_TRANSACTION_TIMEOUT
     {"transaction_timeout", "0"},
 #endif
 };

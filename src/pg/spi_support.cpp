@@ -1,5 +1,9 @@
 #include "pg/spi_support.hpp"
 
+#include <cstring>
+
+#include "pg/pg_compat.hpp"
+
 extern "C" {
 #include "catalog/pg_namespace.h"
 #include "datatype/timestamp.h"
@@ -20,18 +24,32 @@ static Oid relay_schema_owner() {
     return owner;
 }
 
-static OverrideSearchPath catalog_only_path = {NIL, true, false, 0};
+// relaybus's statements run with search_path = 'pg_catalog, pg_temp', in a GUC
+// nest level of their own, so that a caller's search_path can neither redirect
+// them (a schema of the caller's listed before pg_catalog, with an operator or
+// function of the same name) nor slow them down (a long path to resolve).
+// A session whose search_path is that already (the dispatchers pin it,
+// session_settings.cpp) skips the nest level: the setting would change nothing.
+// An error before spi_end leaves the level to the (sub)transaction's abort,
+// which restores the caller's search_path as it closes SPI.
+static int restrict_search_path() {
+    if (namespace_search_path != nullptr && strcmp(namespace_search_path, RELAYBUS_SAFE_SEARCH_PATH) == 0)
+        return 0;
+    int level = NewGUCNestLevel();
+    relaybus_restrict_search_path();
+    return level;
+}
 
 void spi_begin(SpiScope* scope) {
     Oid owner = relay_schema_owner();
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "relaybus: SPI_connect failed");
     GetUserIdAndSecContext(&scope->saved_user, &scope->saved_sec_context);
     SetUserIdAndSecContext(owner, scope->saved_sec_context | SECURITY_LOCAL_USERID_CHANGE);
-    PushOverrideSearchPath(&catalog_only_path);
+    scope->search_path_level = restrict_search_path();
 }
 
 void spi_end(SpiScope* scope) {
-    PopOverrideSearchPath();
+    if (scope->search_path_level > 0) AtEOXact_GUC(true, scope->search_path_level);
     SetUserIdAndSecContext(scope->saved_user, scope->saved_sec_context);
     SPI_finish();
 }

@@ -1,6 +1,6 @@
-// Running relaybus's own statements: as the extension owner, with a search_path
-// of pg_catalog only (every relaybus object is schema-qualified), through plans
-// prepared once per backend.
+// Running relaybus's own statements: as the extension owner, with search_path
+// 'pg_catalog, pg_temp' (every relaybus object is schema-qualified), through
+// plans prepared once per backend.
 #pragma once
 
 #include "pg/pg_includes.hpp"
@@ -19,10 +19,12 @@ struct SavedPlan {
     PlanShape shape = PlanShape::Any;
 };
 
-// Opens SPI and switches to the owner of schema relay until spi_end().
+// Opens SPI, switches to the owner of schema relay and sets search_path to
+// 'pg_catalog, pg_temp' until spi_end().
 struct SpiScope {
     Oid saved_user;
     int saved_sec_context;
+    int search_path_level;  // the GUC nest level spi_end closes, or 0
 };
 void spi_begin(SpiScope* scope);
 void spi_end(SpiScope* scope);

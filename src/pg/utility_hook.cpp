@@ -17,6 +17,7 @@
 //   the current database) have passed: a statement that fails on those leaves
 //   the dispatchers alone.
 
+#include "pg/pg_compat.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/claim_frontier.hpp"
 #include "pg/leases.hpp"
@@ -119,19 +120,11 @@ void utility_at_subxact_end(bool commit, int nest_level) {
 // ---------------------------------------------------------------- DDL on a database
 
 static bool owns_database(Oid dboid) {
-#if PG_VERSION_NUM >= 160000
-    return object_ownercheck(DatabaseRelationId, dboid, GetUserId());
-#else
-    return pg_database_ownercheck(dboid, GetUserId());
-#endif
+    return relaybus_owns_database(dboid);
 }
 
 static bool can_create_in_tablespace(Oid tablespace) {
-#if PG_VERSION_NUM >= 160000
-    return object_aclcheck(TableSpaceRelationId, tablespace, GetUserId(), ACL_CREATE) == ACLCHECK_OK;
-#else
-    return pg_tablespace_aclcheck(tablespace, GetUserId(), ACL_CREATE) == ACLCHECK_OK;
-#endif
+    return relaybus_may_create_in_tablespace(tablespace);
 }
 
 // As dbcommands.c's have_createdb_privilege (static there).
@@ -174,11 +167,7 @@ static bool drops_relaybus(DropStmt* s) {
         if (IsA(o, String) && strcmp(strVal(o), name) == 0) {
             Oid ext = get_extension_oid("relaybus", true);
             if (!OidIsValid(ext)) return false;
-#if PG_VERSION_NUM >= 160000
-            return object_ownercheck(ExtensionRelationId, ext, GetUserId());
-#else
-            return pg_extension_ownercheck(ext, GetUserId());
-#endif
+            return relaybus_owns_extension(ext);
         }
     }
     return false;

@@ -1,5 +1,6 @@
 #include "pg/worker_signals.hpp"
 
+#include "pg/pg_compat.hpp"
 #include "pg/pg_includes.hpp"
 
 extern "C" {
@@ -18,7 +19,7 @@ static void dispatcher_sigterm(SIGNAL_ARGS) {
     got_sigterm = true;
     // IsTransactionState() only reads the current transaction's state.
     if (IsTransactionState())
-        die(postgres_signal_arg);
+        RELAYBUS_FORWARD_SIGNAL(die);
     else
         SetLatch(MyLatch);
     errno = save_errno;

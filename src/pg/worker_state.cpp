@@ -1,4 +1,5 @@
 #include "pg/worker_state.hpp"
+#include "pg/pg_compat.hpp"
 
 #include "pg/handler_alerts.hpp"
 
@@ -218,7 +219,7 @@ static HandlerCounters* pending_meta_of(Oid dboid, bool create) {
 static uint64 generation_at_commit = 0;
 
 static void apply_at_commit() {
-    bool worker = IsBackgroundWorker && OidIsValid(MyDatabaseId);
+    bool worker = relaybus_am_background_worker() && OidIsValid(MyDatabaseId);
     if (workers == nullptr || (ncount_notes == 0 && !worker)) return;
     LWLockAcquire(workers->lock, ncount_notes > 0 ? LW_EXCLUSIVE : LW_SHARED);
     for (int i = 0; i < ncount_notes; i++) {
