@@ -15,7 +15,9 @@ CORE_SRCS   = $(wildcard src/core/*.cpp)
 PG_SRCS     = $(wildcard src/pg/*.cpp)
 OBJS        = $(CORE_SRCS:.cpp=.o) $(PG_SRCS:.cpp=.o)
 
-PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-register \
+# -Werror: every build, on every major, refuses warnings (PGXS adds its own
+# warning flags, e.g. 16's -Wshadow=compatible-local).
+PG_CXXFLAGS = -std=c++17 -Werror -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-register \
               -fno-omit-frame-pointer -Isrc -MMD -MP
 SHLIB_LINK  = -lstdc++ -lcurl -lssl -lcrypto -lrdkafka
 
