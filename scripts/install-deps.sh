@@ -10,6 +10,13 @@
 #   RELAYBUS_DEPS=server    the server, its headers, pgTAP and the build: what the
 #                           version lanes (test/matrix.sh) use
 #   RELAYBUS_EXTRA_PACKAGES more Debian packages (space separated)
+#   RELAYBUS_UPGRADE_FROM=NN also PostgreSQL NN (server + headers), an older major
+#                           than the one above, for pg_upgrade from NN
+#                           (test/upgrade/pg_upgrade.sh); from the Debian release
+#                           that carries it when this one does not (15: bookworm,
+#                           17: trixie), as an apt source pinned low (priority 100)
+#                           so that nothing of this release is upgraded, downgraded
+#                           or removed (checked with a simulation first)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -262,8 +269,51 @@ pgtap_deps() {
     rm -rf "$tmp"
 }
 
+# RELAYBUS_UPGRADE_FROM=NN: PostgreSQL NN beside this release's major, so that
+# pg_upgrade has both majors' binaries in one system (what Debian's
+# postgresql-common is built for: /usr/lib/postgresql/NN per major). A major
+# this release does not carry comes from the release that does, through an apt
+# source of its own and a pin of priority 100: apt takes from it only packages
+# this release lacks (postgresql-15, libicu72, libllvm14, ...), never a newer
+# or older version of one it has. Refuses to install if apt's simulation would
+# remove or downgrade anything.
+upgrade_from_deps() {
+    local old=$RELAYBUS_UPGRADE_FROM suite= src pin cand pkgs sim
+    case "$old" in
+        15) suite=bookworm ;;
+        17) suite=trixie ;;
+        *) echo "install-deps: RELAYBUS_UPGRADE_FROM must be 15 or 17, not '$old'" >&2; exit 2 ;;
+    esac
+    ((old < MAJOR)) || { echo "install-deps: RELAYBUS_UPGRADE_FROM=$old is not older than PostgreSQL $MAJOR" >&2; exit 2; }
+    pkgs=(postgresql-$old postgresql-server-dev-$old)
+    is_installed "${pkgs[0]}" && is_installed "${pkgs[1]}" && return 0
+    apt_update
+    cand=$(apt-cache policy "${pkgs[0]}" 2>/dev/null | awk '/Candidate:/ { print $2 }')
+    if [[ $CODENAME != "$suite" && ( -z "$cand" || "$cand" == "(none)" ) ]]; then
+        src=/etc/apt/sources.list.d/relaybus-upgrade-from-$suite.sources
+        pin=/etc/apt/preferences.d/relaybus-upgrade-from-$suite
+        echo "install-deps: PostgreSQL $old from Debian $suite (apt source $src, pinned at 100 by $pin)"
+        printf '%s\n' 'Types: deb' 'URIs: http://deb.debian.org/debian' "Suites: $suite" \
+            'Components: main' 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' |
+            "${SUDO[@]}" tee "$src" >/dev/null
+        printf '%s\n' '# relaybus (scripts/install-deps.sh, RELAYBUS_UPGRADE_FROM): only what this release lacks' \
+            'Package: *' "Pin: release n=$suite" 'Pin-Priority: 100' | "${SUDO[@]}" tee "$pin" >/dev/null
+        APT_UPDATED=no
+        apt_update
+    fi
+    sim=$(apt-get install -s "${APT_OPTS[@]}" "${pkgs[@]}" 2>&1) ||
+        { echo "$sim" | tail -n 20 >&2; echo "install-deps: PostgreSQL $old cannot be installed here" >&2; exit 1; }
+    if grep -qE '^Remv |[1-9][0-9]* downgraded|^[1-9][0-9]* upgraded' <<<"$sim"; then
+        echo "$sim" | grep -E '^(Remv|Inst)|upgraded|downgraded' >&2
+        echo "install-deps: installing PostgreSQL $old would change packages of this release; not done" >&2
+        exit 1
+    fi
+    apt_install "${pkgs[@]}"
+}
+
 server_available
 apt_install "${PACKAGES[@]}"
+[[ -n "${RELAYBUS_UPGRADE_FROM:-}" ]] && upgrade_from_deps
 ((${#SERVER_PACKAGES[@]} == 0)) || apt_install "${APT_TARGET[@]}" "${SERVER_PACKAGES[@]}"
 ((MAJOR == 16)) && pg16_deps
 ((MAJOR == 16 || MAJOR == 19)) && pgtap_deps

@@ -16,6 +16,9 @@
 #   RELAYBUS_PRELOAD        shared_preload_libraries (default relaybus,pg_stat_statements;
 #                           set it empty for none)
 #   RELAYBUS_EXTRA_CONF     extra postgresql.conf lines, appended at initdb time
+#   RELAYBUS_INITDB_OPTS    extra initdb options (space separated), e.g.
+#                           --no-data-checksums (18's initdb enables checksums, and
+#                           pg_upgrade needs the same setting on both sides)
 #   RELAYBUS_START_TIMEOUT  seconds to wait for startup / crash recovery (default 120)
 #   RELAYBUS_STOP_TIMEOUT   seconds to wait for a fast shutdown (default 60)
 #   PG_CONFIG               pg_config to take the binaries from
@@ -117,8 +120,10 @@ write_env() {
 
 do_initdb() {
     local port
+    local opts=()
+    [[ -n "${RELAYBUS_INITDB_OPTS:-}" ]] && read -r -a opts <<<"$RELAYBUS_INITDB_OPTS"
     as_owner "$BINDIR/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --locale=C \
-        --no-sync >"$dir/log/initdb.log" 2>&1 || {
+        --no-sync "${opts[@]}" >"$dir/log/initdb.log" 2>&1 || {
         cat "$dir/log/initdb.log" >&2
         die "initdb failed"
     }

@@ -16,6 +16,8 @@
 // SIGTERM (die), so the postmaster starts it again after bgw_restart_time; a new
 // launcher adopts the dispatchers that are still running.
 //
+// pg_upgrade: no launcher in binary upgrade mode (register_launcher).
+//
 // Standbys: the launcher starts when recovery finishes
 // (BgWorkerStart_RecoveryFinished), so the postmaster runs no relaybus process
 // on a hot standby and starts the launcher right after a promotion: no polling
@@ -61,6 +63,13 @@ constexpr long kStopGraceMs = 10000;  // a dispatcher asked to stop, before SIGT
 constexpr long kRestartDelayMs = 1000;  // a dispatcher that keeps failing restarts once a second
 
 void register_launcher() {
+    // Not in binary upgrade mode (postgres -b, how pg_upgrade starts both
+    // clusters; the postmaster has parsed its options before it loads
+    // shared_preload_libraries): a dispatcher there would deliver, and delete,
+    // deliveries of the old cluster while pg_upgrade reads it, or of the new
+    // one while its files are put in place. PostgreSQL keeps its own logical
+    // replication launcher out the same way. test/upgrade/pg_upgrade.sh.
+    if (IsBinaryUpgrade) return;
     BackgroundWorker w;
     memset(&w, 0, sizeof(w));
     w.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
