@@ -43,7 +43,10 @@ trap cleanup EXIT
 
 echo "# building relaybus for PostgreSQL $built_for ($old_config)"
 mkdir -p "$TMP/src"
-(cd "$ROOT" && git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xf - -C "$TMP/src")
+# What the extension's build reads, without build products (the tree may be a
+# lane's copy, with no .git).
+(cd "$ROOT" && tar --exclude='*.o' --exclude='*.d' --exclude='*.so' --exclude='*.bc' \
+    -cf - Makefile relaybus.control sql src scripts) | tar -xf - -C "$TMP/src"
 if ! make -s -C "$TMP/src" -j"$(nproc)" PG_CONFIG="$old_config" >"$TMP/build.log" 2>&1; then
     tail -n 20 "$TMP/build.log"
     echo "0 passed, 1 failed"
