@@ -130,6 +130,10 @@ RELAYBUS_SQL_FUNCTION(relay_validate_route) {
 RELAYBUS_SQL_FUNCTION(relay_catalog_changed) {
     if (!CALLED_AS_TRIGGER(fcinfo)) elog(ERROR, "relay._catalog_changed must be called as a trigger");
     catalog_changed_in_this_transaction();
+    // A resumed handler, a new route or new options can make deliveries
+    // ready that no publish will announce: wake the dispatchers at commit
+    // (only then), as a publish does, so they reload the catalog and claim.
+    wake_dispatchers_at_commit();
     return (Datum)0;
 }
 

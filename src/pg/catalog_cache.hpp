@@ -2,7 +2,8 @@
 //
 // Publishing must not read relay.handlers and relay.routes on every call. The
 // cache is rebuilt when the shared catalog generation moves (bumped at the
-// commit of any change to those tables, by a statement trigger), when this
+// commit of any change to those tables, by a statement trigger, which also
+// wakes the dispatchers at that commit), when this
 // backend changed them itself, or when the relay schema was recreated.
 #pragma once
 

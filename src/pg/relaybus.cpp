@@ -40,6 +40,8 @@ static void relay_xact_callback(XactEvent event, void*) {
         case XACT_EVENT_COMMIT:
         case XACT_EVENT_PARALLEL_COMMIT:
             leases_at_xact_end(true);
+            // The catalog generation moves before the dispatchers are woken:
+            // a woken dispatcher must find it moved and reload.
             catalog_at_xact_end(true);
             workers_at_xact_end(true);
             utility_at_xact_end(true);

@@ -61,8 +61,8 @@ void define_settings() {
                             nullptr, nullptr);
     DefineCustomIntVariable(
         "relaybus.poll_interval", "How long an idle dispatcher sleeps between looks at the tables.",
-        "A fallback only: publishers wake the dispatchers at commit.", &guc_poll_interval_ms, 1000,
-        10, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr, nullptr);
+        "A fallback only: publishers and catalog changes wake the dispatchers at commit.",
+        &guc_poll_interval_ms, 1000, 10, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr, nullptr);
     DefineCustomIntVariable(
         "relaybus.lease_timeout", "How long a lane stays with a dispatcher that stopped renewing it.",
         "After this a live dispatcher takes over the lanes of a stuck one.", &guc_lease_timeout_ms,

@@ -127,7 +127,8 @@ void wake_dispatchers(Oid dboid);
 // One dispatcher (its slot is running).
 void wake_dispatcher(DispatcherSlot& slot);
 
-// Publishers ask for a wake-up; it happens when their transaction commits.
+// Publishers, and changes to relay.handlers or relay.routes, ask for a
+// wake-up; it happens when their transaction commits.
 void wake_dispatchers_at_commit();
 // At commit (after its rows are visible): the database's dispatchers rescan
 // their handlers from the head, and are woken.
