@@ -89,6 +89,16 @@ static SavedPlan heads_plan = {KEY_HEADS(""), 3, {INT4OID, INT4OID, INT4OID}, nu
 static SavedPlan heads_lanes_plan = {KEY_HEADS(" AND lane = ANY ($4)"), 4,
                                      {INT4OID, INT4OID, INT4OID, INT2ARRAYOID}, nullptr, PlanShape::IndexScans};
 
+// The first per_key deliveries (by seq) of the keys $2: for a scan from the
+// claim frontier, the keys whose earlier rows may lie below it, where the scan
+// does not see them (claim_frontier.hpp). One index descent per key.
+#define HEADS_OF_KEYS                                                                            \
+    "SELECT r.id, r.priority, r.key, r.not_before FROM unnest($2::text[]) kk(key),"              \
+    " LATERAL (SELECT id, priority, key, not_before FROM relay.deliveries"                       \
+    "           WHERE handler_id = $1 AND key = kk.key ORDER BY seq LIMIT $3) r"
+static SavedPlan heads_of_keys_plan = {HEADS_OF_KEYS, 3, {INT4OID, TEXTARRAYOID, INT4OID}, nullptr,
+                                       PlanShape::IndexScans};
+
 // A keyed row is valid only if every delivery of its (handler, key) up to the
 // highest seq taken is in this claim: the head and no gap. One count per key
 // (an index range on deliveries_key), not one probe per row.
@@ -123,6 +133,11 @@ static int cmp_int64(const void* a, const void* b) {
     return x < y ? -1 : (x > y ? 1 : 0);
 }
 
+struct IdRow {
+    int64 id;  // first: sorted and searched with cmp_int64
+    int row;
+};
+
 struct IdToken {
     int64 id;  // first: sorted and searched with cmp_int64
     LeaseToken token;
@@ -130,6 +145,7 @@ struct IdToken {
 
 struct ScannedRows {
     int n;
+    int nwindow;  // the first nwindow rows came from the scan itself, the others were added
     int64* ids;
     int* priority;
     char** keys;  // nullptr = unkeyed
@@ -144,6 +160,7 @@ struct ScannedRows {
 static void read_scanned(int window, TimestampTz now, bool take_notified, ScannedRows* out) {
     int n = static_cast<int>(SPI_processed);
     out->n = n;
+    out->nwindow = n;
     out->ids = static_cast<int64*>(palloc(sizeof(int64) * (n + 1)));
     out->priority = static_cast<int*>(palloc(sizeof(int) * (n + 1)));
     out->keys = static_cast<char**>(palloc(sizeof(char*) * (n + 1)));
@@ -220,6 +237,47 @@ static void add_rows(ScannedRows* rows, const ScannedRows& heads) {
     rows->expired = concat(rows->expired, rows->n, heads.expired, heads.n);
     rows->n += heads.n;
     rows->merged = true;
+}
+
+// Keys whose first rows a claim read because they may be blocked below the
+// frontier, and those rows.
+struct ProbedKeys {
+    static constexpr int kMax = 64;  // per claim; rows of further keys are left to the fence
+    int nkeys = 0;
+    const char* keys[kMax];
+    bool any = false;
+    ScannedRows heads;
+};
+
+// For a scan from the frontier: reads the first rows of the window's keys
+// that the frontier says may be blocked below it and were not read yet.
+static void probe_keys(int32 handler_id, int per_key, const FrontierView& view, const ScannedRows& rows,
+                       TimestampTz now, bool take_notified, ProbedKeys* probed) {
+    if (view.head || view.nkeys == 0 || probed->nkeys >= ProbedKeys::kMax) return;
+    Datum* fresh = static_cast<Datum*>(palloc(sizeof(Datum) * ProbedKeys::kMax));
+    int nfresh = 0;
+    for (int i = 0; i < rows.nwindow && probed->nkeys < ProbedKeys::kMax; i++) {
+        const char* key = rows.keys[i];
+        if (key == nullptr || !frontier_view_has_key(view, frontier_key_hash(key))) continue;
+        bool seen = false;
+        for (int k = 0; k < probed->nkeys && !seen; k++) seen = strcmp(probed->keys[k], key) == 0;
+        if (seen) continue;
+        probed->keys[probed->nkeys++] = key;
+        fresh[nfresh++] = CStringGetTextDatum(key);
+    }
+    if (nfresh == 0) return;
+    Datum values[3] = {Int32GetDatum(handler_id),
+                       PointerGetDatum(construct_array(fresh, nfresh, TEXTOID, -1, false, TYPALIGN_INT)),
+                       Int32GetDatum(per_key)};
+    spi_exec_latest(&heads_of_keys_plan, values, nullptr, true, 0);
+    ScannedRows got;
+    read_scanned(INT_MAX, now, take_notified, &got);
+    if (probed->any) {
+        add_rows(&probed->heads, got);
+    } else {
+        probed->heads = got;
+        probed->any = true;
+    }
 }
 
 // Per backend: how many rows per class the last claim of a handler needed to
@@ -386,6 +444,21 @@ static void charge_expired(const ScannedRows& rows, TimestampTz now) {
         if (marked[i]) (void)nack_delivery(ids[i], error, -1, 0, false, true);
 }
 
+struct KeyedRow {
+    const char* key;
+    int64 id;
+    int priority;
+    bool passed;
+};
+
+static int cmp_keyed_row(const void* a, const void* b) {
+    auto* x = static_cast<const KeyedRow*>(a);
+    auto* y = static_cast<const KeyedRow*>(b);
+    int c = strcmp(x->key, y->key);
+    if (c != 0) return c;
+    return x->id < y->id ? -1 : (x->id > y->id ? 1 : 0);
+}
+
 // After leasing: per class, every scanned row below the first one that was
 // free and not chosen (not ready, behind its key's head, an expired lease
 // being charged) was taken by this claim or held by another; past the last
@@ -397,18 +470,43 @@ static void advance_frontier(int32 handler_id, const FrontierView& view, const S
     qsort(sorted, nchosen, sizeof(int64), cmp_int64);
     int64 first_free[4] = {PG_INT64_MAX, PG_INT64_MAX, PG_INT64_MAX, PG_INT64_MAX};
     int64 last[4] = {-1, -1, -1, -1};
-    for (int i = 0; i < rows.n; i++) {
+    KeyedRow* keyed = static_cast<KeyedRow*>(palloc(sizeof(KeyedRow) * (rows.nwindow + 1)));
+    int nkeyed = 0;
+    // Rows added to the window (keys' first rows) may lie below the frontier:
+    // only the window says what lies ahead of it.
+    for (int i = 0; i < rows.nwindow; i++) {
         int p = std::clamp(rows.priority[i], 0, 3);
         last[p] = std::max(last[p], rows.ids[i]);
         // Chosen and lost to a concurrent claimer counts as held.
         bool passed = (rows.leased[i] && !rows.expired[i]) ||
                       bsearch(&rows.ids[i], sorted, nchosen, sizeof(int64), cmp_int64) != nullptr;
         if (!passed) first_free[p] = std::min(first_free[p], rows.ids[i]);
+        if (rows.keys[i] != nullptr) keyed[nkeyed++] = KeyedRow{rows.keys[i], rows.ids[i], p, passed};
     }
     int64 upto[4];
     for (int p = 0; p < 4; p++)
         upto[p] = last[p] < 0 ? view.from[p] : std::min(first_free[p], last[p] + 1);
-    frontier_advance(handler_id, view, upto, now);
+    // A passed keyed row with a later row of its key that is not passed: once
+    // the frontier is past it, that later row must not look like a head.
+    qsort(keyed, nkeyed, sizeof(KeyedRow), cmp_keyed_row);
+    FrontierPassed* passed = static_cast<FrontierPassed*>(palloc(sizeof(FrontierPassed) * (nkeyed + 1)));
+    int npassed = 0;
+    for (int g = 0; g < nkeyed;) {
+        int end = g;
+        int64 last_free = -1;
+        while (end < nkeyed && strcmp(keyed[end].key, keyed[g].key) == 0) {
+            if (!keyed[end].passed) last_free = keyed[end].id;
+            end++;
+        }
+        if (last_free >= 0) {
+            uint64 hash = frontier_key_hash(keyed[g].key);
+            for (int i = g; i < end && keyed[i].id < last_free; i++)
+                if (keyed[i].passed) passed[npassed++] = FrontierPassed{keyed[i].id, keyed[i].priority, hash};
+        }
+        g = end;
+    }
+    qsort(passed, npassed, sizeof(FrontierPassed), cmp_int64);  // id is the first member
+    frontier_advance(handler_id, view, upto, passed, npassed, now);
 }
 
 // The lanes a claim reads, as a bit mask (every lane: all bits).
@@ -483,6 +581,7 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
         bool more_keys = false;
         ScannedRows heads;
         ScannedRows rows;
+        ProbedKeys probed;
         for (;;) {  // from the frontier, then (when that came back short) from the head
             int& hinted = view.head ? hint->window : hint->window_front;
             int window = hinted > 0 ? std::min(hinted, cap)
@@ -494,6 +593,9 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
                 scan(req->handler_id, window, lanes, at_head ? nullptr : view.from, now, req->take_notified, &rows,
                      track_floor && view.head ? &xmin : nullptr);
                 if (track_floor && view.head) window_bounds(rows, first, highest);
+                // From the frontier: the keys' rows below it that block them.
+                probe_keys(req->handler_id, req->per_key, view, rows, now, req->take_notified, &probed);
+                if (probed.any) add_rows(&rows, probed.heads);
                 if (heads_added) add_rows(&rows, heads);
                 out->next_ready_ms = 0;
                 for (int i = 0; i < rows.n; i++)
@@ -594,18 +696,28 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
         leases_release(give_back, give_tokens, ngive);
         int fetched = static_cast<int>(SPI_processed);
         // Rows given back that are still there (not ready, or behind their
-        // key's head) are claimable again below the frontier.
+        // key's head) are claimable again below the frontier, and an earlier
+        // row of their key may be below it, unseen by scans from it.
+        bool noted_key = false;
         if (req->use_frontier && ngive > 0) {
-            int64* present = static_cast<int64*>(palloc(sizeof(int64) * (fetched + 1)));
-            for (int r = 0; r < fetched; r++) present[r] = spi_int64(r, 1);
-            qsort(present, fetched, sizeof(int64), cmp_int64);
-            for (int i = 0; i < ngive; i++)
-                if (bsearch(&give_back[i], present, fetched, sizeof(int64), cmp_int64) != nullptr)
-                    frontier_lower(req->handler_id, give_back[i]);
+            IdRow* present = static_cast<IdRow*>(palloc(sizeof(IdRow) * (fetched + 1)));
+            for (int r = 0; r < fetched; r++) present[r] = IdRow{spi_int64(r, 1), r};
+            qsort(present, fetched, sizeof(IdRow), cmp_int64);  // id is the first member
+            for (int i = 0; i < ngive; i++) {
+                auto* hit = static_cast<IdRow*>(bsearch(&give_back[i], present, fetched, sizeof(IdRow), cmp_int64));
+                if (hit == nullptr) continue;
+                frontier_lower(req->handler_id, give_back[i]);
+                char* key = SPI_getvalue(SPI_tuptable->vals[hit->row], SPI_tuptable->tupdesc, 4);
+                if (key != nullptr) {
+                    frontier_note_key(req->handler_id, frontier_key_hash(key));
+                    noted_key = true;
+                }
+            }
         }
-        // Nothing left: rows lost to a concurrent claimer, or gone (acked
-        // after this claim's scan, before its lease lookup): look again.
-        if (nout == 0 && (taken < nchosen || fetched < taken) && round < 2) continue;
+        // Nothing left: rows lost to a concurrent claimer, gone (acked after
+        // this claim's scan, before its lease lookup), or behind an earlier
+        // row of their key that the scan did not see: look again.
+        if (nout == 0 && (taken < nchosen || fetched < taken || noted_key) && round < 2) continue;
         // The receipts in hand-over order.
         IdToken* by_id = static_cast<IdToken*>(palloc(sizeof(IdToken) * nchosen));
         for (int i = 0; i < nchosen; i++) by_id[i] = IdToken{chosen[i], tokens[i]};

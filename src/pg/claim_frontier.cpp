@@ -1,6 +1,7 @@
 #include "pg/claim_frontier.hpp"
 
 extern "C" {
+#include "common/hashfn.h"
 #include "storage/spin.h"
 }
 
@@ -19,6 +20,8 @@ struct FrontierSlot {
     TimestampTz head_until;   // a claim is scanning from the head until then (at most)
     FloorState floor;
     uint64 floor_gen;
+    int nkeys;  // key hashes (claim_frontier.hpp): a superset of the keys blocked below from[]
+    uint64 keys[kFrontierKeys];
 };
 
 struct FrontierTable {
@@ -51,6 +54,25 @@ FrontierSlot* slot_of(int32 handler_id, bool create, TimestampTz stale_before) {
     floor_state_init(&stale->floor);
     stale->floor_gen = floor_gen;
     return stale;
+}
+
+bool has_key(const uint64* keys, int nkeys, uint64 key_hash) {
+    for (int k = 0; k < nkeys; k++)
+        if (keys[k] == key_hash) return true;
+    return false;
+}
+
+// Adds the keys of the passed rows below upto[]; where the set is full the
+// frontier stays at that row, so that scans from it see the row.
+void add_passed(FrontierSlot* s, const FrontierPassed* passed, int npassed, int64 upto[4]) {
+    for (int i = 0; i < npassed; i++) {
+        int p = passed[i].priority;
+        if (passed[i].id >= upto[p] || has_key(s->keys, s->nkeys, passed[i].key_hash)) continue;
+        if (s->nkeys < kFrontierKeys)
+            s->keys[s->nkeys++] = passed[i].key_hash;
+        else
+            upto[p] = passed[i].id;
+    }
 }
 
 void forget_floor(FrontierSlot* s) {
@@ -139,6 +161,8 @@ void frontier_read(int32 handler_id, TimestampTz now, FrontierView* out) {
         if (now < s->valid_until || renewing) {
             out->head = false;
             for (int p = 0; p < 4; p++) out->from[p] = s->from[p];
+            out->nkeys = s->nkeys;
+            for (int k = 0; k < s->nkeys; k++) out->keys[k] = s->keys[k];
         } else {
             s->head_until = TimestampTzPlusMilliseconds(now, kFrontierMs);
         }
@@ -146,17 +170,51 @@ void frontier_read(int32 handler_id, TimestampTz now, FrontierView* out) {
     SpinLockRelease(&table->mutex);
 }
 
-void frontier_advance(int32 handler_id, const FrontierView& view, const int64 upto[4], TimestampTz now) {
+uint64 frontier_key_hash(const char* key) {
+    return hash_bytes_extended(reinterpret_cast<const unsigned char*>(key), static_cast<int>(strlen(key)), 0);
+}
+
+bool frontier_view_has_key(const FrontierView& view, uint64 key_hash) {
+    return has_key(view.keys, view.nkeys, key_hash);
+}
+
+void frontier_advance(int32 handler_id, const FrontierView& view, const int64 upto_in[4],
+                      const FrontierPassed* passed, int npassed, TimestampTz now) {
     if (table == nullptr) return;
     TimestampTz cutoff = TimestampTzPlusMilliseconds(now, -60000);
+    int64 upto[4];
+    for (int p = 0; p < 4; p++) upto[p] = upto_in[p];
     SpinLockAcquire(&table->mutex);
     FrontierSlot* s = slot_of(handler_id, view.head, cutoff);
     if (s != nullptr && s->gen == view.gen) {
         if (view.head) {
+            // This scan read every live row below upto: its keys replace the set.
+            s->nkeys = 0;
+            add_passed(s, passed, npassed, upto);
             for (int p = 0; p < 4; p++) s->from[p] = upto[p];
             s->valid_until = TimestampTzPlusMilliseconds(now, kFrontierMs);
         } else if (s->valid_until != 0) {
+            // A class whose frontier a claim from the head has set below where
+            // this scan started has rows this claim did not see: it stays.
+            for (int p = 0; p < 4; p++)
+                if (s->from[p] < view.from[p]) upto[p] = s->from[p];
+            add_passed(s, passed, npassed, upto);
             for (int p = 0; p < 4; p++) s->from[p] = Max(s->from[p], upto[p]);
+        }
+    }
+    SpinLockRelease(&table->mutex);
+}
+
+void frontier_note_key(int32 handler_id, uint64 key_hash) {
+    if (table == nullptr) return;
+    SpinLockAcquire(&table->mutex);
+    FrontierSlot* s = slot_of(handler_id, false, 0);
+    if (s != nullptr && !has_key(s->keys, s->nkeys, key_hash)) {
+        if (s->nkeys < kFrontierKeys) {
+            s->keys[s->nkeys++] = key_hash;
+        } else {  // no room: the next claim scans from the head and sets a new frontier
+            s->valid_until = 0;
+            s->gen++;
         }
     }
     SpinLockRelease(&table->mutex);
@@ -184,6 +242,7 @@ void frontier_forget(int32 handler_id) {
         if (s->dboid != MyDatabaseId || (handler_id != 0 && s->handler_id != handler_id)) continue;
         s->valid_until = 0;
         s->gen++;
+        s->nkeys = 0;
         forget_floor(s);
     }
     SpinLockRelease(&table->mutex);
