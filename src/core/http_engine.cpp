@@ -443,7 +443,6 @@ void HttpEngine::set_handler_limit(int handler_key, int concurrency) {
   }
 }
 
-void HttpEngine::forget_handler(int handler_key) { limits_.erase(handler_key); }
 
 size_t HttpEngine::in_flight(int handler_key) const {
   auto it = running_.find(handler_key);

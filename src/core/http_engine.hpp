@@ -95,7 +95,6 @@ class HttpEngine {
   // Requests of one handler_key in flight at once; default 16, < 1 means 1.
   // Lowering it below what is in flight only stops new submits.
   void set_handler_limit(int handler_key, int concurrency);
-  void forget_handler(int handler_key);  // drops its limit (back to the default)
   // Below the global cap and the handler's limit.
   bool can_submit(int handler_key) const;
   // Starts a request. False (with *why) if over a cap, the URL is not

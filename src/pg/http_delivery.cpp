@@ -329,7 +329,6 @@ void http_pump() {
     with_pipeline([&] { pipeline->pump(store, now); });
 }
 
-size_t http_queued() { return pipeline ? pipeline->queued() : 0; }
 
 void http_release_queued() {
     if (!pipeline) return;

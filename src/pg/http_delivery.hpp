@@ -33,7 +33,6 @@ void http_drop_staged();  // after an aborted iteration
 // Sends queued requests that have room now; gives back the leases of those
 // queued too long to be sent within their lease.
 void http_pump();
-size_t http_queued();
 // Drops every queued request and gives its lease back (the dispatcher stops).
 void http_release_queued();
 // Moves finished requests out of the engine; returns how many wait for completion.
