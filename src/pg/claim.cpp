@@ -20,7 +20,7 @@
 
 #include "core/claim_planner.hpp"
 #include "pg/boundary.hpp"
-#include "pg/complete.hpp"
+#include "pg/settle.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/claim.hpp"
 #include "pg/claim_floor.hpp"
@@ -439,9 +439,12 @@ static void charge_expired(const ScannedRows& rows, TimestampTz now) {
     for (int i = 0; i < rows.n; i++)
         if (rows.expired[i]) ids[k++] = rows.ids[i];
     if (leases_begin_charge(ids, n, now, marked) == 0) return;
-    Datum error = CStringGetTextDatum("lease expired");
+    Settlement* charged = static_cast<Settlement*>(palloc(sizeof(Settlement) * n));
+    int ncharged = 0;
     for (int i = 0; i < n; i++)
-        if (marked[i]) (void)nack_delivery(ids[i], error, -1, 0, false, true);
+        if (marked[i]) charged[ncharged++] = {ids[i], SettleOutcome::Retry, -1, "lease expired", 0, false, 0};
+    judge_failures(charged, ncharged);
+    (void)settle(charged, ncharged);
 }
 
 struct KeyedRow {

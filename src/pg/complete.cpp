@@ -22,45 +22,18 @@
 #include "pg/pg_includes.hpp"
 #include "pg/recovery_guard.hpp"
 #include "pg/spi_support.hpp"
-#include "pg/complete.hpp"
+#include "pg/settle.hpp"
 #include "pg/worker_state.hpp"
 
 extern "C" {
-#include "common/pg_prng.h"
 PG_FUNCTION_INFO_V1(relay_ack);
 PG_FUNCTION_INFO_V1(relay_nack);
 }
 
 namespace relaybus::pg {
 
-static SavedPlan ack_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1) RETURNING id, handler_id, published_at", 1,
-                             {INT8ARRAYOID}, nullptr, PlanShape::IndexScans};
-
 static SavedPlan exists_plan = {"SELECT id FROM relay.deliveries WHERE id = ANY ($1)", 1, {INT8ARRAYOID}, nullptr,
                                PlanShape::IndexScans};
-
-static SavedPlan attempt_plan = {
-    "SELECT handler_id, attempt FROM relay.deliveries WHERE id = $1", 1, {INT8OID}, nullptr,
-    PlanShape::IndexScans};
-
-static SavedPlan retry_plan = {
-    "UPDATE relay.deliveries SET attempt = attempt + 1, last_error = $2, not_before = $3"
-    " WHERE id = $1",
-    3,
-    {INT8OID, TEXTOID, TIMESTAMPTZOID},
-    nullptr, PlanShape::IndexScans};
-
-static SavedPlan dead_plan = {
-    "WITH d AS (DELETE FROM relay.deliveries WHERE id = $1 RETURNING *)"
-    " INSERT INTO relay.dead_letters (id, event_id, seq, published_at, handler_id, attempts, lane,"
-    "   priority, handler, topic, wire_topic, key, payload, headers, last_error, last_status)"
-    " SELECT d.id, d.event_id, d.seq, d.published_at, d.handler_id, d.attempt + 1, d.lane,"
-    "        d.priority, $2, d.topic, d.wire_topic, d.key, d.payload, d.headers, $3, $4 FROM d",
-    4,
-    {INT8OID, TEXTOID, TEXTOID, INT4OID},
-    nullptr, PlanShape::IndexScans};
-
-static const core::HandlerOptions kDefaultOptions;
 
 static int cmp_int64(const void* a, const void* b) {
     int64 x = *static_cast<const int64*>(a), y = *static_cast<const int64*>(b);
@@ -69,7 +42,8 @@ static int cmp_int64(const void* a, const void* b) {
 
 static bool delivery_exists(int64 id) {
     Datum idd = Int64GetDatum(id);
-    spi_exec_latest(&attempt_plan, &idd, nullptr, true, 1);
+    Datum arg = PointerGetDatum(construct_array(&idd, 1, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+    spi_exec_latest(&exists_plan, &arg, nullptr, true, 1);
     return SPI_processed > 0;
 }
 
@@ -80,7 +54,7 @@ static void report_missing(int64 id) {
                     errhint("If your lease ran out, another consumer may have handled it.")));
 }
 
-// A refused nack: P0002 if the delivery is gone (as nack_delivery says it), else 55P03.
+// A refused nack: P0002 if the delivery is gone, else 55P03.
 static void report_refused_nack(int64 id, LeaseCheck why, bool with_token) {
     if (!delivery_exists(id))
         ereport(ERROR, (errcode(ERRCODE_NO_DATA_FOUND),
@@ -93,47 +67,6 @@ struct AckItem {
     LeaseToken token;
     bool has_token;
 };
-
-const char* nack_delivery(int64 id, Datum error, int64 retry_in_ms, int status, bool force_dead, bool missing_ok) {
-    Datum idd = Int64GetDatum(id);
-    spi_exec_latest(&attempt_plan, &idd, nullptr, true, 1);
-    if (SPI_processed == 0 && missing_ok) return "gone";
-    if (SPI_processed == 0)
-        ereport(ERROR, (errcode(ERRCODE_NO_DATA_FOUND),
-                        errmsg("delivery %lld does not exist", static_cast<long long>(id))));
-    bool isnull = false;
-    int32 handler_id = DatumGetInt32(spi_col(0, 1, &isnull));
-    int32 attempt = DatumGetInt32(spi_col(0, 2, &isnull));
-
-    // Plain copies: no C++ object with a destructor may live across PostgreSQL calls.
-    const HandlerEntry* h = catalog_handler_by_id(handler_id);
-    const core::HandlerOptions& opts = h != nullptr ? h->options : kDefaultOptions;
-    int attempts_now = attempt + 1;
-    // The same rule as the sidecar's (core/webhook_delivery): a POD result.
-    core::FailureDecision decision = core::decide_failure(opts, force_dead, attempts_now, retry_in_ms,
-                                                          pg_prng_uint64(&pg_global_prng_state));
-    const char* outcome;
-    if (decision.dead) {
-        Datum values[4] = {idd, CStringGetTextDatum(h != nullptr ? h->name : "?"), error, Int32GetDatum(status)};
-        char nulls[5] = "    ";
-        if (status == 0) nulls[3] = 'n';
-        if (error == (Datum)0) nulls[2] = 'n';
-        spi_exec_latest(&dead_plan, values, nulls, false, 0);
-        outcome = "dead";
-    } else {
-        TimestampTz when = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), decision.retry_in_ms);
-        Datum values[3] = {idd, error, TimestampTzGetDatum(when)};
-        char nulls[4] = "   ";
-        if (error == (Datum)0) nulls[1] = 'n';
-        spi_exec_latest(&retry_plan, values, nulls, false, 0);
-        outcome = "retry";
-    }
-    // A retry is claimable again (from its not_before) below where claims start.
-    if (outcome[0] == 'r') frontier_lower(handler_id, id);
-    count_retried(MyDatabaseId, handler_id, outcome[0] == 'd');
-    if (outcome[0] == 'd') count_pending_at_commit(handler_id, -1);
-    return outcome;
-}
 
 }  // namespace relaybus::pg
 
@@ -205,29 +138,14 @@ RELAYBUS_SQL_FUNCTION(relay_ack) {
     for (int i = 0; i < n; i++)
         if (unique == 0 || ids[unique - 1] != ids[i]) ids[unique++] = ids[i];
 
-    Datum* id_datums = static_cast<Datum*>(palloc(sizeof(Datum) * unique));
-    for (int i = 0; i < unique; i++) id_datums[i] = Int64GetDatum(ids[i]);
-    Datum arg = PointerGetDatum(construct_array(id_datums, unique, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-    spi_exec_latest(&ack_plan, &arg, nullptr, false, 0);
-    int deleted = static_cast<int>(SPI_processed);
-    if (deleted != unique) {
-        int64* done = static_cast<int64*>(palloc(sizeof(int64) * (deleted + 1)));
-        for (int i = 0; i < deleted; i++) done[i] = spi_int64(i, 1);
-        qsort(done, deleted, sizeof(int64), cmp_int64);
-        for (int i = 0; i < unique; i++)
-            if (bsearch(&ids[i], done, deleted, sizeof(int64), cmp_int64) == nullptr) report_missing(ids[i]);
-    }
-    int32* handlers = static_cast<int32*>(palloc(sizeof(int32) * (deleted + 1)));
-    int64* latency = static_cast<int64*>(palloc(sizeof(int64) * (deleted + 1)));
-    TimestampTz now = GetCurrentTimestamp();
+    Settlement* done = static_cast<Settlement*>(palloc0(sizeof(Settlement) * unique));
+    for (int i = 0; i < unique; i++) done[i] = {ids[i], SettleOutcome::Delivered, 0, nullptr, 0, false, 0};
+    int deleted = settle(done, unique);
     bool wake = false;
-    for (int i = 0; i < deleted; i++) {
-        bool isnull = false;
-        handlers[i] = DatumGetInt32(spi_col(i, 2, &isnull));
-        latency[i] = now - DatumGetTimestampTz(spi_col(i, 3, &isnull));
-        count_pending_at_commit(handlers[i], -1);
+    for (int i = 0; i < unique; i++) {
+        if (!done[i].settled) report_missing(done[i].id);
         if (!wake) {
-            const HandlerEntry* h = catalog_handler_by_id(handlers[i]);
+            const HandlerEntry* h = catalog_handler_by_id(done[i].handler_id);
             wake = h != nullptr && h->kind == core::HandlerKind::Notify;
         }
     }
@@ -236,7 +154,6 @@ RELAYBUS_SQL_FUNCTION(relay_ack) {
     // at once, not at the next poll.
     if (wake) wake_dispatchers_at_commit();
     spi_end(&scope);
-    count_delivered(MyDatabaseId, handlers, latency, deleted);
     PG_RETURN_INT32(deleted);
 }
 
@@ -245,7 +162,7 @@ RELAYBUS_SQL_FUNCTION(relay_nack) {
     if (PG_ARGISNULL(0))
         ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("id must not be NULL")));
     int64 id = PG_GETARG_INT64(0);
-    Datum error = PG_ARGISNULL(1) ? (Datum)0 : PG_GETARG_DATUM(1);
+    const char* error_text = PG_ARGISNULL(1) ? nullptr : text_to_cstring(PG_GETARG_TEXT_PP(1));
     int64 retry_in_ms = -1;
     if (!PG_ARGISNULL(2)) {
         retry_in_ms = interval_to_ms(PG_GETARG_INTERVAL_P(2));
@@ -265,7 +182,12 @@ RELAYBUS_SQL_FUNCTION(relay_nack) {
     LeaseCheck check;
     if (leases_begin_completion(&id, &token, &with_token, 1, GetCurrentTimestamp(), &check) != 1)
         report_refused_nack(id, check, with_token);
-    const char* outcome = nack_delivery(id, error, retry_in_ms, 0, false, false);
+    Settlement failed = {id, SettleOutcome::Retry, retry_in_ms, error_text, 0, false, 0};
+    judge_failures(&failed, 1);
+    if (settle(&failed, 1) == 0)
+        ereport(ERROR, (errcode(ERRCODE_NO_DATA_FOUND),
+                        errmsg("delivery %lld does not exist", static_cast<long long>(id))));
+    const char* outcome = failed.outcome == SettleOutcome::Dead ? "dead" : "retry";
     spi_end(&scope);
     PG_RETURN_TEXT_P(cstring_to_text(outcome));
 }

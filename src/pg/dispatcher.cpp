@@ -27,7 +27,7 @@
 #include "pg/claim.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/dedupe.hpp"
-#include "pg/complete.hpp"
+#include "pg/settle.hpp"
 #include "pg/http_delivery.hpp"
 #include "pg/leases.hpp"
 #include "pg/notify_payload.hpp"
@@ -94,10 +94,6 @@ static void note_next_ready(const ClaimResult* res) {
     if (res->next_ready_ms > 0 && (next_ready_ms == 0 || res->next_ready_ms < next_ready_ms))
         next_ready_ms = res->next_ready_ms;
 }
-static MemoryContext loop_cxt = nullptr;  // reset after every loop
-
-static SavedPlan complete_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1)", 1,
-                                  {INT8ARRAYOID}, nullptr, PlanShape::IndexScans};
 
 static void remember_inflight(int64 id, const LeaseToken& token) {
     if (ninflight == inflight_cap) {
@@ -234,8 +230,7 @@ static char* reference_payload(int row) {
 }
 
 // Hands one batch of a notify handler's deliveries over; returns how many.
-static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int32* delivered_handler,
-                           int* ndelivered) {
+static int dispatch_notify(const HandlerEntry* h) {
     bool ack = h->options.ack;
     ClaimRequest req = {};
     req.handler_id = h->id;
@@ -259,8 +254,7 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
     // All of them at once: an error while sending must give every lease back.
     for (int i = 0; i < res.n; i++) remember_inflight(spi_int64(res.rows[i], 1), res.tokens[i]);
 
-    TimestampTz now = GetCurrentTimestamp();
-    Datum* done = static_cast<Datum*>(palloc(sizeof(Datum) * res.n));
+    Settlement* done = static_cast<Settlement*>(palloc(sizeof(Settlement) * res.n));
     int64* done_ids = static_cast<int64*>(palloc(sizeof(int64) * res.n));
     LeaseToken* done_tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * res.n));
     int ndone = 0;
@@ -298,12 +292,7 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
         if (!ack && !by_reference) {
             done_ids[ndone] = id;
             done_tokens[ndone] = res.tokens[i];
-            done[ndone++] = Int64GetDatum(id);
-            bool isnull = false;
-            TimestampTz published = DatumGetTimestampTz(spi_col(row, 10, &isnull));
-            delivered_latency[*ndelivered] = now - published;
-            delivered_handler[*ndelivered] = h->id;
-            (*ndelivered)++;
+            done[ndone++] = {id, SettleOutcome::Delivered, 0, nullptr, 0, false, 0};
         }
     }
     leases_release(unsent, unsent_tokens, nunsent);
@@ -315,8 +304,7 @@ static int dispatch_notify(const HandlerEntry* h, int64* delivered_latency, int3
         if (leases_begin_completion(done_ids, done_tokens, nullptr, ndone, GetCurrentTimestamp(), checks) != ndone)
             ereport(ERROR, (errcode(ERRCODE_LOCK_NOT_AVAILABLE),
                             errmsg("relaybus dispatcher lost the lease of a delivery during a batch; not completing it")));
-        Datum arg = PointerGetDatum(construct_array(done, ndone, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-        spi_exec(&complete_plan, &arg, nullptr, false, 0);
+        (void)settle(done, ndone);
     }
     return res.n - nunsent;
 }
@@ -372,7 +360,7 @@ static bool iterate() {
     // The handlers served here (a paused one waits): notify ones first, then http and kafka.
     int nh = catalog_handler_count();
     int32* ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
-    int nserved = 0, nnotify = 0;
+    int nserved = 0;
     // kafka handlers go with the http ones: the same pipeline sends both.
     int nkafka = 0;
     int32* kafka_ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
@@ -385,15 +373,9 @@ static bool iterate() {
             if (pass == 0 ? notify : callout) ids[nserved++] = h->id;
             if (pass == 1 && h->kind == core::HandlerKind::Kafka) kafka_ids[nkafka++] = h->id;
         }
-        if (pass == 0) nnotify = nserved;
     }
     http_retain_kafka(kafka_ids, nkafka);
     bool isolating = isolation_left > 0;
-    int cap = (isolating ? 1 : guc_batch_size) * (nnotify + 1);
-    // Read after commit, so not in the transaction's memory.
-    int64* latency = static_cast<int64*>(MemoryContextAlloc(loop_cxt, sizeof(int64) * cap));
-    int32* handler_of = static_cast<int32*>(MemoryContextAlloc(loop_cxt, sizeof(int32) * cap));
-    int ndelivered = 0;
     int handed = 0;
     if (nserved > 0 && my_nlanes > 0) {
         SpiScope scope;
@@ -406,7 +388,7 @@ static bool iterate() {
             const HandlerEntry* h = catalog_handler_by_id(ids[i]);
             if (h == nullptr) continue;
             if (h->kind == core::HandlerKind::Notify) {
-                int n = dispatch_notify(h, latency, handler_of, &ndelivered);
+                int n = dispatch_notify(h);
                 handed += n;
                 if (n >= guc_batch_size) busy = true;
                 continue;
@@ -446,7 +428,6 @@ static bool iterate() {
     if (pg_atomic_read_u32(&workers->slots[my_slot].wakes) != wakes_seen) SetLatch(MyLatch);
     http_send_staged();  // only now, with no transaction open
 
-    count_delivered(MyDatabaseId, handler_of, latency, ndelivered);
     LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     workers->slots[my_slot].delivered += handed;
     LWLockRelease(workers->lock);
@@ -469,8 +450,13 @@ static void nack_poison(MemoryContext cxt, int64 id, const LeaseToken& token, co
         spi_begin(&scope);
         LeaseCheck check;
         const char* outcome = "lost its lease, not nacked";
-        if (leases_begin_completion(&id, &token, nullptr, 1, GetCurrentTimestamp(), &check) == 1)
-            outcome = nack_delivery(id, CStringGetTextDatum(message), -1, 0, false, true);
+        if (leases_begin_completion(&id, &token, nullptr, 1, GetCurrentTimestamp(), &check) == 1) {
+            Settlement failed = {id, SettleOutcome::Retry, -1, message, 0, false, 0};
+            judge_failures(&failed, 1);
+            outcome = settle(&failed, 1) == 0 ? "gone"
+                      : failed.outcome == SettleOutcome::Dead ? "dead"
+                                                              : "retry";
+        }
         spi_end(&scope);
         worker_xact_commit();
         ereport(LOG, (errmsg("relaybus dispatcher: delivery %lld failed alone (%s); %s",
@@ -577,7 +563,6 @@ extern "C" void relay_dispatcher_main(Datum) {
     pgstat_report_appname("relaybus dispatcher");
 
     MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "relaybus dispatcher", ALLOCSET_DEFAULT_SIZES);
-    loop_cxt = cxt;
     worker_xact_set_loop_context(cxt);
     pin_session_settings();
     (void)request_time_slice(guc_dispatcher_time_slice_us);

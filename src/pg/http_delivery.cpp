@@ -14,7 +14,7 @@
 #include "core/routing_sink.hpp"
 #include "pg/boundary.hpp"
 #include "pg/pg_compat.hpp"
-#include "pg/complete.hpp"
+#include "pg/settle.hpp"
 #include "pg/leases.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi_support.hpp"
@@ -51,61 +51,47 @@ std::vector<Staged> staged;
 
 static_assert(sizeof(LeaseToken) == sizeof(core::Receipt), "a receipt carries a lease token");
 
-SavedPlan delete_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1)", 1, {INT8ARRAYOID}, nullptr,
-                         PlanShape::IndexScans};
-
 int64 now_ms() { return timestamptz_to_epoch_ms(GetCurrentTimestamp()); }
 
 const char* allowlist_setting() { return guc_http_allowlist != nullptr ? guc_http_allowlist : ""; }
 
-// Plain glue (no C++ object lives here): completes a batch in a transaction
-// of its own. Each completion is a compare-and-release on its lease token:
-// a dispatcher that lost the lease meanwhile (stalled past it while another
-// took over) completes nothing.
+// Plain glue (no C++ object lives here): settles a batch in a transaction of
+// its own, as the pipeline decided each one. Each is a compare-and-mark on its
+// lease token: a dispatcher that lost the lease meanwhile (stalled past it
+// while another took over) settles nothing.
 void complete_in_xact(const core::Completion* c, int n) {
     TimestampTz now = GetCurrentTimestamp();
     int64 nowms = timestamptz_to_epoch_ms(now);
     int64* ids = static_cast<int64*>(palloc(sizeof(int64) * n));
     LeaseToken* tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * n));
     LeaseCheck* checks = static_cast<LeaseCheck*>(palloc(sizeof(LeaseCheck) * n));
-    Datum* done = static_cast<Datum*>(palloc(sizeof(Datum) * n));
-    int32* done_handler = static_cast<int32*>(palloc(sizeof(int32) * n));
-    int64* done_latency = static_cast<int64*>(palloc(sizeof(int64) * n));
+    Settlement* held = static_cast<Settlement*>(palloc(sizeof(Settlement) * n));
     for (int i = 0; i < n; i++) {
         ids[i] = c[i].id;
         memcpy(&tokens[i], &c[i].receipt, sizeof(LeaseToken));
     }
-    int ndone = 0;
-    int lost = 0;
+    int nheld = 0;
     bool kafka_key_freed = false;
     worker_xact_begin();
     SpiScope scope;
     spi_begin(&scope);
     (void)leases_begin_completion(ids, tokens, nullptr, n, now, checks);
     for (int i = 0; i < n; i++) {
-        if (checks[i] != LeaseCheck::Held) {
-            lost++;  // the lease expired or another holder has it: complete nothing
-        } else if (c[i].outcome == core::CompletionOutcome::Delivered) {
-            done[ndone] = Int64GetDatum(c[i].id);
-            done_handler[ndone] = c[i].handler_key;
-            done_latency[ndone++] = c[i].published != 0 ? now - c[i].published : 0;
-        } else {
-            bool dead = c[i].outcome == core::CompletionOutcome::Dead;
-            (void)nack_delivery(c[i].id, CStringGetTextDatum(c[i].error.c_str()), dead ? -1 : c[i].retry_in_ms,
-                                c[i].status, dead, true);
-        }
-        int64 open_until = c[i].breaker_open_until_ms;
         const HandlerEntry* h = catalog_handler_by_id(c[i].handler_key);
         bool kafka = h != nullptr && h->kind == core::HandlerKind::Kafka;
-        if (kafka && checks[i] == LeaseCheck::Held && c[i].outcome != core::CompletionOutcome::Retry)
-            kafka_key_freed = true;
+        int64 open_until = c[i].breaker_open_until_ms;
         count_http(MyDatabaseId, c[i].handler_key, kafka ? -1 : c[i].status,
                    open_until != 0 ? TimestampTzPlusMilliseconds(now, open_until - nowms) : 0);
+        if (checks[i] != LeaseCheck::Held) continue;  // the lease expired or another holder has it
+        SettleOutcome outcome = c[i].outcome == core::CompletionOutcome::Delivered ? SettleOutcome::Delivered
+                                : c[i].outcome == core::CompletionOutcome::Dead    ? SettleOutcome::Dead
+                                                                                   : SettleOutcome::Retry;
+        if (kafka && outcome != SettleOutcome::Retry) kafka_key_freed = true;
+        held[nheld++] = {c[i].id, outcome, c[i].retry_in_ms,
+                         outcome == SettleOutcome::Delivered ? nullptr : pstrdup(c[i].error.c_str()), c[i].status,
+                         false, 0};
     }
-    if (ndone > 0) {
-        Datum arg = PointerGetDatum(construct_array(done, ndone, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-        spi_exec(&delete_plan, &arg, nullptr, false, 0);
-    }
+    (void)settle(held, nheld);
     spi_end(&scope);
     // A kafka delivery that ended frees its key: the key's next message goes
     // to the same partition right after. Were this commit forgotten by a
@@ -116,9 +102,8 @@ void complete_in_xact(const core::Completion* c, int n) {
         (void)set_config_option("synchronous_commit", "local", PGC_SUSET, PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0,
                                 false);
     worker_xact_commit();
-    count_delivered(MyDatabaseId, done_handler, done_latency, ndone);
-    if (lost > 0)
-        ereport(LOG, (errmsg("relaybus dispatcher: %d http result(s) not completed: their leases were lost", lost),
+    if (nheld < n)
+        ereport(LOG, (errmsg("relaybus dispatcher: %d http result(s) not completed: their leases were lost", n - nheld),
                       errdetail("The request outlived its lease (this worker stalled, or the lease ran out); "
                                 "the delivery's next holder completes it.")));
 }

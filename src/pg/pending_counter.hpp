@@ -1,8 +1,7 @@
 // The pending count per handler (relay.handler_metrics.pending) without a
 // count(*) per scrape: counted once under a lock that excludes every writer of
 // relay.deliveries, then kept by the writers (worker_state.cpp): publishes add
-// at commit, acks and dead letters subtract at commit, a dispatcher's
-// completions subtract after its commit unless a recount ran since.
+// at commit, every settled delivery (settle.hpp) subtracts at commit.
 #pragma once
 
 #include "pg/pg_includes.hpp"

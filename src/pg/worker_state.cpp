@@ -148,41 +148,64 @@ void rescan_dispatchers_at_commit() { rescan_pending = true; }
 void rescan_dispatchers(Oid dboid) { signal_dispatchers(dboid, true); }
 
 // What this transaction's publishes and completions change per (handler,
-// nesting level): published deliveries and the pending count. Kept in a fixed
-// array (no allocation in a callback); a full array merges into the handler's
-// first entry (its level then may be lower: a rolled-back savepoint's changes
-// may count).
+// nesting level): published and delivered deliveries (with their latencies)
+// and the pending count. Kept in a fixed array (no allocation in a callback);
+// a full array merges into the handler's first entry (its level then may be
+// lower: a rolled-back savepoint's changes may count).
 struct CountNote {
     int32 handler_id;
     int nest_level;
     int64 published;
     int64 pending;
+    uint32 delivered;
+    uint64 latency_sum_us;
+    uint32 latency[kLatencyBuckets];
 };
 constexpr int kMaxCountNotes = 64;
 static CountNote count_notes[kMaxCountNotes];
 static int ncount_notes = 0;
 
-static void note_at_commit(int32 handler_id, int64 published, int64 pending) {
+static CountNote* note_of(int32 handler_id) {
     int level = GetCurrentTransactionNestLevel();
     int same_handler = -1;
     for (int i = 0; i < ncount_notes; i++) {
         CountNote& p = count_notes[i];
         if (p.handler_id != handler_id) continue;
-        if (p.nest_level == level) {
-            p.published += published;
-            p.pending += pending;
-            return;
-        }
+        if (p.nest_level == level) return &p;
         if (same_handler < 0) same_handler = i;
     }
     if (ncount_notes < kMaxCountNotes) {
-        count_notes[ncount_notes++] = {handler_id, level, published, pending};
-    } else if (same_handler >= 0) {
-        count_notes[same_handler].published += published;
-        count_notes[same_handler].pending += pending;
+        CountNote* p = &count_notes[ncount_notes++];
+        memset(p, 0, sizeof(*p));
+        p->handler_id = handler_id;
+        p->nest_level = level;
+        return p;
     }
-    // else: 64 other handlers in one transaction; this change goes uncounted
+    // 64 other handlers in one transaction: merged, or uncounted
     // (relay._recount_pending() puts the pending count right).
+    return same_handler >= 0 ? &count_notes[same_handler] : nullptr;
+}
+
+static void note_at_commit(int32 handler_id, int64 published, int64 pending) {
+    CountNote* p = note_of(handler_id);
+    if (p == nullptr) return;
+    p->published += published;
+    p->pending += pending;
+}
+
+static int latency_bucket(int64 latency_us) {
+    int b = 0;
+    while (b < kLatencyBuckets - 1 && latency_us >= (int64{1} << b)) b++;
+    return b;
+}
+
+void count_delivered_at_commit(int32 handler_id, int64 latency_us) {
+    CountNote* p = note_of(handler_id);
+    if (p == nullptr) return;
+    p->pending--;
+    p->delivered++;
+    p->latency_sum_us += static_cast<uint64>(Max(latency_us, int64{0}));
+    p->latency[latency_bucket(latency_us)]++;
 }
 
 void count_published_at_commit(int32 handler_id, int n) { note_at_commit(handler_id, n, n); }
@@ -201,8 +224,8 @@ void published_at_subxact_end(bool commit, int nest_level) {
     ncount_notes = kept;
 }
 
-// The pending counts of a database: its entry with handler id 0 holds their
-// generation (bumped by every recount) and the extension they count for.
+// The pending counts of a database: its entry with handler id 0 holds the
+// extension they count for.
 static HandlerCounters* pending_meta_of(Oid dboid, bool create) {
     uint32 h = (static_cast<uint32>(dboid) * 2654435761u);
     for (int probe = 0; probe < kMaxHandlerStats; probe++) {
@@ -213,24 +236,22 @@ static HandlerCounters* pending_meta_of(Oid dboid, bool create) {
     return nullptr;
 }
 
-// A dispatcher's completions are counted after its transaction committed
-// (count_delivered outside a transaction): the pending counts then apply
-// only if no recount ran since that commit (the recount saw them gone).
-static uint64 generation_at_commit = 0;
-
+// Under the commit's locks still: a recount (which waits for every writer of
+// relay.deliveries) sees these rows and these counts together.
 static void apply_at_commit() {
-    bool worker = relaybus_am_background_worker() && OidIsValid(MyDatabaseId);
-    if (workers == nullptr || (ncount_notes == 0 && !worker)) return;
-    LWLockAcquire(workers->lock, ncount_notes > 0 ? LW_EXCLUSIVE : LW_SHARED);
+    if (workers == nullptr || ncount_notes == 0) return;
+    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
     for (int i = 0; i < ncount_notes; i++) {
-        HandlerCounters* c = counters_of(MyDatabaseId, count_notes[i].handler_id);
+        const CountNote& n = count_notes[i];
+        HandlerCounters* c = counters_of(MyDatabaseId, n.handler_id);
         if (c == nullptr) continue;
-        c->published += static_cast<uint64>(count_notes[i].published);
-        c->pending += count_notes[i].pending;
-    }
-    if (worker) {
-        HandlerCounters* meta = pending_meta_of(MyDatabaseId, false);
-        generation_at_commit = meta != nullptr ? meta->generation : 0;
+        c->published += static_cast<uint64>(n.published);
+        c->pending += n.pending;
+        if (n.delivered == 0) continue;
+        c->delivered += n.delivered;
+        c->latency_sum_us += n.latency_sum_us;
+        for (int b = 0; b < kLatencyBuckets; b++) c->latency[b] += n.latency[b];
+        c->failing = false;
     }
     LWLockRelease(workers->lock);
 }
@@ -256,7 +277,6 @@ void set_pending_counts(Oid dboid, Oid extension, const int32* handler_ids, cons
             HandlerCounters* c = counters_of(dboid, handler_ids[i]);
             if (c != nullptr) c->pending = counts[i];
         }
-        meta->generation++;
         meta->counted_for = extension;
     }
     LWLockRelease(workers->lock);
@@ -277,29 +297,6 @@ bool pending_counted_for(Oid dboid, Oid extension) {
     bool counted = meta != nullptr && meta->counted_for == extension;
     LWLockRelease(workers->lock);
     return counted;
-}
-
-void count_delivered(Oid dboid, const int32* handler_ids, const int64* latency_us, int n) {
-    if (workers == nullptr || n == 0) return;
-    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
-    // Outside a transaction: a dispatcher's deliveries, deleted by the
-    // transaction it committed just before (inside one, relay_ack counts
-    // them at commit: count_pending_at_commit).
-    HandlerCounters* meta = IsTransactionState() ? nullptr : pending_meta_of(dboid, false);
-    bool after_commit = meta != nullptr && meta->generation == generation_at_commit;
-    HandlerCounters* c = nullptr;
-    for (int i = 0; i < n; i++) {
-        if (c == nullptr || c->handler_id != handler_ids[i]) c = counters_of(dboid, handler_ids[i]);
-        if (c == nullptr) continue;
-        c->delivered++;
-        c->latency_sum_us += static_cast<uint64>(Max(latency_us[i], int64{0}));
-        c->failing = false;
-        if (after_commit) c->pending--;
-        int b = 0;
-        while (b < kLatencyBuckets - 1 && latency_us[i] >= (int64{1} << b)) b++;
-        c->latency[b]++;
-    }
-    LWLockRelease(workers->lock);
 }
 
 void count_retried(Oid dboid, int32 handler_id, bool dead) {

@@ -72,7 +72,6 @@ struct HandlerCounters {
     TimestampTz breaker_until;  // http: calls suspended until then (circuit breaker), 0 = closed
     uint64 published;        // deliveries created for it by committed publishes
     int64 pending;           // its rows in relay.deliveries (pending_counter.cpp)
-    uint64 generation;       // handler id 0 (a database's pending counts): bumped by every recount
     Oid counted_for;         // handler id 0: the relaybus extension oid the counts are of
     uint64 latency_sum_us;   // of the `delivered` ones (a histogram's _sum)
     // Operator log lines (handler_alerts.cpp), rate limited per kind.
@@ -138,7 +137,6 @@ void rescan_dispatchers(Oid dboid);
 void workers_at_xact_end(bool commit);
 
 // Delivery counters of the workers, for relay.handler_stats.
-void count_delivered(Oid dboid, const int32* handler_ids, const int64* latency_us, int n);
 void count_retried(Oid dboid, int32 handler_id, bool dead);
 // status < 0: not an HTTP result (a kafka handler's): only the breaker is recorded.
 void count_http(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until);
@@ -151,6 +149,9 @@ void published_at_subxact_end(bool commit, int nest_level);
 // Deliveries of handler_id this transaction removed (< 0) or put back (> 0):
 // applied to its pending count when the transaction commits.
 void count_pending_at_commit(int32 handler_id, int64 delta);
+// A delivery of handler_id this transaction deleted as delivered, latency_us
+// after its publish: counted (delivered, latency, pending) when it commits.
+void count_delivered_at_commit(int32 handler_id, int64 latency_us);
 // The pending counts of a database, as counted under a lock that excluded
 // every writer of relay.deliveries (pending_counter.cpp); others become 0.
 void set_pending_counts(Oid dboid, Oid extension, const int32* handler_ids, const int64* counts, int n);

@@ -523,8 +523,72 @@ stop_instance $P1
 control /batch '[]'
 }
 
+# The same scenarios as settle_rules.sh runs against PostgreSQL, with the same
+# outcomes: a webhook attempt is judged by the options it was sent with; a
+# nack and an expired lease by the options when they happen. The sidecar reads
+# the handler catalog once per lease tick (lease/3: 1 s here), so after an
+# alter the pull scenarios wait two ticks before they act.
+test_settle_rules() {
+log "settle rules: max_attempts lowered while an attempt is out"
+local DB=t_settle TOKEN=tok-0123456789abcdef
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create lowered http "$HOOK/lowered" \
+    --options '{"max_attempts":5,"backoff_base":"100ms","backoff_max":"200ms","timeout":"10s"}' --database $DB >/dev/null
+"$BIN" handler create pulled pull --options '{"max_attempts":5}' --database $DB >/dev/null
+"$BIN" route 'sr.http' lowered --database $DB
+"$BIN" route 'sr.pull' pulled --database $DB
+control /lowered '[{"status": 500, "delay": 3}, {"status": 500}]'
+"$BIN" publish sr.http '{"n":1}' --key k --database $DB >/dev/null
+"$BIN" publish sr.pull '{"n":2}' --key k --database $DB >/dev/null
+"$BIN" publish sr.pull '{"n":3}' --key k3 --database $DB >/dev/null
+"$BIN" sequence --database $DB >/dev/null
+start_instance settle $DB --api-token $TOKEN
+local P1=$IPID
+wait_until 15 has_requests /lowered 1 || fail "(1) attempt 1 never reached the receiver"
+"$BIN" handler alter lowered --options '{"max_attempts":1}' --database $DB >/dev/null
+dead_letter() { $PYM -c "
+import pymongo
+db=pymongo.MongoClient('$URI')['$DB']
+for d in db.relay_dead_letters.find({'handler': '$1'}, sort=[('_id', 1)]):
+    print(f\"{d['attempts']}|{d.get('last_error')}|{d.get('last_status', '')}\")"; }
+has_dead_letter() { [[ -n "$(dead_letter "$1")" ]]; }
+wait_until 30 has_dead_letter lowered || fail "(1) no dead letter"
+check_eq "(1) two attempts: the first judged with max_attempts 5 (retry), the second with 1 (dead)" "2|HTTP 500|500" \
+    "$(dead_letter lowered)"
+check_eq "(1) the receiver saw both attempts" 2 "$(count_path /lowered)"
+
+wait_until 15 has_metrics_addr settle || fail "no metrics address"
+local base="http://$(metrics_addr settle)/v1/handlers/pulled"
+api() {
+    curl -s -o "$TMP/api.body" -w '%{http_code}' -X POST -H "Authorization: Bearer $TOKEN" \
+        -H 'Content-Type: application/json' --data "$2" "$base/$1"
+    printf ' %s' "$(cat "$TMP/api.body")"
+}
+local out id lease
+out=$(api claim '{"max":1}')
+read -r id lease <<<"$($PY -c 'import json,sys; d=json.loads(sys.argv[1].split(" ",1)[1])["deliveries"][0]; print(d["id"], d["lease"])' "$out")"
+"$BIN" handler alter pulled --options '{"max_attempts":1}' --database $DB >/dev/null
+sleep 2
+check_rc "(2) a nack after max_attempts was lowered to 1: dead" 0 '^200 .*"dead":true' \
+    api nack "{\"id\":$id,\"lease\":\"$lease\",\"error\":\"boom\"}"
+check_eq "(2) the dead letter: one attempt, the nack's error" "1|boom|" "$(dead_letter pulled)"
+
+"$BIN" handler alter pulled --options '{"max_attempts":5}' --database $DB >/dev/null
+sleep 2
+out=$(api claim '{"max":1,"lease":"3s"}')
+check_rc "(3) claimed with a 3 s lease" 0 '"n":3' echo "$out"
+"$BIN" handler alter pulled --options '{"max_attempts":1}' --database $DB >/dev/null
+two_dead() { (($(dead_letter pulled | wc -l) == 2)); }
+wait_until 15 two_dead || fail "(3) the expired delivery was not dead-lettered"
+check_eq "(3) the expired lease was charged with max_attempts 1: one attempt, 'lease expired'" "1|lease expired|" \
+    "$(dead_letter pulled | tail -1)"
+check_eq "(3) nothing left to claim" '200 {"deliveries":[]}' "$(api claim '{}')"
+stop_instance $P1
+control /lowered '[]'
+}
+
 # MONGO_PARITY_ONLY=pattern runs only the test_* functions whose name matches.
-for t in test_handlers test_server_wait test_pull test_priorities test_slow_store test_metrics_slow_store test_http_during_slow_store test_renewal_during_slow_store test_batch_stats; do
+for t in test_handlers test_server_wait test_pull test_priorities test_slow_store test_metrics_slow_store test_http_during_slow_store test_renewal_during_slow_store test_batch_stats test_settle_rules; do
     [[ -z "${MONGO_PARITY_ONLY:-}" || "$t" == *${MONGO_PARITY_ONLY}* ]] && "$t"
 done
 log "done"

@@ -13,7 +13,8 @@
 #     empty table; then 20,000 deliveries arrive without ANALYZE, and
 #     auto_explain (notices to this session) shows the plans each statement
 #     runs: relay_claim's scan, key heads and fetch, relay_ack's DELETE and
-#     existence check, relay_nack's retry and dead-letter, relay_extend.
+#     existence check, relay_nack's judgement, retry and dead letter (settle),
+#     relay_extend.
 # (b) A dispatcher (notify, fire mode) idles on the vacuumed empty table, then
 #     drains a 20,000-row burst: pg_stat_statements shows its claim scan reads
 #     fewer blocks per call than the table has pages (a sequential scan per
@@ -96,8 +97,8 @@ plans=$TMP/session.err
 # Every statement of the claim and completion paths ran and was explained.
 for stmt in "FROM relay.deliveries WHERE handler_id = \$1 AND priority" "WITH RECURSIVE k(key)" "WITH d AS MATERIALIZED" \
         "DELETE FROM relay.deliveries WHERE id = ANY" "SELECT id FROM relay.deliveries WHERE id = ANY" \
-        "SELECT handler_id, attempt FROM relay.deliveries WHERE id" "UPDATE relay.deliveries SET attempt" \
-        "WITH d AS (DELETE FROM relay.deliveries WHERE id = \$1" "SELECT handler_id FROM relay.deliveries WHERE id"; do
+        "SELECT id, handler_id, attempt FROM relay.deliveries WHERE id = ANY" "UPDATE relay.deliveries d SET attempt" \
+        "WITH u AS (SELECT * FROM unnest" "SELECT handler_id FROM relay.deliveries WHERE id"; do
     check "(a) explained: $stmt" grep -qF "$stmt" "$plans"
 done
 check "(a) no sequential scan of relay.deliveries" bash -c "! grep -E 'Seq Scan on deliveries' '$plans'"
