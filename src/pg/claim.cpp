@@ -123,6 +123,10 @@ static SavedPlan heads_of_keys_plan = {HEADS_OF_KEYS, 3, {INT4OID, TEXTARRAYOID,
     "       (d.not_before <= $3 AND (d.key IS NULL OR d.key IN (SELECT w.key FROM whole w))) AS valid"
 #define FETCH_FROM " FROM d"
 
+// The fetch's columns (1-based): id, event_id, topic, key, seq, payload,
+// headers, attempt, priority, published_at, then valid.
+constexpr int kFetchColumns = 10;
+
 static SavedPlan fetch_plan = {FETCH_COLUMNS FETCH_FROM, 3, {INT8ARRAYOID, INT4OID, TIMESTAMPTZOID}, nullptr,
                                PlanShape::IndexScans};
 
@@ -531,13 +535,34 @@ static void window_bounds(const ScannedRows& rows, int64 first[4], int64 highest
     }
 }
 
+// Row `row` of the fetch, read out of SPI_tuptable (text copied, jsonb
+// detoasted where it must be).
+static void read_claimed(int row, ClaimedRow* out) {
+    bool isnull = false;
+    out->id = spi_int64(row, 1);
+    out->event_id = spi_int64(row, 2);
+    Datum d = spi_col(row, 3, &isnull);
+    out->topic = isnull ? pstrdup("") : TextDatumGetCString(d);
+    d = spi_col(row, 4, &isnull);
+    out->key = isnull ? nullptr : TextDatumGetCString(d);
+    d = spi_col(row, 5, &isnull);
+    out->has_seq = !isnull;
+    out->seq = isnull ? 0 : DatumGetInt64(d);
+    d = spi_col(row, 6, &isnull);
+    out->payload = isnull ? nullptr : DatumGetJsonbP(d);
+    d = spi_col(row, 7, &isnull);
+    out->headers = isnull ? nullptr : DatumGetJsonbP(d);
+    out->attempt = DatumGetInt32(spi_col(row, 8, &isnull));
+    out->priority = DatumGetInt32(spi_col(row, 9, &isnull));
+    out->published_at = DatumGetTimestampTz(spi_col(row, 10, &isnull));
+}
+
 void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
     TimestampTz now = GetCurrentTimestamp();
     int64 now_ms = timestamptz_to_epoch_ms(now);
     TimestampTz until = TimestampTzPlusMilliseconds(now, req->lease_ms);
     out->n = 0;
     out->rows = nullptr;
-    out->tokens = nullptr;
     out->until = until;
     out->next_ready_ms = 0;
     const int max = req->max;
@@ -725,15 +750,14 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
         IdToken* by_id = static_cast<IdToken*>(palloc(sizeof(IdToken) * nchosen));
         for (int i = 0; i < nchosen; i++) by_id[i] = IdToken{chosen[i], tokens[i]};
         qsort(by_id, nchosen, sizeof(IdToken), cmp_int64);  // id is the first member
-        LeaseToken* out_tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * (nout + 1)));
+        ClaimedRow* claimed = static_cast<ClaimedRow*>(palloc(sizeof(ClaimedRow) * (nout + 1)));
         for (int i = 0; i < nout; i++) {
-            int64 id = spi_int64(order[i], 1);
-            auto* hit = static_cast<IdToken*>(bsearch(&id, by_id, nchosen, sizeof(IdToken), cmp_int64));
-            out_tokens[i] = hit->token;  // every handed-over row was leased by this claim
+            read_claimed(order[i], &claimed[i]);
+            auto* hit = static_cast<IdToken*>(bsearch(&claimed[i].id, by_id, nchosen, sizeof(IdToken), cmp_int64));
+            claimed[i].token = hit->token;  // every handed-over row was leased by this claim
         }
         out->n = nout;
-        out->rows = order;
-        out->tokens = out_tokens;
+        out->rows = claimed;
         return;
     }
 }
@@ -799,18 +823,31 @@ RELAYBUS_SQL_FUNCTION(relay_claim) {
     claim_deliveries(&req, &res);
     // 0.1.0's relay_claim has no lease column: a server may run this library
     // before ALTER EXTENSION relaybus UPDATE.
-    bool with_lease = rsinfo->setDesc->natts > kFetchColumns + 1;
+    constexpr int kColumns = 12;  // id .. published_at, lease_until, lease
+    bool with_lease = rsinfo->setDesc->natts >= kColumns;
     for (int i = 0; i < res.n; i++) {
-        Datum out[kFetchColumns + 2];
-        bool nulls[kFetchColumns + 2];
-        for (int c = 0; c < kFetchColumns; c++) out[c] = spi_col(res.rows[i], c + 1, &nulls[c]);
-        out[kFetchColumns] = TimestampTzGetDatum(res.until);
-        nulls[kFetchColumns] = false;
+        const ClaimedRow& r = res.rows[i];
+        Datum out[kColumns];
+        bool nulls[kColumns] = {};
+        out[0] = Int64GetDatum(r.id);
+        out[1] = Int64GetDatum(r.event_id);
+        out[2] = CStringGetTextDatum(r.topic);
+        nulls[3] = r.key == nullptr;
+        out[3] = r.key != nullptr ? CStringGetTextDatum(r.key) : (Datum)0;
+        nulls[4] = !r.has_seq;
+        out[4] = Int64GetDatum(r.seq);
+        nulls[5] = r.payload == nullptr;
+        out[5] = JsonbPGetDatum(r.payload);
+        nulls[6] = r.headers == nullptr;
+        out[6] = JsonbPGetDatum(r.headers);
+        out[7] = Int32GetDatum(r.attempt);
+        out[8] = Int32GetDatum(r.priority);
+        out[9] = TimestampTzGetDatum(r.published_at);
+        out[10] = TimestampTzGetDatum(res.until);
         if (with_lease) {
             auto* token = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken)));
-            *token = res.tokens[i];
-            out[kFetchColumns + 1] = UUIDPGetDatum(token);
-            nulls[kFetchColumns + 1] = false;
+            *token = r.token;
+            out[11] = UUIDPGetDatum(token);
         }
         tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, out, nulls);
     }

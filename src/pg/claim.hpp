@@ -7,9 +7,22 @@
 
 namespace relaybus::pg {
 
-// Columns of a claimed row in SPI_tuptable (1-based): id, event_id, topic, key,
-// seq, payload, headers, attempt, priority, published_at, valid.
-constexpr int kFetchColumns = 10;
+// One claimed delivery, read out of the claim's fetch. Its memory lives in the
+// caller's SPI scope: use it before spi_end().
+struct ClaimedRow {
+    int64 id;
+    int64 event_id;
+    char* topic;  // the route's wire name where it has one
+    char* key;    // nullptr: unkeyed
+    int64 seq;
+    bool has_seq;
+    Jsonb* payload;
+    Jsonb* headers;  // nullptr: none
+    int32 attempt;   // this attempt, 1 = the first
+    int32 priority;
+    TimestampTz published_at;
+    LeaseToken token;  // the lease (receipt) this claim took
+};
 
 struct ClaimRequest {
     int32 handler_id;
@@ -27,8 +40,7 @@ struct ClaimRequest {
 
 struct ClaimResult {
     int n;
-    int* rows;  // SPI_tuptable row numbers, in hand-over order
-    LeaseToken* tokens;  // tokens[i]: the lease (receipt) of rows[i]
+    ClaimedRow* rows;  // in hand-over order
     TimestampTz until;
     // Epoch ms of the earliest scanned delivery that was not ready yet (its
     // not_before: a retry's backoff, a delayed publish), 0 = none seen. The
@@ -37,7 +49,7 @@ struct ClaimResult {
 };
 
 // Within spi_begin()/spi_end(): leases up to max ready deliveries (see
-// claim.cpp) and leaves them in SPI_tuptable. Scanned deliveries whose lease
+// claim.cpp) and returns them. Scanned deliveries whose lease
 // ran out without completion are charged a failed attempt first (in the
 // caller's transaction) and are not handed over by this claim.
 void claim_deliveries(const ClaimRequest* req, ClaimResult* out);

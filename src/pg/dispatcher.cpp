@@ -210,22 +210,23 @@ static bool lanes_still_mine() {
 }
 
 // A NOTIFY payload too large to send inline: the delivery by reference.
-static char* reference_payload(int row) {
+static char* reference_payload(const ClaimedRow& r) {
     StringInfoData buf;
     initStringInfo(&buf);
-    appendStringInfo(&buf, "{\"id\": %lld, \"event_id\": %lld, \"topic\": ",
-                     static_cast<long long>(spi_int64(row, 1)), static_cast<long long>(spi_int64(row, 2)));
-    escape_json(&buf, SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, 3));
-    char* key = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, 4);
+    appendStringInfo(&buf, "{\"id\": %lld, \"event_id\": %lld, \"topic\": ", static_cast<long long>(r.id),
+                     static_cast<long long>(r.event_id));
+    escape_json(&buf, r.topic);
     appendStringInfoString(&buf, ", \"key\": ");
-    if (key != nullptr)
-        escape_json(&buf, key);
+    if (r.key != nullptr)
+        escape_json(&buf, r.key);
     else
         appendStringInfoString(&buf, "null");
-    char* seq = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, 5);
-    char* attempt = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, 8);
-    appendStringInfo(&buf, ", \"seq\": %s, \"attempt\": %s, \"ref\": true}", seq != nullptr ? seq : "null",
-                     attempt);
+    appendStringInfoString(&buf, ", \"seq\": ");
+    if (r.has_seq)
+        appendStringInfo(&buf, INT64_FORMAT, r.seq);
+    else
+        appendStringInfoString(&buf, "null");
+    appendStringInfo(&buf, ", \"attempt\": %d, \"ref\": true}", r.attempt);
     return buf.data;
 }
 
@@ -252,7 +253,7 @@ static int dispatch_notify(const HandlerEntry* h) {
     note_next_ready(&res);
     if (res.n == 0) return 0;
     // All of them at once: an error while sending must give every lease back.
-    for (int i = 0; i < res.n; i++) remember_inflight(spi_int64(res.rows[i], 1), res.tokens[i]);
+    for (int i = 0; i < res.n; i++) remember_inflight(res.rows[i].id, res.rows[i].token);
 
     Settlement* done = static_cast<Settlement*>(palloc(sizeof(Settlement) * res.n));
     int64* done_ids = static_cast<int64*>(palloc(sizeof(int64) * res.n));
@@ -260,20 +261,19 @@ static int dispatch_notify(const HandlerEntry* h) {
     int ndone = 0;
     // A delivery sent by reference stays until acked, so its key's run stops
     // there: the rest of the run goes back unsent (their leases are released).
-    char** held_keys = static_cast<char**>(palloc(sizeof(char*) * res.n));
+    const char** held_keys = static_cast<const char**>(palloc(sizeof(char*) * res.n));
     int nheld = 0;
     int64* unsent = static_cast<int64*>(palloc(sizeof(int64) * res.n));
     LeaseToken* unsent_tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * res.n));
     int nunsent = 0;
     for (int i = 0; i < res.n; i++) {
-        int row = res.rows[i];
-        int64 id = spi_int64(row, 1);
-        char* key = SPI_getvalue(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, 4);
+        const ClaimedRow& row = res.rows[i];
+        const char* key = row.key;
         bool held = false;
         for (int k = 0; key != nullptr && k < nheld && !held; k++) held = strcmp(held_keys[k], key) == 0;
         if (held) {
-            unsent_tokens[nunsent] = res.tokens[i];
-            unsent[nunsent++] = id;
+            unsent_tokens[nunsent] = row.token;
+            unsent[nunsent++] = row.id;
             continue;
         }
         char* json = notify_payload_json(row);
@@ -287,12 +287,12 @@ static int dispatch_notify(const HandlerEntry* h) {
             if (key != nullptr && !ack) held_keys[nheld++] = key;
         }
         // What the consumer completes carries the receipt it completes with.
-        if (ack || by_reference) json = with_lease(json, res.tokens[i]);
+        if (ack || by_reference) json = with_lease(json, row.token);
         Async_Notify(h->channel, json);
         if (!ack && !by_reference) {
-            done_ids[ndone] = id;
-            done_tokens[ndone] = res.tokens[i];
-            done[ndone++] = {id, SettleOutcome::Delivered, 0, nullptr, 0, false, 0};
+            done_ids[ndone] = row.id;
+            done_tokens[ndone] = row.token;
+            done[ndone++] = {row.id, SettleOutcome::Delivered, 0, nullptr, 0, false, 0};
         }
     }
     leases_release(unsent, unsent_tokens, nunsent);
@@ -405,7 +405,7 @@ static bool iterate() {
             ClaimResult res;
             claim_deliveries(&req, &res);
             note_next_ready(&res);
-            for (int r = 0; r < res.n; r++) remember_inflight(spi_int64(res.rows[r], 1), res.tokens[r]);
+            for (int r = 0; r < res.n; r++) remember_inflight(res.rows[r].id, res.rows[r].token);
             http_stage(h, &res);
             handed += res.n;
         }

@@ -227,31 +227,16 @@ int http_capacity(const HandlerEntry* h) {
 
 void http_stage(const HandlerEntry* h, const ClaimResult* res) {
     if (res->n == 0) return;
-    // Copy what the requests need out of SPI into plain memory first: id,
-    // event_id, topic, key, seq, payload, headers, attempt (claim.hpp).
+    // The texts the requests need, in plain memory first.
     struct Row {
-        int64 id, event_id, seq, published;
-        char *topic, *key, *payload, *headers;
-        int attempt;
+        char *payload, *headers;
     };
     int n = res->n;
     auto* rows = static_cast<Row*>(palloc(sizeof(Row) * n));
     for (int i = 0; i < n; i++) {
-        int row = res->rows[i];
-        HeapTuple tup = SPI_tuptable->vals[row];
-        TupleDesc desc = SPI_tuptable->tupdesc;
-        bool isnull = false;
-        Row& r = rows[i];
-        r.id = spi_int64(row, 1);
-        r.event_id = spi_int64(row, 2);
-        r.topic = SPI_getvalue(tup, desc, 3);
-        r.key = SPI_getvalue(tup, desc, 4);  // NULL for an unkeyed delivery
-        Datum seq = spi_col(row, 5, &isnull);
-        r.seq = isnull ? 0 : DatumGetInt64(seq);
-        r.payload = SPI_getvalue(tup, desc, 6);
-        r.headers = SPI_getvalue(tup, desc, 7);
-        r.attempt = DatumGetInt32(spi_col(row, 8, &isnull));
-        r.published = DatumGetTimestampTz(spi_col(row, 10, &isnull));
+        const ClaimedRow& c = res->rows[i];
+        rows[i].payload = c.payload != nullptr ? JsonbToCString(nullptr, &c.payload->root, VARSIZE(c.payload)) : nullptr;
+        rows[i].headers = c.headers != nullptr ? JsonbToCString(nullptr, &c.headers->root, VARSIZE(c.headers)) : nullptr;
     }
     int64 now = now_ms();
     // A queued request must still be sent, and answered within its timeout,
@@ -270,20 +255,20 @@ void http_stage(const HandlerEntry* h, const ClaimResult* res) {
                 Staged s{std::move(handler), {}, expires};
                 s.claimed.reserve(n);
                 for (int i = 0; i < n; i++) {
-                    const Row& r = rows[i];
+                    const ClaimedRow& r = res->rows[i];
                     core::ClaimedDelivery d;
                     d.message.id = r.id;
                     d.message.event_id = r.event_id;
-                    d.message.topic = r.topic != nullptr ? r.topic : "";
+                    d.message.topic = r.topic;
                     d.message.has_key = r.key != nullptr;
                     if (r.key != nullptr) d.message.key = r.key;
                     d.message.seq = r.seq;
                     d.message.attempt = r.attempt;
-                    d.message.published_at_ms = timestamptz_to_epoch_ms(r.published);
-                    if (r.headers != nullptr) d.message.headers_json = r.headers;
-                    d.message.payload_json = r.payload != nullptr ? r.payload : "null";
-                    memcpy(static_cast<void*>(&d.receipt), &res->tokens[i], sizeof(LeaseToken));
-                    d.published = r.published;
+                    d.message.published_at_ms = timestamptz_to_epoch_ms(r.published_at);
+                    if (rows[i].headers != nullptr) d.message.headers_json = rows[i].headers;
+                    d.message.payload_json = rows[i].payload != nullptr ? rows[i].payload : "null";
+                    memcpy(static_cast<void*>(&d.receipt), &r.token, sizeof(LeaseToken));
+                    d.published = r.published_at;
                     s.claimed.push_back(std::move(d));
                 }
                 staged.push_back(std::move(s));

@@ -1,14 +1,15 @@
 // The NOTIFY payload of a claimed delivery, as text.
 #pragma once
 
+#include "pg/claim.hpp"
 #include "pg/pg_includes.hpp"
 
 namespace relaybus::pg {
 
-// The JSON object a notify handler's consumer receives for row `row` of a
-// claim's SPI_tuptable (claim.hpp's columns), palloc'd: byte for byte what
+// The JSON object a notify handler's consumer receives for a claimed
+// delivery, palloc'd: byte for byte what
 // jsonb_build_object('id', .., 'event_id', .., 'topic', .., 'key', ..,
 // 'seq', .., 'attempt', .., 'headers', .., 'payload', ..)::text gives.
-char* notify_payload_json(int row);
+char* notify_payload_json(const ClaimedRow& row);
 
 }  // namespace relaybus::pg
