@@ -1,5 +1,7 @@
--- relaybus 0.1.0 -> 0.2.0. CREATE EXTENSION runs relaybus--0.1.0.sql and then
--- this script, so every install exercises the upgrade path (docs/operations.md).
+-- relaybus 0.1.0 -> 0.2.0, run by ALTER EXTENSION relaybus UPDATE on a 0.1.0
+-- install. A fresh install runs sql/relaybus--0.2.0.sql, built from
+-- sql/relaybus.sql; test/integration/catalog_parity.sh checks that the two
+-- give the same catalog (docs/operations.md, "Changing the SQL").
 \echo Use "ALTER EXTENSION relaybus UPDATE TO '0.2.0'" to load this file. \quit
 
 -- Leases are receipts (docs/consumers.md): relay_claim returns each lease's
