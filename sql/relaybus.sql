@@ -13,19 +13,14 @@ COMMENT ON SCHEMA relay IS 'relaybus internals: tables, views and internal funct
 -- relay_monitor reads the stats views and nothing else: no table, no payload,
 -- no secret, no claim or ack.
 DO $roles$
+DECLARE
+    r text;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'relay_publisher') THEN
-        CREATE ROLE relay_publisher NOLOGIN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'relay_consumer') THEN
-        CREATE ROLE relay_consumer NOLOGIN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'relay_admin') THEN
-        CREATE ROLE relay_admin NOLOGIN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'relay_monitor') THEN
-        CREATE ROLE relay_monitor NOLOGIN;
-    END IF;
+    FOREACH r IN ARRAY ARRAY['relay_publisher', 'relay_consumer', 'relay_admin', 'relay_monitor'] LOOP
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = r) THEN
+            EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', r);
+        END IF;
+    END LOOP;
 END
 $roles$;
 GRANT relay_publisher, relay_consumer TO relay_admin;
@@ -639,25 +634,21 @@ $$;
 
 REVOKE ALL ON ALL TABLES IN SCHEMA relay FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA relay FROM PUBLIC;
-REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA relay FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION relay_publish(text, jsonb, text, jsonb, integer, timestamptz, text),
-                           relay_publish_batch(text, jsonb[], text[], jsonb, integer, timestamptz, text[]),
-                           relay_claim(text, integer, interval, integer),
-                           relay_ack(bigint[], uuid[]),
-                           relay_nack(bigint, text, interval, uuid),
-                           relay_extend(bigint, uuid, interval),
-                           relay_payload(bigint),
-                           relay_create_handler(text, text, text, jsonb),
-                           relay_alter_handler(text, text, jsonb),
-                           relay_drop_handler(text, boolean),
-                           relay_route(text, text, text),
-                           relay_unroute(text, text),
-                           relay_replay(text, bigint[]),
-                           relay_pause_handler(text),
-                           relay_resume_handler(text),
-                           relay_cancel(bigint[]),
-                           relay_purge_dead_letters(text, interval),
-                           relay_prune_key_seqs() FROM PUBLIC;
+-- Every function of the extension, in relay and beside it, starts without
+-- EXECUTE for PUBLIC, so that a new one cannot be left out.
+DO $revoke$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT d.objid FROM pg_catalog.pg_depend d
+              WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.deptype = 'e'
+                AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+                AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e WHERE e.extname = 'relaybus')
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+    END LOOP;
+END
+$revoke$;
 
 GRANT EXECUTE ON FUNCTION relay_publish(text, jsonb, text, jsonb, integer, timestamptz, text),
                           relay_publish_batch(text, jsonb[], text[], jsonb, integer, timestamptz, text[])
