@@ -160,8 +160,7 @@ static Datum ack_deliveries(FunctionCallInfo fcinfo, ArrayType* leases) {
     bool* lease_nulls = nullptr;
     if (leases != nullptr) {
         int nl;
-        deconstruct_array(leases, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR, &lease_elems,
-                          &lease_nulls, &nl);
+        deconstruct_array(leases, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR, &lease_elems, &lease_nulls, &nl);
         if (nl != n)
             ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                             errmsg("leases must have as many elements as ids (%d), not %d", n, nl)));
@@ -280,7 +279,9 @@ static Datum nack_one(FunctionCallInfo fcinfo, const LeaseToken* lease) {
 // the _v2 ones.
 //   relay_ack(ids bigint[], leases uuid[]): 0.2.0;  relay_ack(ids bigint[]): 0.1.0
 //   relay_nack(id, error, retry_in, lease uuid): 0.2.0;  relay_nack(id, error, retry_in): 0.1.0
-RELAYBUS_SQL_FUNCTION(relay_ack_v2) { return ack_deliveries(fcinfo, PG_ARGISNULL(1) ? nullptr : PG_GETARG_ARRAYTYPE_P(1)); }
+RELAYBUS_SQL_FUNCTION(relay_ack_v2) {
+    return ack_deliveries(fcinfo, PG_ARGISNULL(1) ? nullptr : PG_GETARG_ARRAYTYPE_P(1));
+}
 RELAYBUS_SQL_FUNCTION(relay_ack_v1) { return ack_deliveries(fcinfo, nullptr); }
 RELAYBUS_SQL_FUNCTION(relay_nack_v2) { return nack_one(fcinfo, PG_ARGISNULL(3) ? nullptr : PG_GETARG_UUID_P(3)); }
 RELAYBUS_SQL_FUNCTION(relay_nack_v1) { return nack_one(fcinfo, nullptr); }
@@ -289,7 +290,9 @@ RELAYBUS_SQL_FUNCTION(relay_nack_v1) { return nack_one(fcinfo, nullptr); }
 // 0.1.0 installs have), which 0.2.0 installs made before the _v2 entry points
 // also name for their signatures with a lease: the number of arguments tells
 // which catalog calls (docs/operations.md, "Changing the SQL").
-extern "C" Datum relay_ack(PG_FUNCTION_ARGS) { return PG_NARGS() == 1 ? relay_ack_v1(fcinfo) : relay_ack_v2(fcinfo); }
+extern "C" Datum relay_ack(PG_FUNCTION_ARGS) {
+    return PG_NARGS() == 1 ? relay_ack_v1(fcinfo) : relay_ack_v2(fcinfo);
+}
 extern "C" Datum relay_nack(PG_FUNCTION_ARGS) {
     return PG_NARGS() == 3 ? relay_nack_v1(fcinfo) : relay_nack_v2(fcinfo);
 }

@@ -469,8 +469,8 @@ static Datum publish_events(FunctionCallInfo fcinfo, ArrayType* dedupe_keys) {
 
     if (n == 0) PG_RETURN_ARRAYTYPE_P(construct_empty_array(INT8OID));
 
-    // dedupe_keys (0.2.0's signature): the events published from here on are
-    // the kept ones; the others get their earlier event's id (dedupe.hpp).
+    // With dedupe_keys, the events published from here on are the kept ones;
+    // the others get their earlier event's id (dedupe.hpp).
     BatchDedupe dd = {};
     bool dedupe = dedupe_keys != nullptr;
     if (dedupe) {
@@ -606,7 +606,9 @@ static Datum publish_events(FunctionCallInfo fcinfo, ArrayType* dedupe_keys) {
 // the _v2 ones.
 //   relay_publish(topic, payload, key, headers, priority, not_before, dedupe_key): 0.2.0
 //   relay_publish(topic, payload, key, headers, priority, not_before): 0.1.0
-RELAYBUS_SQL_FUNCTION(relay_publish_v2) { return publish_event(fcinfo, PG_ARGISNULL(6) ? nullptr : PG_GETARG_TEXT_PP(6)); }
+RELAYBUS_SQL_FUNCTION(relay_publish_v2) {
+    return publish_event(fcinfo, PG_ARGISNULL(6) ? nullptr : PG_GETARG_TEXT_PP(6));
+}
 RELAYBUS_SQL_FUNCTION(relay_publish_v1) { return publish_event(fcinfo, nullptr); }
 RELAYBUS_SQL_FUNCTION(relay_publish_batch_v2) {
     return publish_events(fcinfo, PG_ARGISNULL(6) ? nullptr : PG_GETARG_ARRAYTYPE_P(6));
