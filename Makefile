@@ -11,7 +11,13 @@
 
 EXTENSION   = relaybus
 MODULE_big  = relaybus
-DATA        = $(wildcard sql/relaybus--*.sql)
+# sql/relaybus.sql holds the current definition of every object; the install
+# script of the current version is built from it (git-ignored) and CREATE
+# EXTENSION runs it alone. The older install scripts and the upgrade scripts
+# are files of their own (docs/operations.md, "Changing the SQL").
+EXTVERSION  = $(shell sed -n "s/^default_version = '\\(.*\\)'/\\1/p" relaybus.control)
+DATA_built  = sql/relaybus--$(EXTVERSION).sql
+DATA        = $(filter-out $(DATA_built),$(wildcard sql/relaybus--*.sql))
 
 CORE_SRCS   = $(wildcard src/core/*.cpp)
 PG_SRCS     = $(wildcard src/pg/*.cpp)
@@ -23,9 +29,9 @@ PG_CXXFLAGS = -std=c++17 -Werror -Wall -Wextra -Wno-unused-parameter -Wno-missin
               -fno-omit-frame-pointer -Isrc -MMD -MP
 SHLIB_LINK  = -lstdc++ -lcurl -lssl -lcrypto -lrdkafka
 
-# pg_regress tests: sql/<name>.sql with expected/<name>.out (the install script excluded).
-REGRESS      = $(sort $(filter-out relaybus--%,$(notdir $(basename $(wildcard sql/*.sql)))))
-REGRESS_OPTS = --inputdir=. --outputdir=results_regress
+# pg_regress tests: test/sql/<name>.sql with test/expected/<name>.out.
+REGRESS      = $(sort $(notdir $(basename $(wildcard test/sql/*.sql))))
+REGRESS_OPTS = --inputdir=test --outputdir=results_regress
 # Isolation specs: test/isolation/specs/<name>.spec with test/isolation/expected/<name>.out.
 ISOLATION      = $(sort $(notdir $(basename $(wildcard test/isolation/specs/*.spec))))
 ISOLATION_OPTS = --inputdir=test/isolation --outputdir=results_isolation
@@ -52,6 +58,9 @@ include $(PGXS)
 else ifneq ($(filter-out test test-matrix demo deps,$(or $(MAKECMDGOALS),all)),)
 $(error $(PG_CONFIG) not found: run `make deps` first (make test and make demo install it themselves))
 endif
+
+$(DATA_built): sql/relaybus.sql
+	cp $< $@
 
 # Header dependencies (-MMD), so an incremental build never mixes old and new layouts.
 -include $(OBJS:.o=.d)

@@ -1,5 +1,7 @@
--- relaybus 0.1.0 -> 0.2.0. CREATE EXTENSION runs relaybus--0.1.0.sql and then
--- this script, so every install exercises the upgrade path (docs/operations.md).
+-- relaybus 0.1.0 -> 0.2.0, run by ALTER EXTENSION relaybus UPDATE on a 0.1.0
+-- install. A fresh install runs sql/relaybus--0.2.0.sql, built from
+-- sql/relaybus.sql; test/integration/catalog_parity.sh checks that the two
+-- give the same catalog (docs/operations.md, "Changing the SQL").
 \echo Use "ALTER EXTENSION relaybus UPDATE TO '0.2.0'" to load this file. \quit
 
 -- Leases are receipts (docs/consumers.md): relay_claim returns each lease's
@@ -16,12 +18,12 @@ AS 'MODULE_PATHNAME', 'relay_claim' LANGUAGE C VOLATILE;
 
 DROP FUNCTION relay_ack(bigint[]);
 CREATE FUNCTION relay_ack(ids bigint[], leases uuid[] DEFAULT NULL) RETURNS integer
-AS 'MODULE_PATHNAME', 'relay_ack' LANGUAGE C VOLATILE;
+AS 'MODULE_PATHNAME', 'relay_ack_v2' LANGUAGE C VOLATILE;
 
 DROP FUNCTION relay_nack(bigint, text, interval);
 CREATE FUNCTION relay_nack(id bigint, error text DEFAULT NULL, retry_in interval DEFAULT NULL,
                            lease uuid DEFAULT NULL)
-RETURNS text AS 'MODULE_PATHNAME', 'relay_nack' LANGUAGE C VOLATILE;
+RETURNS text AS 'MODULE_PATHNAME', 'relay_nack_v2' LANGUAGE C VOLATILE;
 
 CREATE FUNCTION relay_extend(id bigint, lease uuid, extend_by interval DEFAULT NULL)
 RETURNS timestamptz AS 'MODULE_PATHNAME', 'relay_extend' LANGUAGE C VOLATILE;
@@ -368,13 +370,13 @@ DROP FUNCTION relay_publish(text, jsonb, text, jsonb, integer, timestamptz);
 CREATE FUNCTION relay_publish(topic text, payload jsonb, key text DEFAULT NULL,
                               headers jsonb DEFAULT NULL, priority integer DEFAULT 1,
                               not_before timestamptz DEFAULT NULL, dedupe_key text DEFAULT NULL)
-RETURNS bigint AS 'MODULE_PATHNAME', 'relay_publish' LANGUAGE C VOLATILE;
+RETURNS bigint AS 'MODULE_PATHNAME', 'relay_publish_v2' LANGUAGE C VOLATILE;
 
 DROP FUNCTION relay_publish_batch(text, jsonb[], text[], jsonb, integer, timestamptz);
 CREATE FUNCTION relay_publish_batch(topic text, payloads jsonb[], keys text[] DEFAULT NULL,
                                     headers jsonb DEFAULT NULL, priority integer DEFAULT 1,
                                     not_before timestamptz DEFAULT NULL, dedupe_keys text[] DEFAULT NULL)
-RETURNS bigint[] AS 'MODULE_PATHNAME', 'relay_publish_batch' LANGUAGE C VOLATILE;
+RETURNS bigint[] AS 'MODULE_PATHNAME', 'relay_publish_batch_v2' LANGUAGE C VOLATILE;
 
 REVOKE EXECUTE ON FUNCTION relay_publish(text, jsonb, text, jsonb, integer, timestamptz, text),
                            relay_publish_batch(text, jsonb[], text[], jsonb, integer, timestamptz, text[])

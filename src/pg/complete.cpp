@@ -27,7 +27,11 @@
 
 extern "C" {
 PG_FUNCTION_INFO_V1(relay_ack);
+PG_FUNCTION_INFO_V1(relay_ack_v1);
+PG_FUNCTION_INFO_V1(relay_ack_v2);
 PG_FUNCTION_INFO_V1(relay_nack);
+PG_FUNCTION_INFO_V1(relay_nack_v1);
+PG_FUNCTION_INFO_V1(relay_nack_v2);
 }
 
 namespace relaybus::pg {
@@ -73,7 +77,9 @@ struct AckItem {
 using namespace relaybus;
 using namespace relaybus::pg;
 
-RELAYBUS_SQL_FUNCTION(relay_ack) {
+// relay_ack's body; its entry points (below) pass leases, or NULL for the
+// id-only form (0.1.0's signature has no leases).
+static Datum ack_deliveries(FunctionCallInfo fcinfo, ArrayType* leases) {
     refuse_during_recovery("relay_ack()");
     if (PG_ARGISNULL(0))
         ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("ids must not be NULL")));
@@ -82,14 +88,12 @@ RELAYBUS_SQL_FUNCTION(relay_ack) {
     bool* nulls;
     int n;
     deconstruct_array(arr, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &elems, &nulls, &n);
-    // relay_ack(ids, leases): leases[i] is the lease of ids[i]; NULL (or 0.1.0's
-    // relay_ack(ids)) is the id-only form.
+    // leases[i] is the lease of ids[i].
     Datum* lease_elems = nullptr;
     bool* lease_nulls = nullptr;
-    if (PG_NARGS() > 1 && !PG_ARGISNULL(1)) {
+    if (leases != nullptr) {
         int nl;
-        deconstruct_array(PG_GETARG_ARRAYTYPE_P(1), UUIDOID, UUID_LEN, false, TYPALIGN_CHAR, &lease_elems,
-                          &lease_nulls, &nl);
+        deconstruct_array(leases, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR, &lease_elems, &lease_nulls, &nl);
         if (nl != n)
             ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                             errmsg("leases must have as many elements as ids (%d), not %d", n, nl)));
@@ -157,7 +161,9 @@ RELAYBUS_SQL_FUNCTION(relay_ack) {
     PG_RETURN_INT32(deleted);
 }
 
-RELAYBUS_SQL_FUNCTION(relay_nack) {
+// relay_nack's body; its entry points (below) pass the lease, or NULL for the
+// id-only form (0.1.0's signature has no lease).
+static Datum nack_one(FunctionCallInfo fcinfo, const LeaseToken* lease) {
     refuse_during_recovery("relay_nack()");
     if (PG_ARGISNULL(0))
         ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("id must not be NULL")));
@@ -172,10 +178,9 @@ RELAYBUS_SQL_FUNCTION(relay_nack) {
             ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("retry_in must be at most 366 days")));
     }
 
-    // relay_nack(..., lease): NULL (or 0.1.0's three arguments) is the id-only form.
-    bool with_token = PG_NARGS() > 3 && !PG_ARGISNULL(3);
+    bool with_token = lease != nullptr;
     LeaseToken token;
-    if (with_token) token = *PG_GETARG_UUID_P(3);
+    if (with_token) token = *lease;
 
     SpiScope scope;
     spi_begin(&scope);
@@ -190,4 +195,26 @@ RELAYBUS_SQL_FUNCTION(relay_nack) {
     const char* outcome = failed.outcome == SettleOutcome::Dead ? "dead" : "retry";
     spi_end(&scope);
     PG_RETURN_TEXT_P(cstring_to_text(outcome));
+}
+
+// The entry points, one per SQL signature. The current install script names
+// the _v2 ones.
+//   relay_ack(ids bigint[], leases uuid[]): 0.2.0;  relay_ack(ids bigint[]): 0.1.0
+//   relay_nack(id, error, retry_in, lease uuid): 0.2.0;  relay_nack(id, error, retry_in): 0.1.0
+RELAYBUS_SQL_FUNCTION(relay_ack_v2) {
+    return ack_deliveries(fcinfo, PG_ARGISNULL(1) ? nullptr : PG_GETARG_ARRAYTYPE_P(1));
+}
+RELAYBUS_SQL_FUNCTION(relay_ack_v1) { return ack_deliveries(fcinfo, nullptr); }
+RELAYBUS_SQL_FUNCTION(relay_nack_v2) { return nack_one(fcinfo, PG_ARGISNULL(3) ? nullptr : PG_GETARG_UUID_P(3)); }
+RELAYBUS_SQL_FUNCTION(relay_nack_v1) { return nack_one(fcinfo, nullptr); }
+
+// The symbols sql/relaybus--0.1.0.sql names (that script is frozen: it is what
+// 0.1.0 installs have), which 0.2.0 installs made before the _v2 entry points
+// also name for their signatures with a lease: the number of arguments tells
+// which catalog calls (docs/operations.md, "Changing the SQL").
+extern "C" Datum relay_ack(PG_FUNCTION_ARGS) {
+    return PG_NARGS() == 1 ? relay_ack_v1(fcinfo) : relay_ack_v2(fcinfo);
+}
+extern "C" Datum relay_nack(PG_FUNCTION_ARGS) {
+    return PG_NARGS() == 3 ? relay_nack_v1(fcinfo) : relay_nack_v2(fcinfo);
 }

@@ -33,7 +33,7 @@ RELAYBUS_SQL_FUNCTION(relay_extend) {
     LeaseToken token;
     if (with_token) token = *PG_GETARG_UUID_P(1);
     int64 extend_ms = -1;  // the handler's lease option
-    if (PG_NARGS() > 2 && !PG_ARGISNULL(2)) {
+    if (!PG_ARGISNULL(2)) {
         extend_ms = interval_to_ms(PG_GETARG_INTERVAL_P(2));
         if (extend_ms < 1000 || extend_ms > 86400000LL)
             ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -31,7 +31,11 @@ extern "C" {
 #include "storage/lock.h"
 #include "tcop/utility.h"
 PG_FUNCTION_INFO_V1(relay_publish);
+PG_FUNCTION_INFO_V1(relay_publish_v1);
+PG_FUNCTION_INFO_V1(relay_publish_v2);
 PG_FUNCTION_INFO_V1(relay_publish_batch);
+PG_FUNCTION_INFO_V1(relay_publish_batch_v1);
+PG_FUNCTION_INFO_V1(relay_publish_batch_v2);
 }
 
 namespace relaybus::pg {
@@ -226,7 +230,9 @@ static void insert_deliveries(const PublishCommon& common, const EventRows& ev,
 using namespace relaybus;
 using namespace relaybus::pg;
 
-RELAYBUS_SQL_FUNCTION(relay_publish) {
+// relay_publish's body; its entry points (below) pass dedupe_key, or NULL for
+// 0.1.0's signature, which has none.
+static Datum publish_event(FunctionCallInfo fcinfo, text* dedupe_key) {
     // The rows are written without the executor, which would have checked this.
     PreventCommandIfReadOnly("relay_publish()");
     PublishCommon common;
@@ -241,10 +247,10 @@ RELAYBUS_SQL_FUNCTION(relay_publish) {
     char* key = PG_ARGISNULL(2) ? nullptr : text_arg(fcinfo, 2, &key_len);
     if (key != nullptr) check_key(key, key_len, -1);
 
-    // dedupe_key (0.2.0's signature; 0.1.0's has six arguments): an event
-    // published with it within the window is returned instead (dedupe.hpp).
-    int dedupe_len = 0;
-    char* dedupe = PG_NARGS() > 6 && !PG_ARGISNULL(6) ? text_arg(fcinfo, 6, &dedupe_len) : nullptr;
+    // An event published with the dedupe key within the window is returned
+    // instead (dedupe.hpp).
+    int dedupe_len = dedupe_key == nullptr ? 0 : VARSIZE_ANY_EXHDR(dedupe_key);
+    char* dedupe = dedupe_key == nullptr ? nullptr : text_to_cstring(dedupe_key);
     if (dedupe != nullptr) {
         check_dedupe_key(dedupe, dedupe_len, -1);
         dedupe_lock(&dedupe, &dedupe_len, 1);
@@ -404,7 +410,9 @@ static Datum batch_dedupe_end(BatchDedupe* dd, const int64* event_ids) {
 
 }  // namespace relaybus::pg
 
-RELAYBUS_SQL_FUNCTION(relay_publish_batch) {
+// relay_publish_batch's body; its entry points (below) pass dedupe_keys, or
+// NULL for 0.1.0's signature, which has none.
+static Datum publish_events(FunctionCallInfo fcinfo, ArrayType* dedupe_keys) {
     PreventCommandIfReadOnly("relay_publish_batch()");
     PublishCommon common;
     read_publish_common(fcinfo, 3, 4, 5, &common);
@@ -461,12 +469,12 @@ RELAYBUS_SQL_FUNCTION(relay_publish_batch) {
 
     if (n == 0) PG_RETURN_ARRAYTYPE_P(construct_empty_array(INT8OID));
 
-    // dedupe_keys (0.2.0's signature): the events published from here on are
-    // the kept ones; the others get their earlier event's id (dedupe.hpp).
+    // With dedupe_keys, the events published from here on are the kept ones;
+    // the others get their earlier event's id (dedupe.hpp).
     BatchDedupe dd = {};
-    bool dedupe = PG_NARGS() > 6 && !PG_ARGISNULL(6);
+    bool dedupe = dedupe_keys != nullptr;
     if (dedupe) {
-        batch_dedupe_begin(PG_GETARG_ARRAYTYPE_P(6), n, &dd);
+        batch_dedupe_begin(dedupe_keys, n, &dd);
         if (dd.nkept < n) {
             any_key = false;
             for (int j = 0; j < dd.nkept; j++) {
@@ -592,4 +600,28 @@ RELAYBUS_SQL_FUNCTION(relay_publish_batch) {
     Datum* ids = static_cast<Datum*>(palloc(sizeof(Datum) * (n + 1)));
     for (int i = 0; i < n; i++) ids[i] = Int64GetDatum(event_ids[i]);
     PG_RETURN_ARRAYTYPE_P(construct_array(ids, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+}
+
+// The entry points, one per SQL signature. The current install script names
+// the _v2 ones.
+//   relay_publish(topic, payload, key, headers, priority, not_before, dedupe_key): 0.2.0
+//   relay_publish(topic, payload, key, headers, priority, not_before): 0.1.0
+RELAYBUS_SQL_FUNCTION(relay_publish_v2) {
+    return publish_event(fcinfo, PG_ARGISNULL(6) ? nullptr : PG_GETARG_TEXT_PP(6));
+}
+RELAYBUS_SQL_FUNCTION(relay_publish_v1) { return publish_event(fcinfo, nullptr); }
+RELAYBUS_SQL_FUNCTION(relay_publish_batch_v2) {
+    return publish_events(fcinfo, PG_ARGISNULL(6) ? nullptr : PG_GETARG_ARRAYTYPE_P(6));
+}
+RELAYBUS_SQL_FUNCTION(relay_publish_batch_v1) { return publish_events(fcinfo, nullptr); }
+
+// The symbols sql/relaybus--0.1.0.sql names (that script is frozen: it is what
+// 0.1.0 installs have), which 0.2.0 installs made before the _v2 entry points
+// also name for their seven-argument signatures: the number of arguments tells
+// which catalog calls (docs/operations.md, "Changing the SQL").
+extern "C" Datum relay_publish(PG_FUNCTION_ARGS) {
+    return PG_NARGS() == 6 ? relay_publish_v1(fcinfo) : relay_publish_v2(fcinfo);
+}
+extern "C" Datum relay_publish_batch(PG_FUNCTION_ARGS) {
+    return PG_NARGS() == 6 ? relay_publish_batch_v1(fcinfo) : relay_publish_batch_v2(fcinfo);
 }

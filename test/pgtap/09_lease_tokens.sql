@@ -6,7 +6,7 @@
 -- test/isolation/specs/lease_*.spec). A lease that runs out counts a failed
 -- attempt and ends in dead letters after max_attempts.
 BEGIN;
-SELECT plan(36);
+SELECT plan(45);
 SET LOCAL relaybus.priority_aging = 0;
 
 CREATE FUNCTION pg_temp.id_of(n int) RETURNS bigint LANGUAGE sql AS $$
@@ -102,6 +102,55 @@ SELECT results_eq($$SELECT (payload->>'tap_t')::int FROM pg_temp.claim_010('tap_
                   '0.1.0''s relay_claim (11 columns) still claims');
 SELECT is(pg_temp.ack_010(ARRAY[pg_temp.id_of(20)]), 1, '0.1.0''s relay_ack(ids): the id-only form');
 SELECT is(pg_temp.nack_010(pg_temp.id_of(21), 'x', '1 hour'), 'retry', '0.1.0''s relay_nack(id, error, retry_in)');
+CREATE FUNCTION pg_temp.publish_010(topic text, payload jsonb, key text DEFAULT NULL, headers jsonb DEFAULT NULL,
+                                    priority integer DEFAULT 1, not_before timestamptz DEFAULT NULL)
+RETURNS bigint AS '$libdir/relaybus', 'relay_publish' LANGUAGE C;
+CREATE FUNCTION pg_temp.batch_010(topic text, payloads jsonb[], keys text[] DEFAULT NULL, headers jsonb DEFAULT NULL,
+                                  priority integer DEFAULT 1, not_before timestamptz DEFAULT NULL)
+RETURNS bigint[] AS '$libdir/relaybus', 'relay_publish_batch' LANGUAGE C;
+SELECT ok(pg_temp.publish_010('tap.t1', jsonb_build_object('tap_t', 22), 'tap-O22') IS NOT NULL,
+          '0.1.0''s relay_publish (six arguments) publishes');
+SELECT is(array_length(pg_temp.batch_010('tap.t1', ARRAY[jsonb_build_object('tap_t', 23), jsonb_build_object('tap_t', 24)],
+                                         ARRAY['tap-O23', 'tap-O24']), 1), 2,
+          '0.1.0''s relay_publish_batch (six arguments) publishes');
+SELECT results_eq($$SELECT * FROM pg_temp.take('tap_t1') ORDER BY 1$$, ARRAY[22, 23, 24], 'the three are claimed');
+
+-- ---------------------------------------------------------------- 0.2.0 catalogs that name the 0.1.0 symbols
+-- The install script names the _v2 entry points; 0.2.0 databases installed by
+-- builds before them name relay_ack, relay_nack, relay_publish and
+-- relay_publish_batch with 0.2.0's signatures, and keep their lease checks
+-- and dedupe keys.
+SELECT is((SELECT array_agg(prosrc ORDER BY proname) FROM pg_proc
+            WHERE proname IN ('relay_ack', 'relay_nack', 'relay_publish', 'relay_publish_batch')),
+          ARRAY['relay_ack_v2', 'relay_nack_v2', 'relay_publish_v2', 'relay_publish_batch_v2'],
+          'the installed functions name the current entry points');
+CREATE FUNCTION pg_temp.ack_020(ids bigint[], leases uuid[] DEFAULT NULL) RETURNS integer
+AS '$libdir/relaybus', 'relay_ack' LANGUAGE C;
+CREATE FUNCTION pg_temp.nack_020(id bigint, error text DEFAULT NULL, retry_in interval DEFAULT NULL,
+                                 lease uuid DEFAULT NULL)
+RETURNS text AS '$libdir/relaybus', 'relay_nack' LANGUAGE C;
+CREATE FUNCTION pg_temp.publish_020(topic text, payload jsonb, key text DEFAULT NULL, headers jsonb DEFAULT NULL,
+                                    priority integer DEFAULT 1, not_before timestamptz DEFAULT NULL,
+                                    dedupe_key text DEFAULT NULL)
+RETURNS bigint AS '$libdir/relaybus', 'relay_publish' LANGUAGE C;
+CREATE FUNCTION pg_temp.batch_020(topic text, payloads jsonb[], keys text[] DEFAULT NULL, headers jsonb DEFAULT NULL,
+                                  priority integer DEFAULT 1, not_before timestamptz DEFAULT NULL,
+                                  dedupe_keys text[] DEFAULT NULL)
+RETURNS bigint[] AS '$libdir/relaybus', 'relay_publish_batch' LANGUAGE C;
+SELECT throws_ok(format('SELECT pg_temp.nack_020(%s, ''x'', ''1 hour'', gen_random_uuid())', pg_temp.id_of(22)),
+                 '55P03', format('lease of delivery %s is not held: another holder', pg_temp.id_of(22)),
+                 'relay_nack with four arguments checks the lease');
+SELECT throws_ok(format('SELECT pg_temp.ack_020(ARRAY[%s], ARRAY[gen_random_uuid()])', pg_temp.id_of(23)),
+                 '55P03', format('lease of delivery %s is not held: another holder', pg_temp.id_of(23)),
+                 'relay_ack with two arguments checks the leases');
+SELECT is(pg_temp.ack_020(ARRAY[pg_temp.id_of(22), pg_temp.id_of(23), pg_temp.id_of(24)],
+                          ARRAY[pg_temp.lease_of(22), pg_temp.lease_of(23), pg_temp.lease_of(24)]), 3,
+          '... and acks with the leases');
+CREATE TEMP TABLE first_dd AS SELECT pg_temp.publish_020('tap.dd', '{}', dedupe_key => 'tap-dd') AS id;
+SELECT is(pg_temp.publish_020('tap.dd', '{}', dedupe_key => 'tap-dd'), (SELECT id FROM first_dd),
+          'relay_publish with seven arguments keeps its dedupe_key');
+SELECT is((pg_temp.batch_020('tap.dd', ARRAY['{}'::jsonb, '{}'], dedupe_keys => ARRAY['tap-dd', 'tap-dd2']))[1],
+          (SELECT id FROM first_dd), 'relay_publish_batch with seven arguments keeps its dedupe_keys');
 
 -- ---------------------------------------------------------------- an expired lease is an attempt
 SELECT relay_publish('tap.t2', jsonb_build_object('tap_t', 10), 'tap-X');
