@@ -149,23 +149,36 @@ LaneClaim LaneClaimer::claim(const std::string& handler, const ClaimAsk& ask) {
   const core::ClaimPlan plan = core::plan_claim(streams, {t, t, t, t}, ask.limits, ask.now_ms, ask.aging_ms);
 
   // The fence, when the rows read were cut short: a chosen row is its key's
-  // head only if no earlier seq of its key is pending outside them.
+  // head only if no earlier seq of its key is pending outside them. One
+  // question per key, at its first chosen seq (asked at each, a key's own
+  // chosen rows would fence it); a key's later chosen rows follow it only
+  // while their seqs are consecutive (a key's seqs are gapless, so a gap may
+  // be a pending row outside the rows read; a completed one in between only
+  // defers the rest to the next claim).
   std::vector<int64_t> chosen = plan.ids;
+  std::map<std::string, int64_t> first_seq;
   std::vector<std::pair<std::string, int64_t>> ks;
   if (t) {
     const bool ferretdb = store_.is_ferretdb();
     for (int64_t pid : chosen) {
       const Delivery& d = rows[row_of[pid]];
-      if (needs_fence(d, w, ferretdb)) ks.emplace_back(d.key, d.seq);
+      if (needs_fence(d, w, ferretdb) && first_seq.emplace(d.key, d.seq).second) ks.emplace_back(d.key, d.seq);
     }
   }
   if (!ks.empty()) {
     std::set<std::string> earlier;
     for (auto& k : store_.earlier_keys(handler, ks)) earlier.insert(std::move(k));
+    std::map<std::string, int64_t> last_seq;
     std::vector<core::CheckedRow> checked;
     for (int64_t pid : chosen) {
       const Delivery& d = rows[row_of[pid]];
-      checked.push_back({pid, d.has_key, d.key, true, !(d.has_key && earlier.count(d.key))});
+      bool valid = true;
+      if (d.has_key && first_seq.count(d.key)) {
+        auto [it, first] = last_seq.emplace(d.key, d.seq);
+        valid = !earlier.count(d.key) && (first || d.seq == it->second + 1);
+        it->second = d.seq;
+      }
+      checked.push_back({pid, d.has_key, d.key, true, valid});
     }
     chosen = core::finalize_claim(checked);
   }
