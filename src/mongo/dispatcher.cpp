@@ -4,14 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 
-#include "core/claim_planner.hpp"
 #include "core/lane_hash.hpp"
 #include "core/outbound_policy.hpp"
 #include "mongo/util.hpp"
-#include "mongo/window_plan.hpp"
 
 namespace relaybus::mongo {
 
@@ -390,7 +387,7 @@ void Dispatcher::fetch_all() {
   for (const auto& [lane, h] : held_)
     if (!h.draining && lane_valid(lane, now)) any_lane = true;
   if (!any_lane) return;
-  bound_read_ = false;
+  claimer_.new_pass();
   for (auto& [name, h] : handlers_) {
     try {
       fetch_handler(h);
@@ -409,123 +406,17 @@ void Dispatcher::fetch_handler(HandlerState& h) {
   const int cap = std::min(pipeline_->room(h.key, o.concurrency, now), cfg_.batch_size);
   if (cap <= 0) return;
 
-  std::vector<int> lanes;
+  ClaimAsk ask;
   for (const auto& [lane, held] : held_)
-    if (!held.draining && lane_valid(lane, now)) lanes.push_back(lane);
-  if (lanes.empty()) return;
-  const int window = cfg_.scan_window > 0 ? cfg_.scan_window : std::max(64, 4 * cfg_.batch_size);
-  if (!bound_read_) {  // once per pass, before its first window: a key's older delivery is never missed
-    store_.read_inserted_bound();
-    bound_read_ = true;
-  }
-  // Priority across the whole backlog: while it fits in a window, one read of
-  // the oldest rows sees everything. Beyond, the head of each class may lie
-  // far behind the oldest rows, so each class's own window is read
-  // (plan_claim's class streams; a class's rows in the union are a prefix of
-  // that class in id order). Rows with a priority outside 0..3 are found
-  // (and dead-lettered) by the first kind of read.
-  std::vector<Delivery> rows;
-  bool truncated = false;
-  if (!h.deep) {
-    rows = store_.fetch_window(h.doc.name, lanes, window);
-    truncated = static_cast<int>(rows.size()) >= window;
-  }
-  const bool read_classes = h.deep || truncated;
-  std::array<bool, 4> class_full{};  // a class window came back full: more of it lies beyond
-  if (read_classes) {
-    const int class_window = std::max(64, window / 2);
-    std::set<int64_t> have;
-    for (const auto& d : rows) have.insert(d.id);
-    bool any_full = false;
-    for (int c = 0; c < 4; c++) {
-      auto part = store_.fetch_class_window(h.doc.name, lanes, c, class_window);
-      class_full[c] = static_cast<int>(part.size()) >= class_window;
-      any_full |= class_full[c];
-      for (auto& d : part)
-        if (have.insert(d.id).second) rows.push_back(std::move(d));
-    }
-    truncated = any_full;  // else the union holds every row
-    h.deep = any_full;
-  }
-  metrics_.fetches++;
-  metrics_.last_store_ok_ms = wall_ms();
-  if (rows.empty()) return;
-
-  // Malformed documents: dead letters at once, with the reason (they would
-  // never become deliverable). Their keys stay blocked until then.
-  std::vector<Failure> bad;
-  std::set<std::string> bad_keys;
-  for (const auto& d : rows)
-    if (!d.malformed.empty() && d.id != 0 && !pipeline_->holds(d.id)) {
-      bad.push_back({d.id, d.malformed, 0, true, 0, h.doc.name});
-      if (d.has_key) bad_keys.insert(d.key);
-      if (warned_.insert("malformed " + std::to_string(d.id)).second)
-        log_warn("malformed delivery document", {{"id", d.id}, {"handler", h.doc.name}, {"error", d.malformed}});
-    }
-  if (!bad.empty()) {
-    store_.fail(bad, now);
-    metrics_.handlers[h.doc.name].dead += bad.size();
-  }
-
-  const WindowPlanIds planned = window_plan_ids(rows);
-  const std::vector<size_t>& idx = planned.rows;
-  const std::vector<int64_t>& plan_id = planned.plan_id;
-  std::unordered_map<int64_t, size_t> row_of;
-  std::array<std::vector<core::ClaimRow>, 4> streams;
-  for (size_t i : idx) {
-    const Delivery& d = rows[i];
-    row_of[plan_id[i]] = i;
-    bool leased = pipeline_->holds(d.id) || (d.has_key && bad_keys.count(d.key));
-    streams[d.priority].push_back({plan_id[i], d.priority, d.has_key, d.key, d.not_before_ms, leased});
-  }
-  for (auto& s : streams)
-    std::sort(s.begin(), s.end(), [](const core::ClaimRow& a, const core::ClaimRow& b) { return a.id < b.id; });
-  core::ClaimLimits lim;
-  lim.max = cap;
-  lim.per_key = 1;  // HTTP requests run concurrently: one per key in flight keeps the order
-  core::ClaimPlan plan = core::plan_claim(streams, {truncated, truncated, truncated, truncated}, lim, now,
-                                          cfg_.priority_aging_ms);
-  if (plan.ids.empty()) return;
-
-  // Fence, when the window was cut short: a chosen row is a key's head only if
-  // no earlier seq of its key exists outside the window. On FerretDB the window
-  // is the handler's first rows in these lanes in insertion order, which is
-  // each key's seq order (the sequencer inserts in id order, and a retry stays
-  // in place), so a key's earlier pending seq is never outside it; the fence
-  // read would be a scan of the whole collection there. (A replayed dead letter
-  // is inserted again at the end: it follows what of its key is pending.)
-  // Not so for the class windows: a key whose events have different
-  // priorities may have an earlier seq beyond another class's window (within
-  // its own class the earlier seqs come first, in the window). So on FerretDB
-  // a row is fenced only when a class other than its own came back full.
-  const bool ferretdb = store_.is_ferretdb();
-  auto needs_fence = [&](const Delivery& d) {
-    if (!d.has_key) return false;
-    if (!ferretdb) return true;
-    if (!read_classes) return false;
-    for (int c = 0; c < 4; c++)
-      if (c != d.priority && class_full[c]) return true;
-    return false;
-  };
-  std::vector<std::pair<std::string, int64_t>> ks;
-  if (truncated)
-    for (int64_t pid : plan.ids) {
-      const Delivery& d = rows[row_of[pid]];
-      if (needs_fence(d)) ks.emplace_back(d.key, d.seq);
-    }
-  std::vector<int64_t> chosen;
-  if (!ks.empty()) {
-    std::set<std::string> earlier;  // keys with an earlier seq still pending
-    for (auto& k : store_.earlier_keys(h.doc.name, ks)) earlier.insert(std::move(k));
-    std::vector<core::CheckedRow> checked;
-    for (int64_t pid : plan.ids) {
-      const Delivery& d = rows[row_of[pid]];
-      checked.push_back({pid, d.has_key, d.key, true, !(d.has_key && earlier.count(d.key))});
-    }
-    chosen = core::finalize_claim(checked);
-  } else {
-    chosen = plan.ids;
-  }
+    if (!held.draining && lane_valid(lane, now)) ask.lanes.push_back(lane);
+  ask.window = claim_window_rows(cfg_);
+  ask.limits.max = cap;
+  ask.limits.per_key = 1;  // HTTP requests run concurrently: one per key in flight keeps the order
+  ask.aging_ms = cfg_.priority_aging_ms;
+  ask.now_ms = now;
+  ask.handed_out = [this](int64_t id) { return pipeline_->holds(id); };
+  LaneClaim got = claimer_.claim(h.doc.name, ask);
+  if (got.deliveries.empty()) return;
 
   // The reads above may have outlasted a tick interval (a deep backlog on a
   // slow store: seconds). Renew before the plan's deliveries are queued:
@@ -534,9 +425,8 @@ void Dispatcher::fetch_handler(HandlerState& h) {
   renew_if_due();
 
   std::vector<core::ClaimedDelivery> claimed;
-  claimed.reserve(chosen.size());
-  for (int64_t pid : chosen) {
-    const Delivery& d = rows[row_of[pid]];
+  claimed.reserve(got.deliveries.size());
+  for (const Delivery& d : got.deliveries) {
     core::ClaimedDelivery c;
     c.message.id = d.id;
     c.message.event_id = d.event_id;
@@ -561,7 +451,7 @@ void Dispatcher::fetch_handler(HandlerState& h) {
   pipeline_->pump(*this, wall_ms());
   metrics_.in_flight = static_cast<int>(router_->in_flight());
   // More may be waiting: look again as soon as there is room.
-  if (static_cast<int>(chosen.size()) >= cap || plan.may_have_more) next_fetch_ms_ = 0;
+  if (static_cast<int>(got.deliveries.size()) >= cap || got.may_have_more) next_fetch_ms_ = 0;
 }
 
 void Dispatcher::tick_if_due(int64_t& store_backoff_until) {
@@ -830,8 +720,7 @@ int Dispatcher::run() {
   pull_ = std::make_unique<PullApi>(store_, metrics_, host, rng_());
   server_.set_api([this](const std::string& method, const std::string& path, const std::string& auth,
                          const std::string& body) {
-    const int64_t window = cfg_.scan_window > 0 ? cfg_.scan_window : std::max(64, 4 * cfg_.batch_size);
-    ApiResponse r = pull_->handle(method, path, auth, body, cfg_.api_token, window, cfg_.priority_aging_ms);
+    ApiResponse r = pull_->handle(method, path, auth, body, cfg_.api_token, claim_window_rows(cfg_), cfg_.priority_aging_ms);
     return std::make_pair(r.status, r.body);
   });
   if (!wait_for_server()) {  // stopped before the server answered

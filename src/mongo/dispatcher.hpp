@@ -46,6 +46,7 @@
 #include "mongo/command_window.hpp"
 #include "mongo/config.hpp"
 #include "mongo/metrics.hpp"
+#include "mongo/lane_claim.hpp"
 #include "mongo/pull_api.hpp"
 #include "mongo/sequencer.hpp"
 #include "mongo/store.hpp"
@@ -74,7 +75,6 @@ class Dispatcher final : private core::DeliveryStore, private PullHost, private 
     HandlerDoc doc;
     int key = 0;
     std::shared_ptr<const core::PipelineHandler> pipe;  // the doc, as the pipeline sends it
-    bool deep = false;  // the last fetch found more than a window: read per priority class
   };
 
   // core::DeliveryStore: completions and releases of the pipeline.
@@ -95,7 +95,6 @@ class Dispatcher final : private core::DeliveryStore, private PullHost, private 
   void drop_lost(const std::vector<int>& leases);  // lanes (and kSequencerLane) a renewal found taken
   int64_t renewed_at_ms_ = 0;
   void fetch_all();
-  bool bound_read_ = false;  // this fetch pass read Store::read_inserted_bound
   void fetch_handler(HandlerState& h);
   void collect_results();
   void flush();
@@ -137,6 +136,7 @@ class Dispatcher final : private core::DeliveryStore, private PullHost, private 
   Store& store_;
   int signal_fd_;
   Metrics metrics_;
+  LaneClaimer claimer_{store_, metrics_};  // the http and kafka handlers' claims
   MetricsServer server_;
   std::unique_ptr<core::HttpEngine> engine_;
   std::unique_ptr<core::HttpSink> sink_;

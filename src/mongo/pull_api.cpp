@@ -1,18 +1,13 @@
 #include "mongo/pull_api.hpp"
 
 #include <algorithm>
-#include <array>
 #include <cinttypes>
-#include <set>
-#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
-#include "core/claim_planner.hpp"
 #include "core/duration.hpp"
 #include "core/webhook_delivery.hpp"
 #include "mongo/util.hpp"
-#include "mongo/window_plan.hpp"
 
 namespace relaybus::mongo {
 
@@ -62,7 +57,7 @@ std::string lease_field(const json& v, const char* what) {
 }  // namespace
 
 PullApi::PullApi(Store& store, Metrics& metrics, const PullHost& host, uint64_t seed)
-    : store_(store), metrics_(metrics), host_(host), rng_(seed) {}
+    : store_(store), metrics_(metrics), host_(host), rng_(seed), claimer_(store, metrics) {}
 
 std::string PullApi::new_token() {
   std::random_device rd;  // the kernel's generator: a receipt must not be guessable
@@ -137,74 +132,21 @@ ApiResponse PullApi::claim(const HandlerDoc& h, const std::string& body, int64_t
   const int64_t lease_ms = duration_field(in, "lease", h.options.lease_ms, 1000, core::kMsPerDay);
   const int64_t now = wall_ms();
   expire(now);
-  std::vector<int> lanes;
+  ClaimAsk ask;
   std::map<int, int64_t> since;
   for (const auto& [lane, epoch] : host_.claimable_lanes(now)) {
-    lanes.push_back(lane);
+    ask.lanes.push_back(lane);
     since[lane] = epoch;
   }
+  ask.window = static_cast<int>(window);
+  ask.limits.max = max;
+  ask.limits.per_key = per_key;
+  ask.aging_ms = aging_ms;
+  ask.now_ms = now;
+  ask.handed_out = [this](int64_t id) { return leases_.count(id) > 0; };
+  claimer_.new_pass();  // a request's claim sees every delivery inserted before it
   json out = {{"deliveries", json::array()}};
-  if (lanes.empty()) return reply(200, out);
-  // The dispatcher's read: the oldest window, each class's own beyond it.
-  const int w = static_cast<int>(std::max<int64_t>(64, window));
-  store_.read_inserted_bound();  // before the windows: a key's older delivery is never missed
-  std::vector<Delivery> rows = store_.fetch_window(h.name, lanes, w);
-  bool truncated = static_cast<int>(rows.size()) >= w;
-  if (truncated) {
-    std::set<int64_t> have;
-    for (const auto& d : rows) have.insert(d.id);
-    for (int c = 0; c < 4; c++)
-      for (auto& d : store_.fetch_class_window(h.name, lanes, c, w))
-        if (have.insert(d.id).second) rows.push_back(std::move(d));
-  }
-  metrics_.fetches++;
-  // Malformed documents: dead letters at once, as the dispatcher does.
-  std::vector<Failure> bad;
-  std::set<std::string> blocked;
-  for (const auto& d : rows)
-    if (!d.malformed.empty() && d.id != 0 && !leases_.count(d.id)) {
-      bad.push_back({d.id, d.malformed, 0, true, 0, h.name});
-      if (d.has_key) blocked.insert(d.key);
-    }
-  if (!bad.empty()) store_.fail(bad, now);
-  const WindowPlanIds planned = window_plan_ids(rows);
-  const std::vector<size_t>& idx = planned.rows;
-  const std::vector<int64_t>& plan_id = planned.plan_id;
-  std::unordered_map<int64_t, size_t> row_of;
-  std::array<std::vector<core::ClaimRow>, 4> streams;
-  for (size_t i : idx) {
-    const Delivery& d = rows[i];
-    row_of[plan_id[i]] = i;
-    const bool leased = leases_.count(d.id) > 0 || (d.has_key && blocked.count(d.key));
-    streams[d.priority].push_back({plan_id[i], d.priority, d.has_key, d.key, d.not_before_ms, leased});
-  }
-  for (auto& s : streams)
-    std::sort(s.begin(), s.end(), [](const core::ClaimRow& a, const core::ClaimRow& b) { return a.id < b.id; });
-  core::ClaimLimits lim;
-  lim.max = max;
-  lim.per_key = per_key;
-  core::ClaimPlan plan =
-      core::plan_claim(streams, {truncated, truncated, truncated, truncated}, lim, now, aging_ms);
-  std::vector<int64_t> chosen = plan.ids;
-  if (truncated && !chosen.empty()) {
-    // The fence: a key with an earlier seq outside the rows read is not ready.
-    std::vector<std::pair<std::string, int64_t>> ks;
-    for (int64_t pid : chosen) {
-      const Delivery& d = rows[row_of[pid]];
-      if (d.has_key) ks.emplace_back(d.key, d.seq);
-    }
-    std::set<std::string> earlier;
-    if (!ks.empty())
-      for (auto& k : store_.earlier_keys(h.name, ks)) earlier.insert(std::move(k));
-    std::vector<core::CheckedRow> checked;
-    for (int64_t pid : chosen) {
-      const Delivery& d = rows[row_of[pid]];
-      checked.push_back({pid, d.has_key, d.key, true, !(d.has_key && earlier.count(d.key))});
-    }
-    chosen = core::finalize_claim(checked);
-  }
-  for (int64_t pid : chosen) {
-    const Delivery& d = rows[row_of[pid]];
+  for (const Delivery& d : claimer_.claim(h.name, ask).deliveries) {
     Lease l{new_token(), h.name, d.lane, since[d.lane], now + lease_ms, d.attempt, d.has_key, d.key, d.published_ms};
     json row = {{"id", d.id},
                 {"event_id", d.event_id},

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "mongo/lane_claim.hpp"
 #include "mongo/metrics.hpp"
 #include "mongo/store.hpp"
 
@@ -84,6 +85,7 @@ class PullApi {
   const PullHost& host_;
   std::mt19937_64 rng_;
   std::map<int64_t, Lease> leases_;  // delivery id -> its lease
+  LaneClaimer claimer_;
 };
 
 }  // namespace relaybus::mongo

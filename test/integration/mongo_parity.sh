@@ -289,6 +289,89 @@ print(' '.join(str(json.loads(r['body'])['seq']) for r in json.load(sys.stdin) i
 stop_instance $P1
 }
 
+# ------------------------------------------------------------------ 4a. the pull API on a deep backlog
+# The pull API claims with the dispatcher's module (src/mongo/lane_claim.*):
+# class windows once the backlog is deeper than a window, remembered per
+# handler, the fence only where an earlier seq may lie outside the rows read,
+# malformed documents dead-lettered, logged and counted.
+test_pull_deep() {
+log "the pull API on a backlog deeper than a window: priorities, order per key, the fence"
+local DB=t_pulldeep TOKEN=tok-0123456789abcdef
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create deep pull --database $DB >/dev/null
+# ids 1-200 priority 1 over 10 keys, 201-300 priority 0 over 5 keys, K's seq 1
+# at priority 0 beyond class 0's window (301) and its seq 2 at priority 3
+# (302), 10 priority-3 over 5 keys, 8 unkeyed priority 2, then key "bad":
+# seq 1 malformed (no payload), seq 2 fine.
+$PYM -c "
+import datetime, sys
+sys.path.insert(0, '$INTEG')
+import pymongo
+from mongo_bulk_load import lane_for_key
+db = pymongo.MongoClient('$URI')['$DB']
+now = datetime.datetime.now(datetime.timezone.utc)
+docs, seqs = [], {}
+def add(key, prio):
+    i = len(docs) + 1
+    d = {'_id': i, 'event_id': i, 'handler': 'deep', 'priority': prio, 'not_before': now, 'published_at': now,
+         'attempt': 0, 'topic': 'deep.x', 'payload': {'key': key, 'prio': prio}}
+    if key is None:
+        d.update(seq=i, lane=i % 64)
+    else:
+        seqs[key] = seqs.get(key, 0) + 1
+        d.update(key=key, seq=seqs[key], lane=lane_for_key(key))
+        d['payload']['seq'] = seqs[key]
+    docs.append(d)
+for i in range(200): add('one-%d' % (i % 10), 1)
+for i in range(100): add('zero-%d' % (i % 5), 0)
+add('K', 0); add('K', 3)
+for i in range(10): add('three-%d' % (i % 5), 3)
+for i in range(8): add(None, 2)
+add('bad', 2); del docs[-1]['payload']
+add('bad', 2)
+db.relay_deliveries.insert_many(docs)
+db.relay_counters.update_one({'_id': 'ids'}, {'\$set': {'n': len(docs)}}, upsert=True)
+" || fail "deep pull setup"
+start_instance pulldeep $DB --api-token $TOKEN --scan-window 64 --priority-aging 60s
+local P1=$IPID
+wait_until 15 grep -q '"held":64' "$TMP/pulldeep.err" || fail "lanes not taken"
+# Claims of at most 50 (per_key 10), each acked at once, until three come back
+# empty: one line per delivery, "claim-number key seq priority".
+$PY - "http://$(metrics_addr pulldeep)/v1/handlers/deep" $TOKEN >"$TMP/pulldeep.claims" <<'PYEOF' || fail "claim loop"
+import json, sys, time, urllib.request
+base, token = sys.argv[1], sys.argv[2]
+def call(op, body):
+    req = urllib.request.Request(base + "/" + op, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.load(r)
+empty, n, deadline = 0, 0, time.time() + 300
+while empty < 3 and time.time() < deadline:
+    got = call("claim", {"max": 50, "per_key": 10, "lease": "60s"})["deliveries"]
+    if not got:
+        empty += 1
+        time.sleep(0.2)
+        continue
+    empty, n = 0, n + 1
+    for d in got:
+        p = d["payload"]
+        print(n, p.get("key") or "-", p.get("seq", d["id"]), p["prio"])
+    call("ack", {"ids": [d["id"] for d in got], "leases": [d["lease"] for d in got]})
+PYEOF
+check_eq "every delivery but the malformed one claimed exactly once (321 of 322 rows)" "321 321" \
+    "$(wc -l <"$TMP/pulldeep.claims") $(awk '{print $2, $3}' "$TMP/pulldeep.claims" | sort -u | wc -l)"
+check_eq "each key's deliveries handed over in seq order" ok "$(awk '$2 != "-" { if (($2 in last) && $3 != last[$2] + 1) bad = bad " " $2 ":" last[$2] "->" $3; last[$2] = $3 }
+    END { print bad == "" ? "ok" : bad }' "$TMP/pulldeep.claims")"
+check_eq "K's seq 1 (priority 0, beyond its class's window) before its seq 2 (priority 3): the fence held" "1 2" \
+    "$(awk '$2 == "K" {printf "%s%s", sep, $3; sep = " "}' "$TMP/pulldeep.claims")"
+check_eq "the first claim starts with the priority-3 heads, K's seq 2 held back" "3 3 3 3 3 no-K" \
+    "$(awk '$1 == 1 && n < 5 {printf "%s ", $4; n++} $1 == 1 && $2 == "K" {k = 1} END {print k ? "K" : "no-K"}' "$TMP/pulldeep.claims")"
+check_eq "the malformed document is dead-lettered and counted as dead in the metrics" "1 1" \
+    "$($PYM -c "import pymongo; print(pymongo.MongoClient('$URI')['$DB'].relay_dead_letters.count_documents({'handler': 'deep'}))") $(metric pulldeep 'relaybus_mongo_dead_total{handler="deep"}')"
+check_eq "the malformed document is logged once" 1 "$(grep -c '"msg":"malformed delivery document"' "$TMP/pulldeep.err")"
+stop_instance $P1
+}
+
 # ------------------------------------------------------------------ 4b. a store slower than the lease's slack
 # The priority test's stall under load (issue 13): FerretDB answered a deep
 # backlog's finds in 1.5-4.3 s; one loop pass (the lease tick, then 4 class
@@ -588,7 +671,7 @@ control /lowered '[]'
 }
 
 # MONGO_PARITY_ONLY=pattern runs only the test_* functions whose name matches.
-for t in test_handlers test_server_wait test_pull test_priorities test_slow_store test_metrics_slow_store test_http_during_slow_store test_renewal_during_slow_store test_batch_stats test_settle_rules; do
+for t in test_handlers test_server_wait test_pull test_pull_deep test_priorities test_slow_store test_metrics_slow_store test_http_during_slow_store test_renewal_during_slow_store test_batch_stats test_settle_rules; do
     [[ -z "${MONGO_PARITY_ONLY:-}" || "$t" == *${MONGO_PARITY_ONLY}* ]] && "$t"
 done
 log "done"
