@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "core/lane_hash.hpp"
-#include "core/topic.hpp"
+#include "core/route_resolver.hpp"
 #include "mongo/outbox.hpp"
 #include "mongo/util.hpp"
 
@@ -73,7 +73,20 @@ void Sequencer::end() {
 void Sequencer::load_catalog() {
   handlers_.clear();
   for (const auto& h : store_.load_handlers(nullptr)) handlers_.push_back(h.name);
-  routes_ = store_.load_routes();
+  // A handler's key in the resolver is its index here: decisions then come in
+  // name order, the order of an event's "h" array and so of its deliveries' _ids.
+  std::sort(handlers_.begin(), handlers_.end());
+  std::vector<core::RouteInput> routes;
+  for (auto& r : store_.load_routes()) {
+    auto h = std::lower_bound(handlers_.begin(), handlers_.end(), r.handler);
+    if (h == handlers_.end() || *h != r.handler) continue;  // a route left by a dropped handler
+    core::RouteInput in;
+    in.handler = h - handlers_.begin();
+    in.pattern = std::move(r.pattern);
+    if (!r.wire_name.empty()) in.wire_name = std::move(r.wire_name);
+    routes.push_back(std::move(in));
+  }
+  routes_ = core::RouteResolver(std::move(routes));
 }
 
 // ------------------------------------------------------------ version documents
@@ -337,6 +350,7 @@ int Sequencer::step(int limit, int64_t now_ms, const std::function<bool()>& hold
   v.at_ms = now_ms;
   int64_t next = next_id_;
   std::map<std::string, int64_t> batch_seqs;
+  std::vector<core::RouteResolver::Decision> decisions;
   for (size_t i = 0; i < docs.size(); i++) {
     const OutboxEntry& e = entries[i];
     Event ev;
@@ -359,17 +373,9 @@ int Sequencer::step(int limit, int64_t now_ms, const std::function<bool()>& hold
         continue;
       }
     }
-    // Routes: per handler the most specific matching route gives the wire name.
-    std::map<std::string, std::pair<int, std::string>> chosen;
-    for (const auto& r : routes_) {
-      if (std::find(handlers_.begin(), handlers_.end(), r.handler) == handlers_.end() ||
-          !core::topic_matches(r.pattern, e.topic))
-        continue;
-      const int s = core::pattern_specificity(r.pattern);
-      auto it = chosen.find(r.handler);
-      if (it == chosen.end() || s < it->second.first) chosen[r.handler] = {s, r.wire_name};
-    }
-    for (const auto& [h, sw] : chosen) ev.handlers.emplace_back(h, sw.second);
+    decisions.clear();
+    routes_.resolve(e.topic, &decisions);
+    for (const auto& d : decisions) ev.handlers.emplace_back(handlers_[d.handler], d.route->wire_name.value_or(""));
     ev.event_id = next;
     next += std::max<int64_t>(1, static_cast<int64_t>(ev.handlers.size()));
     if (e.has_key) {

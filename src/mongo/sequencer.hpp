@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "core/route_resolver.hpp"
 #include "mongo/store.hpp"
 
 namespace relaybus::mongo {
@@ -68,8 +69,8 @@ class Sequencer {
   int64_t version_ = 0;  // the top version, applied
   int64_t next_id_ = 1;
   std::map<std::string, int64_t> key_seqs_;  // a cache: the last seq per key, as of version_
-  std::vector<std::string> handlers_;
-  std::vector<RouteDoc> routes_;
+  std::vector<std::string> handlers_;  // sorted; a handler's index is its key in routes_
+  core::RouteResolver routes_;
   uint64_t sequenced_ = 0;
   int64_t rotated_ms_ = 0;  // the last drop_drained_segments
 };

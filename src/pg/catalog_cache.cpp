@@ -1,12 +1,11 @@
 #include "pg/catalog_cache.hpp"
 
-#include <algorithm>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
-#include "core/topic.hpp"
+#include "core/route_resolver.hpp"
 #include "pg/guard.hpp"
 #include "pg/shared_state.hpp"
 #include "pg/spi_support.hpp"
@@ -20,20 +19,13 @@ namespace relaybus::pg {
 
 namespace {
 
-struct Route {
-    std::string pattern;
-    int32 handler_id;
-    bool has_wire;
-    std::string wire;
-    int specificity;
-};
-
 struct Catalog {
     std::vector<HandlerEntry> handlers;
     std::unordered_map<std::string, size_t> by_name;
     std::unordered_map<int32, size_t> by_id;
-    std::vector<Route> routes;
+    core::RouteResolver routes;  // keyed by handler id
     std::unordered_map<std::string, std::vector<RouteTarget>> by_topic;  // memo
+    std::vector<core::RouteResolver::Decision> scratch;  // a memo miss's decisions, reused
 };
 
 constexpr size_t kMaxMemoTopics = 4096;
@@ -134,16 +126,16 @@ void reload(Oid schema, uint64 generation) {
                 cat->by_id.emplace(h.id, cat->handlers.size());
                 cat->handlers.push_back(std::move(h));
             }
-            cat->routes.reserve(nr);
+            std::vector<core::RouteInput> routes;
+            routes.reserve(nr);
             for (int i = 0; i < nr; i++) {
-                Route r;
+                core::RouteInput r;
+                r.handler = rs[i].handler_id;
                 r.pattern = rs[i].pattern;
-                r.handler_id = rs[i].handler_id;
-                r.has_wire = rs[i].wire != nullptr;
-                r.wire = r.has_wire ? rs[i].wire : "";
-                r.specificity = core::pattern_specificity(r.pattern);
-                cat->routes.push_back(std::move(r));
+                if (rs[i].wire != nullptr) r.wire_name = rs[i].wire;
+                routes.push_back(std::move(r));
             }
+            cat->routes = core::RouteResolver(std::move(routes));
             delete current;
             current = cat.release();
             built = current;
@@ -206,29 +198,20 @@ int catalog_routes_for(const char* topic, const RouteTarget** targets) {
             Catalog* cat = current;
             auto it = cat->by_topic.find(topic);
             if (it == cat->by_topic.end()) {
-                // Per handler, the most specific matching route decides the wire name.
-                std::unordered_map<int32, const Route*> best;
-                for (const Route& r : cat->routes) {
-                    if (!core::topic_matches(r.pattern, topic)) continue;
-                    auto [pos, inserted] = best.emplace(r.handler_id, &r);
-                    if (!inserted) {
-                        const Route* b = pos->second;
-                        if (r.specificity < b->specificity ||
-                            (r.specificity == b->specificity && r.pattern < b->pattern))
-                            pos->second = &r;
-                    }
-                }
+                // In handler id order, as deliveries are inserted (core::RouteResolver
+                // decides per handler).
+                cat->scratch.clear();
+                cat->routes.resolve(topic, &cat->scratch);
                 std::vector<RouteTarget> out;
-                out.reserve(best.size());
-                for (auto& [hid, r] : best) {
+                out.reserve(cat->scratch.size());
+                for (const auto& d : cat->scratch) {
+                    const auto hid = static_cast<int32>(d.handler);
                     auto h = cat->by_id.find(hid);
                     bool by_workers = h != cat->by_id.end() &&
                                       cat->handlers[h->second].kind != core::HandlerKind::Pull;
-                    out.push_back(RouteTarget{hid, r->has_wire ? r->wire.c_str() : nullptr, by_workers});
+                    const auto& wire = d.route->wire_name;
+                    out.push_back(RouteTarget{hid, wire ? wire->c_str() : nullptr, by_workers});
                 }
-                std::sort(out.begin(), out.end(), [](const RouteTarget& a, const RouteTarget& b) {
-                    return a.handler_id < b.handler_id;
-                });
                 if (cat->by_topic.size() >= kMaxMemoTopics) cat->by_topic.clear();
                 it = cat->by_topic.emplace(topic, std::move(out)).first;
             }

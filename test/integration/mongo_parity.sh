@@ -670,8 +670,40 @@ stop_instance $P1
 control /lowered '[]'
 }
 
+# ------------------------------------------------------------------ 6. routes, as the extension resolves them
+# test/vectors/routes.tsv, which test/integration/routes.sh holds the extension
+# to: ties broken by pattern text in byte order, never by the order the server
+# returns the route documents in (it follows their creation here).
+test_routes() {
+log "routes: the handlers and wire names of test/vectors/routes.tsv, routes created in both orders"
+source "$INTEG/routes_lib.sh"
+local order DB h pattern wire t wire_opt
+for order in forward reverse; do
+    DB=t_routes_$order
+    "$BIN" init --database $DB >/dev/null
+    for h in $(routes_handlers); do "$BIN" handler create "$h" pull --database $DB >/dev/null; done
+    while IFS=$'\t' read -r h pattern wire; do
+        wire_opt=()
+        [[ $wire != - ]] && wire_opt=(--wire "$wire")
+        "$BIN" route "$pattern" "$h" "${wire_opt[@]}" --database $DB
+    done < <(routes_in_order $order)
+    for t in $(routes_topics); do
+        printf '{"topic":"%s","payload":{"n":1}}\n{"topic":"%s","payload":{"n":2}}\n' "$t" "$t"
+    done | "$BIN" publish --batch - --database $DB >/dev/null
+    "$BIN" sequence --database $DB >/dev/null
+    $PYM -c "
+import pymongo
+import mongo_deliveries as md
+rows = {}
+for d in md.find(pymongo.MongoClient('$URI')['$DB']):
+    rows.setdefault((d['payload']['n'], d['topic']), []).append(d['handler'] + '=' + d.get('wire_topic', '-'))
+for (n, t), hs in rows.items(): print(f\"{n}\\t{t}\\t{' '.join(sorted(hs))}\")" >"$TMP/routes_$order"
+    routes_compare "$order" "$TMP/routes_$order"
+done
+}
+
 # MONGO_PARITY_ONLY=pattern runs only the test_* functions whose name matches.
-for t in test_handlers test_server_wait test_pull test_pull_deep test_priorities test_slow_store test_metrics_slow_store test_http_during_slow_store test_renewal_during_slow_store test_batch_stats test_settle_rules; do
+for t in test_handlers test_server_wait test_pull test_pull_deep test_priorities test_slow_store test_metrics_slow_store test_http_during_slow_store test_renewal_during_slow_store test_batch_stats test_settle_rules test_routes; do
     [[ -z "${MONGO_PARITY_ONLY:-}" || "$t" == *${MONGO_PARITY_ONLY}* ]] && "$t"
 done
 log "done"
