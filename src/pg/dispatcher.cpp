@@ -209,27 +209,6 @@ static bool lanes_still_mine() {
     return mine;
 }
 
-// A NOTIFY payload too large to send inline: the delivery by reference.
-static char* reference_payload(const ClaimedRow& r) {
-    StringInfoData buf;
-    initStringInfo(&buf);
-    appendStringInfo(&buf, "{\"id\": %lld, \"event_id\": %lld, \"topic\": ", static_cast<long long>(r.id),
-                     static_cast<long long>(r.event_id));
-    escape_json(&buf, r.topic);
-    appendStringInfoString(&buf, ", \"key\": ");
-    if (r.key != nullptr)
-        escape_json(&buf, r.key);
-    else
-        appendStringInfoString(&buf, "null");
-    appendStringInfoString(&buf, ", \"seq\": ");
-    if (r.has_seq)
-        appendStringInfo(&buf, INT64_FORMAT, r.seq);
-    else
-        appendStringInfoString(&buf, "null");
-    appendStringInfo(&buf, ", \"attempt\": %d, \"ref\": true}", r.attempt);
-    return buf.data;
-}
-
 // Hands one batch of a notify handler's deliveries over; returns how many.
 static int dispatch_notify(const HandlerEntry* h) {
     bool ack = h->options.ack;
@@ -283,7 +262,7 @@ static int dispatch_notify(const HandlerEntry* h) {
         bool by_reference = !h->options.inline_payload ||
                             static_cast<int>(strlen(json)) + (ack ? kLeaseFieldLen : 0) > guc_notify_payload_limit;
         if (by_reference) {
-            json = reference_payload(row);
+            json = notify_reference_json(row);
             if (key != nullptr && !ack) held_keys[nheld++] = key;
         }
         // What the consumer completes carries the receipt it completes with.
