@@ -54,6 +54,11 @@ mkdir -p "$dir$(dirname "$sys_include")" "$dir$(dirname "$sys_libdir")"
 ln -sfn "$sys_include" "$dir$sys_include"
 ln -sfn "$sys_libdir" "$dir$sys_libdir"
 
+# Only this build's relaybus in the tree: the system's copy may hold another
+# build's files (a 0.2.0 install script left by a newer build would make an
+# older library's CREATE EXTENSION run it and miss its C symbols).
+rm -f "$dir$sharedir"/extension/relaybus--*.sql "$dir$sharedir"/extension/relaybus.control \
+      "$dir$libdir"/lib/relaybus.so
 make -C "$src" -s -j"$(nproc)" PG_CONFIG="$SYS_PG_CONFIG" >/dev/null
 make -C "$src" -s PG_CONFIG="$SYS_PG_CONFIG" install DESTDIR="$dir" >/dev/null
 # The server runs as postgres when we are root: it must read the tree.
