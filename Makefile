@@ -19,9 +19,11 @@ EXTVERSION  = $(shell sed -n "s/^default_version = '\\(.*\\)'/\\1/p" relaybus.co
 DATA_built  = sql/relaybus--$(EXTVERSION).sql
 DATA        = $(filter-out $(DATA_built),$(wildcard sql/relaybus--*.sql))
 
-CORE_SRCS   = $(wildcard src/core/*.cpp)
+ROOT       := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 PG_SRCS     = $(wildcard src/pg/*.cpp)
-OBJS        = $(CORE_SRCS:.cpp=.o) $(PG_SRCS:.cpp=.o)
+# src/core's objects are shared with the core tests and relaybus-mongo (src/core/core.mk).
+OBJS        = $(CORE_OBJS) $(PG_SRCS:.cpp=.o)
+include src/core/core.mk
 
 # -Werror: every build, on every major, refuses warnings (PGXS adds its own
 # warning flags, e.g. 16's -Wshadow=compatible-local).
