@@ -85,9 +85,8 @@ static const core::BackoffPolicy kEnvironmentBackoff = {100, 5000};
 // than at the next poll.
 static int64 next_ready_ms = 0;
 
-// relay.dedupe cleanup (dedupe.hpp): every 10 s, at most 1000 rows.
+// relay.dedupe cleanup (dedupe.hpp): every relaybus.dedupe_cleanup_interval, at most 1000 rows.
 static int64 last_dedupe_cleanup_ms = 0;
-static constexpr int64 kDedupeCleanupEveryMs = 10000;
 static constexpr int kDedupeCleanupBatch = 1000;
 
 static void note_next_ready(const ClaimResult* res) {
@@ -392,7 +391,7 @@ static bool iterate() {
     }
     // Dedupe rows past their window go now and then, a bounded batch at a time.
     int64 now_ms = timestamptz_to_epoch_ms(GetCurrentTimestamp());
-    if (now_ms - last_dedupe_cleanup_ms >= kDedupeCleanupEveryMs) {
+    if (now_ms - last_dedupe_cleanup_ms >= guc_dedupe_cleanup_interval_ms) {
         last_dedupe_cleanup_ms = now_ms;
         dedupe_cleanup(kDedupeCleanupBatch);
     }

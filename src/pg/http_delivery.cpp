@@ -207,7 +207,7 @@ bool ensure_engine() {
 }  // namespace
 
 int64 http_lease_ms(const HandlerEntry* h) {
-    return std::max<int64>(h->options.lease_ms, h->options.timeout_ms + 30000);
+    return std::max<int64>(h->options.lease_ms, h->options.timeout_ms + guc_http_lease_margin_ms);
 }
 
 int http_capacity(const HandlerEntry* h) {
@@ -240,9 +240,10 @@ void http_stage(const HandlerEntry* h, const ClaimResult* res) {
     }
     int64 now = now_ms();
     // A queued request must still be sent, and answered within its timeout,
-    // while its lease holds (http_lease_ms), with a margin: else it is not sent
-    // and its lease goes back.
-    int64 expires = now + std::max<int64>(1000, http_lease_ms(h) - h->options.timeout_ms - 15000);
+    // while its lease holds (http_lease_ms), with half the lease margin to
+    // spare for the completing transaction: else it is not sent and its lease
+    // goes back.
+    int64 expires = now + std::max<int64>(1000, http_lease_ms(h) - h->options.timeout_ms - guc_http_lease_margin_ms / 2);
     char err[kErrLen];
     if (!run_core(
             [&](std::string*) {

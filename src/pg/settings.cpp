@@ -20,6 +20,8 @@ int guc_notify_payload_limit = 7900;
 char* guc_http_allowlist = nullptr;
 bool guc_worker_synchronous_commit = false;
 int guc_dedupe_window_s = 86400;
+int guc_dedupe_cleanup_interval_ms = 10000;
+int guc_http_lease_margin_ms = 30000;
 
 void define_settings() {
     DefineCustomIntVariable(
@@ -67,6 +69,17 @@ void define_settings() {
         "relaybus.lease_timeout", "How long a lane stays with a dispatcher that stopped renewing it.",
         "After this a live dispatcher takes over the lanes of a stuck one.", &guc_lease_timeout_ms,
         30000, 1000, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr, nullptr);
+    DefineCustomIntVariable(
+        "relaybus.dedupe_cleanup_interval",
+        "How often a dispatcher removes relay.dedupe rows past their window (a bounded batch each time).",
+        nullptr, &guc_dedupe_cleanup_interval_ms, 10000, 100, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr,
+        nullptr, nullptr);
+    DefineCustomIntVariable(
+        "relaybus.http_lease_margin",
+        "How much longer than an http handler's timeout its deliveries' leases last, at least.",
+        "A request still queued when less than half of it is left is not sent, and its lease goes back.",
+        &guc_http_lease_margin_ms, 30000, 1000, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr,
+        nullptr);
     DefineCustomIntVariable("relaybus.max_in_flight",
                             "Most deliveries one dispatcher keeps handed over but unacknowledged.",
                             "Counts notify deliveries in ack mode waiting for relay_ack.",

@@ -20,6 +20,8 @@ extern int guc_notify_payload_limit;
 extern char* guc_http_allowlist;
 extern bool guc_worker_synchronous_commit;
 extern int guc_dedupe_window_s;
+extern int guc_dedupe_cleanup_interval_ms;
+extern int guc_http_lease_margin_ms;
 
 void define_settings();
 

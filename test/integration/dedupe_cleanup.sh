@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # relay.dedupe rows past their window are removed by the dispatchers (every
-# 10 s, a bounded batch); live ones stay and keep deduping.
+# relaybus.dedupe_cleanup_interval, a bounded batch); live ones stay and keep
+# deduping.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
+# 10 s by default: the wait below ends when the rows are gone, so a shorter
+# interval only shortens the wait.
+set_conf relaybus.dedupe_cleanup_interval 1s || die "could not set relaybus.dedupe_cleanup_interval"
 new_db db dedupe || die "could not create a database"
 check "a dispatcher serves the database" wait_workers "$db" 1 20
 sql "$db" "SELECT relay_publish('dd.x', jsonb_build_object('n', g), dedupe_key => 'old' || g) FROM generate_series(1, 50) g" \

@@ -19,9 +19,12 @@ LOG=$TMP/r.log
 allow_loopback || die "could not set relaybus.http_allowlist"
 set_conf relaybus.lease_timeout 1s || die "lease_timeout"
 set_conf relaybus.workers_per_database 2 || die "workers_per_database"
+# The request's lease is timeout + this margin (30 s by default): the test
+# waits for it to expire.
+set_conf relaybus.http_lease_margin 5s || die "http_lease_margin"
 new_db db http_fence || die "could not create a database"
 check "two dispatchers serve the database" wait_workers "$db" 2 20
-# timeout 6s: the request's lease is timeout + 30 s = 36 s.
+# timeout 6s: the request's lease is timeout + 5 s = 11 s.
 http_handler "$db" fence "http://127.0.0.1:$RECV_PORT/fence" \
     '{"timeout": "6s", "backoff_base": "100ms", "backoff_max": "100ms", "max_attempts": 5}' 'fence.#' ||
     die "could not create the handler"
@@ -41,7 +44,7 @@ others=$(sql "$db" "SELECT string_agg(pid::text, ' ') FROM relay.workers WHERE p
 log "freezing dispatcher $frozen (the other: $others) with the request in flight"
 kill -STOP "$frozen"
 t0=$(date +%s.%N)
-check "after the 36 s lease the other dispatcher sends it again" wait_requests "$LOG" /fence 2 60
+check "after the 11 s lease the other dispatcher sends it again" wait_requests "$LOG" /fence 2 60
 log "second request after $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s"
 check_eq "the expiry was charged: attempt 1, 'lease expired'" "1|lease expired" "$(row)"
 check_eq "the other dispatcher holds the new lease" "$others" "$(lease_owner)"
