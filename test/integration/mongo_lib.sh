@@ -128,6 +128,10 @@ for l in open('$TMP/$1.err'):
 # has_metrics_addr NAME: the instance has logged it (for wait_until, which
 # re-runs its command: a "$(metrics_addr NAME)" argument would be read once).
 has_metrics_addr() { [[ -n "$(metrics_addr "$1")" ]]; }
+# wait_metrics_addr NAME: until the instance has logged it. The instance logs
+# it as it starts, in well under a second on a quiet machine; the cap is for a
+# loaded one (10 s once failed in a fresh root beside a build on both cores).
+wait_metrics_addr() { wait_until 60 has_metrics_addr "$1"; }
 metric() { curl -s "http://$(metrics_addr "$1")/metrics" | awk -v m="$2" '$1==m {print $2}'; }
 stats_field() { "$BIN" stats --database "$1" | $PY -c "import json,sys; print(sum(h['$2'] for h in json.load(sys.stdin)))"; }
 pending_is() { [[ "$(stats_field "$1" pending)" == "$2" ]]; }

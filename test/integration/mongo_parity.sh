@@ -63,7 +63,7 @@ FPORT=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print
 LATE_URI="mongodb://127.0.0.1:$FPORT/?serverSelectionTimeoutMS=300&connectTimeoutMS=300"
 start_instance early t_late --uri "$LATE_URI"
 P1=$IPID
-wait_until 10 has_metrics_addr early || fail "no metrics address logged"
+wait_metrics_addr early || fail "no metrics address logged"
 healthz() { curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$(metrics_addr early)/healthz"; }
 wait_until 10 bash -c "(( \$(grep -c 'MongoDB server not reachable' '$TMP/early.err') >= 3 ))"
 local addr code ms
@@ -205,7 +205,7 @@ grep '"msg":"lanes"' "$TMP/pull.err" | tail -1 | grep -q '"held":0' && pass "SIG
     fail "lanes kept at SIGTERM" "$(grep '"msg":"lanes"' "$TMP/pull.err" | tail -1)"
 start_instance pull_off $DB
 P1=$IPID
-wait_until 10 has_metrics_addr pull_off
+wait_metrics_addr pull_off
 base="http://$(metrics_addr pull_off)/v1/handlers/work"
 check_rc "without api_token the pull API is off: 403" 0 '^403 .*set api_token' api claim '{}'
 stop_instance $P1
@@ -372,33 +372,7 @@ check_eq "the malformed document is logged once" 1 "$(grep -c '"msg":"malformed 
 stop_instance $P1
 }
 
-# ------------------------------------------------------------------ 4b. a store slower than the lease's slack
-# The priority test's stall under load (issue 13): FerretDB answered a deep
-# backlog's finds in 1.5-4.3 s; one loop pass (the lease tick, then 4 class
-# finds and the fence find) outlasted the 3 s lease's valid window (2.4 s from
-# the tick's start), and the pipeline gave every planned delivery back unsent
-# because its lane receipt no longer held; the next pass did the same. Here
-# every store command takes 0.35 s through a slow link, deterministically.
-test_slow_store() {
-log "deliveries flow when one loop pass of store calls outlasts the lease's slack"
-local DB=t_slow
-"$BIN" init --database $DB >/dev/null
-"$BIN" handler create hook http "$HOOK/slow" --options '{"concurrency":8}' --database $DB >/dev/null
-$PYM "$INTEG/mongo_bulk_load.py" "$URI" $DB hook slow.x 300 30 1 low >/dev/null || fail "bulk load"
-local fport
-fport=$($PY -c "import urllib.parse as u; print(u.urlparse('$URI').port)")
-$PY "$INTEG/slow_link.py" --target 127.0.0.1:$fport --delay 0.35 --port-file "$TMP/slow_port" 2>"$TMP/slow_link.err" &
-PIDS+=($!)
-wait_until 10 test -s "$TMP/slow_port" || fail "slow link did not start"
-start_instance slow $DB --uri "mongodb://127.0.0.1:$(cat "$TMP/slow_port")/?serverSelectionTimeoutMS=5000" \
-    --batch-size 10 --scan-window 64
-local P1=$IPID
-if wait_until 60 has_requests /slow 20; then pass "20 deliveries went out through a store 0.35 s away"; else
-    fail "requests to /slow did not flow" "$(count_path /slow) sent; $(grep -c 'given back' "$TMP/slow.err") give-back lines" \
-        "$(grep -v '"store command"' "$TMP/slow.err" | tail -3)"; fi
-check_eq "no result dropped for a lapsed lease" 0 "$(grep -c 'result dropped' "$TMP/slow.err")"
-stop_instance $P1
-}
+# 4b, a store slower than the lease's slack: mongo_slow_store.sh.
 
 # /metrics and /healthz are answered by their own thread: a store command in
 # progress (seconds on a loaded FerretDB) never holds them up, and /healthz
@@ -418,7 +392,7 @@ wait_until 10 test -s "$TMP/mthread_port" || fail "slow link did not start"
 start_instance mthread $DB --uri "mongodb://127.0.0.1:$(cat "$TMP/mthread_port")/?serverSelectionTimeoutMS=5000" \
     --lease 2s
 local P1=$IPID addr
-wait_until 10 has_metrics_addr mthread || fail "no metrics address logged"
+wait_metrics_addr mthread || fail "no metrics address logged"
 addr=$(metrics_addr mthread)
 health() { curl -s -o /dev/null -w '%{http_code}' --max-time 3 "http://$addr/healthz"; }
 wait_until 20 bash -c "[[ \$(curl -s -o /dev/null -w '%{http_code}' 'http://$addr/healthz') == 200 ]]" ||
@@ -640,7 +614,7 @@ check_eq "(1) two attempts: the first judged with max_attempts 5 (retry), the se
     "$(dead_letter lowered)"
 check_eq "(1) the receiver saw both attempts" 2 "$(count_path /lowered)"
 
-wait_until 15 has_metrics_addr settle || fail "no metrics address"
+wait_metrics_addr settle || fail "no metrics address"
 local base="http://$(metrics_addr settle)/v1/handlers/pulled"
 api() {
     curl -s -o "$TMP/api.body" -w '%{http_code}' -X POST -H "Authorization: Bearer $TOKEN" \
@@ -703,7 +677,7 @@ done
 }
 
 # MONGO_PARITY_ONLY=pattern runs only the test_* functions whose name matches.
-for t in test_handlers test_server_wait test_pull test_pull_deep test_priorities test_slow_store test_metrics_slow_store test_http_during_slow_store test_renewal_during_slow_store test_batch_stats test_settle_rules test_routes; do
+for t in test_handlers test_server_wait test_pull test_pull_deep test_priorities test_metrics_slow_store test_http_during_slow_store test_renewal_during_slow_store test_batch_stats test_settle_rules test_routes; do
     [[ -z "${MONGO_PARITY_ONLY:-}" || "$t" == *${MONGO_PARITY_ONLY}* ]] && "$t"
 done
 log "done"
