@@ -12,7 +12,9 @@ one JSON line in --log: {"t", "path", "headers" (lower-case names), "body",
                             requests of /<path>, in order; when the list is empty
                             the answer is 200. A behaviour:
                             {"status": 500}, {"status": 429, "retry_after": "2"},
-                            {"delay": 3.0} (then 200), {"drop": true}
+                            {"delay": 3.0} (then 200), {"hold": "FILE"}
+                            (200 once FILE exists, at most 120 s later: the
+                            test answers when it has looked), {"drop": true}
                             (close the connection without answering),
                             {"status": 200, "repeat": true} (sticky).
                             With "match": "text", a behaviour applies only to
@@ -23,6 +25,7 @@ one JSON line in --log: {"t", "path", "headers" (lower-case names), "body",
 """
 import argparse
 import json
+import os
 import socketserver
 import threading
 import time
@@ -87,6 +90,10 @@ class Handler(BaseHTTPRequestHandler):
                 LOG.flush()
         if behaviour.get("delay"):
             time.sleep(float(behaviour["delay"]))
+        if behaviour.get("hold"):
+            deadline = time.monotonic() + 120
+            while not os.path.exists(behaviour["hold"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
         if behaviour.get("drop"):
             self.close_connection = True
             self.connection.shutdown(2)
