@@ -2,6 +2,9 @@
 # A throwaway PostgreSQL cluster for tests, demos and crash tests.
 #
 #   test/cluster.sh start DIR              initdb (first time) + start; writes DIR/env
+#   test/cluster.sh init DIR               initdb only (a template for clone; never started)
+#   test/cluster.sh clone TEMPLATE DIR     copy TEMPLATE's stopped data directory, give it
+#                                          its own port and socket directory, start it
 #   test/cluster.sh stop DIR               fast shutdown (falls back to immediate, then SIGKILL)
 #   test/cluster.sh stop-immediate DIR     immediate shutdown (a crash: recovery on next start)
 #   test/cluster.sh restart DIR            fast stop + start
@@ -29,10 +32,17 @@
 set -euo pipefail
 
 usage() {
-    echo "usage: $0 {start|stop|stop-immediate|restart|restart-immediate|status|destroy} DIR" >&2
+    echo "usage: $0 {start|init|stop|stop-immediate|restart|restart-immediate|status|destroy} DIR" >&2
+    echo "       $0 clone TEMPLATE DIR" >&2
     exit 2
 }
 
+template=
+if [[ "${1:-}" == clone ]]; then
+    (($# == 3)) || usage
+    template=$2
+    set -- clone "$3"
+fi
 (($# == 2)) || usage
 cmd=$1
 dir=$2
@@ -46,7 +56,7 @@ MARKER=.relaybus-test-cluster
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 
-if [[ "$cmd" == start ]]; then
+if [[ "$cmd" == start || "$cmd" == init || "$cmd" == clone ]]; then
     mkdir -p "$dir"
 elif [[ ! -d "$dir" ]]; then
     [[ "$cmd" == destroy || "$cmd" == stop || "$cmd" == stop-immediate ]] && exit 0
@@ -239,24 +249,53 @@ do_stop() {
     kill_strays
 }
 
+# A copy of an initdb'ed data directory costs a fraction of initdb, which is
+# what lets every integration script have its own cluster: only the lines that
+# make a cluster distinct (port, socket directory) are rewritten, appended
+# last so that they win over the template's.
+do_clone() {
+    local src
+    src=$(cd "$template" && pwd -P)/data
+    [[ -f "$src/PG_VERSION" && ! -f "$src/postmaster.pid" ]] \
+        || die "clone: $template is not a stopped test cluster (test/cluster.sh init)"
+    [[ ! -e "$data" ]] || die "clone: $data exists"
+    cp -a "$src" "$data"
+    rm -f "$data/postmaster.opts"
+    printf "port = %s\nunix_socket_directories = '%s'\n" "$(free_port)" "$dir" >>"$data/postgresql.conf"
+}
+
+prepare_dir() {
+    touch "$dir/$MARKER"
+    mkdir -p "$dir/log"
+    if ((EUID == 0)); then
+        id postgres >/dev/null 2>&1 || die "user postgres does not exist (run scripts/install-deps.sh)"
+        chown postgres:postgres "$dir" "$dir/log"
+        [[ -e "$log" ]] && chown postgres:postgres "$log"
+        chmod 755 "$dir"
+        runuser -u postgres -- test -w "$dir" \
+            || die "user postgres cannot reach $dir (a parent directory is not traversable)"
+    fi
+}
+
 case "$cmd" in
     start)
-        touch "$dir/$MARKER"
-        mkdir -p "$dir/log"
-        if ((EUID == 0)); then
-            id postgres >/dev/null 2>&1 || die "user postgres does not exist (run scripts/install-deps.sh)"
-            chown postgres:postgres "$dir" "$dir/log"
-            [[ -e "$log" ]] && chown postgres:postgres "$log"
-            chmod 755 "$dir"
-            runuser -u postgres -- test -w "$dir" \
-                || die "user postgres cannot reach $dir (a parent directory is not traversable)"
-        fi
+        prepare_dir
         fresh=no
         if [[ ! -f "$data/PG_VERSION" ]]; then
             do_initdb
             fresh=yes
         fi
         do_start "$fresh"
+        ;;
+    init)
+        prepare_dir
+        [[ -f "$data/PG_VERSION" ]] || do_initdb
+        echo "cluster initialised: $dir"
+        ;;
+    clone)
+        prepare_dir
+        do_clone
+        do_start yes
         ;;
     stop)
         do_stop fast

@@ -7,21 +7,24 @@
 # Steps: install deps, make + make install (top-level PGXS Makefile), core unit
 # tests (make -C test/core check, GoogleTest; again as suite core-asan under
 # AddressSanitizer + UBSan: make -C test/core check-asan; the Kafka producer
-# against a real broker as suite core-kafka: test/core/kafka/run.sh), a throwaway cluster
-# (test/cluster.sh), pg_regress + isolation (make installcheck), pgTAP
-# (pg_prove in database relay_tap), and every executable test/integration/*.sh.
+# against a real broker as suite core-kafka: test/core/kafka/run.sh), a template
+# cluster (test/cluster.sh init) that every suite's cluster is a copy of,
+# pg_regress + isolation (make installcheck), pgTAP (pg_prove in database
+# relay_tap), and every executable test/integration/*.sh.
 #
-# Two lanes (test/README.md, "How a full run is organised"): the main lane
-# runs the above in that order, core-asan last; the FerretDB lane runs the
-# relaybus-mongo suites (scripts that source mongo_lib.sh, which never use the
-# cluster) beside it from the start, and its logs are shown whole after the
-# main lane's. core-asan's compile runs in the background at nice 19. Every
-# step and suite line, and the summary, give its wall time.
+# After the deps, all of it runs as jobs in one pool (test/README.md, "How a
+# full run is organised"): setup first, then the suites side by side, each
+# integration script on a cluster of its own (the relaybus-mongo scripts,
+# which source mongo_lib.sh, on FerretDB instead). Each job's logs are shown
+# whole when it ends. core-asan's compile runs in the background at nice 19.
+# Every step and suite line, and the summary, give its wall time.
 #
-# Environment: JOBS (parallel make, default nproc), RELAYBUS_SUITE_TIMEOUT
-# (seconds per suite, default 1800), RELAYBUS_INTEGRATION_TIMEOUT (seconds per
-# integration script, default 1200), RELAYBUS_KEEP_CLUSTER=1 (do not destroy the
-# cluster at the end), plus test/cluster.sh's variables.
+# Environment: JOBS (parallel make, default nproc), RELAYBUS_TEST_JOBS (jobs at
+# a time, default 3 x JOBS), RELAYBUS_SUITE_TIMEOUT (seconds per suite, default
+# 1800), RELAYBUS_INTEGRATION_TIMEOUT (seconds per integration script, default
+# 1200), RELAYBUS_KEEP_CLUSTER=1 (do not destroy the cluster of regress,
+# isolation and pgtap, nor that of a failed integration script), RELAYBUS_CACHE
+# (where job-times is kept), plus test/cluster.sh's variables.
 #
 # Parser self-test:  test/run_all.sh --parse {gtest|regress|tap|plain} LOGFILE [RC]
 set -uo pipefail
@@ -128,8 +131,7 @@ TOTAL_PASSED=0
 TOTAL_FAILED=0
 SUMMARY=()
 CLUSTER_DIR=
-CLUSTER_OK=no
-BUILD_OK=no
+TEMPLATE_DIR=
 
 CHILD=
 RC=0
@@ -201,20 +203,6 @@ step() {
     return 1
 }
 
-# run_suite NAME PARSER TIMEOUT CMD...: runs CMD with output shown and logged,
-# parses the log, records the counts. A non-zero exit with no failure counted,
-# or a run that counted nothing, is one failure.
-run_suite() {
-    local name=$1 parser=$2 limit=$3 log
-    shift 3
-    LAST_FAILED=0
-    wanted "$name" || return 0
-    log="$LOGDIR/$(tr '/ ' '__' <<<"$name").log"
-    banner "suite $name: $*"
-    run_logged "$limit" "$log" "$@"
-    record_suite "$name" "$parser" "$limit" "$log" "$RC" "$RUN_SECS"
-}
-
 # record_suite NAME PARSER LIMIT LOG RC SECS: parses a finished suite's log and
 # records its counts (sets LAST_LOG, LAST_FAILED).
 record_suite() {
@@ -235,110 +223,296 @@ record_suite() {
     LAST_FAILED=$f
 }
 
-# ---------------------------------------------------------------- the FerretDB lane
-# The relaybus-mongo suites (integration scripts that source mongo_lib.sh) run
-# FerretDB, the HTTP receiver and the sidecar, never the cluster, and take
-# minutes mostly waiting: they run as a second lane in the background, from
-# the start of the run, beside everything else (the "main lane"). First step
-# mongo-build (FerretDB's go build and relaybus-mongo's make, at normal CPU
-# priority: this lane is the longer one), then each suite in turn, each
-# into its own log; nothing is shown while they run. At the end the main lane
-# waits for the lane and shows each of its logs whole, in order, and records its
-# counts like any other suite's.
-LANE_PID=
-LANE_SUITES=()
+# ---------------------------------------------------------------- the pool
+# After the deps, everything is a job in one pool of RELAYBUS_TEST_JOBS slots
+# (default 3 per CPU: most suites spend their time waiting on leases, brokers,
+# receivers and servers, not computing). A job runs in a background subshell;
+# each of its steps and suites writes its own log and one line to the job's
+# results file. When a job ends, the main shell shows its logs whole and
+# records them like any other, so the output comes in the order jobs end
+# (nothing is shown while a job runs). A job starts once the jobs it needs have
+# ended, the longest first by its wall time in earlier runs
+# ($RELAYBUS_CACHE/job-times), so that a long suite does not start last.
+POOL_SIZE=${RELAYBUS_TEST_JOBS:-$((3 * JOBS))}
+TIMES_FILE=${RELAYBUS_CACHE:-$HOME/.cache/relaybus}/job-times
+declare -A JOB_CMD=() JOB_NEEDS=() JOB_PRIO=() JOB_PID=() JOB_RC=() JOB_SECS=() JOB_T0=() STEP_OK=()
+PENDING=()
+RUNNING=()
+mkdir -p "$LOGDIR/jobs"
 
-# lane_run LIMIT LOG CMD...: run_logged without showing the output.
-lane_run() { RUN_QUIET=1 run_logged "$@"; }
+job_file() { printf '%s/jobs/%s' "$LOGDIR" "$(tr '/ ' '__' <<<"$1")"; }
 
-# ferretdb_lane: the lane itself (in a background subshell). Writes one line
-# per step/suite to $LOGDIR/lane.results: "step NAME RC SECS LOG CMD" or
-# "suite NAME RC SECS LOG CMD".
-ferretdb_lane() {
-    trap '[[ -n "$CHILD" ]] && kill -TERM "$CHILD" 2>/dev/null; exit 130' TERM INT HUP
-    local t name log
-    log=$LOGDIR/lane-step-mongo-build.log
-    lane_run "$SUITE_TIMEOUT" "$log" bash -c \
-        'bash test/ferretdb/build.sh && make -s -C src/mongo -j"$1"' mongo-build "$JOBS"
-    echo "step mongo-build $RC $RUN_SECS $log bash test/ferretdb/build.sh && make -C src/mongo" >>"$LOGDIR/lane.results"
-    for t in "${LANE_SUITES[@]}"; do
-        name="integration/$(basename "$t" .sh)"
-        log="$LOGDIR/$(tr '/ ' '__' <<<"$name").log"
-        lane_run "$INTEGRATION_TIMEOUT" "$log" "$ROOT/$t"
-        echo "suite $name $RC $RUN_SECS $log $ROOT/$t" >>"$LOGDIR/lane.results"
+# add_job NAME NEEDS PRIORITY CMD...: NEEDS, the jobs that must have ended
+# first (a job not queued counts as ended; asan-prebuild is the background
+# build below); PRIORITY, empty for the job's wall time in earlier runs.
+add_job() {
+    local name=$1 needs=$2 prio=$3
+    shift 3
+    if [[ -z "$prio" ]]; then
+        prio=$(awk -v n="$name" '$1 == n { t = $2 } END { print t + 0 }' "$TIMES_FILE" 2>/dev/null)
+        ((prio > 0)) || prio=60
+    fi
+    JOB_CMD[$name]=$(printf '%q ' "$@")
+    JOB_NEEDS[$name]=$needs
+    JOB_PRIO[$name]=$prio
+    PENDING+=("$name")
+}
+
+job_ready() {
+    local n
+    for n in ${JOB_NEEDS[$1]}; do
+        if [[ $n == asan-prebuild ]]; then
+            [[ -z "$ASAN_PREBUILD_PID" ]] || return 1
+        elif [[ -n "${JOB_CMD[$n]:-}" && -z "${JOB_RC[$n]:-}" ]]; then
+            return 1
+        fi
+    done
+    return 0
+}
+
+# Inside a job (the subshell): JOB_RESULTS is its results file, JOB_CLUSTER a
+# cluster to destroy if it is stopped.
+job_abort() {
+    [[ -n "$CHILD" ]] && kill -TERM "$CHILD" 2>/dev/null && wait "$CHILD" 2>/dev/null
+    [[ -n "$JOB_CLUSTER" ]] && bash "$ROOT/test/cluster.sh" destroy "$JOB_CLUSTER" >/dev/null 2>&1
+    exit 130
+}
+
+start_job() {
+    local name=$1 f
+    f=$(job_file "$name")
+    : >"$f.results"
+    (
+        JOB_RESULTS=$f.results
+        JOB_CLUSTER=
+        CHILD=
+        trap - EXIT
+        trap job_abort TERM INT HUP
+        eval "${JOB_CMD[$name]}"
+    ) </dev/null &
+    JOB_PID[$name]=$!
+    JOB_T0[$name]=$SECONDS
+    RUNNING+=("$name")
+}
+
+# job_step NAME CMD...: a setup step, in a job; returns non-zero if it failed.
+job_step() {
+    local name=$1 log=$LOGDIR/step-$1.log
+    shift
+    RUN_QUIET=1 run_logged "$SUITE_TIMEOUT" "$log" "$@"
+    echo "step $name $RC $RUN_SECS $log $*" >>"$JOB_RESULTS"
+    ((RC == 0))
+}
+
+# job_suite NAME PARSER LIMIT CMD...: a suite, in a job. Its banner shows
+# JOB_SHOW if set, else CMD.
+job_suite() {
+    local name=$1 parser=$2 limit=$3 log
+    shift 3
+    log="$LOGDIR/$(tr '/ ' '__' <<<"$name").log"
+    RUN_QUIET=1 run_logged "$limit" "$log" "$@"
+    echo "suite $name $parser $limit $RC $RUN_SECS $log ${JOB_SHOW:-$*}" >>"$JOB_RESULTS"
+}
+
+# job_fail NAME NOTE: a suite that could not run (one failure).
+job_fail() { echo "fail $1 $2" >>"$JOB_RESULTS"; }
+
+# collect_job NAME: the job has ended; show and record what it ran.
+collect_job() {
+    local name=$1 kind n rest parser limit rc secs log cmd any=no
+    wait "${JOB_PID[$name]}"
+    JOB_RC[$name]=$?
+    JOB_SECS[$name]=$((SECONDS - JOB_T0[$name]))
+    while read -r kind n rest; do
+        any=yes
+        case $kind in
+            step)
+                read -r rc secs log cmd <<<"$rest"
+                banner "step $n: $cmd"
+                cat "$log"
+                if ((rc == 0)); then
+                    STEP_OK[$n]=yes
+                    SUMMARY+=("step $n: ok ($secs s)")
+                    echo "step $n: ok ($secs s)"
+                else
+                    STEP_OK[$n]=no
+                    SUMMARY+=("step $n: FAILED ($secs s)")
+                    echo "step $n: FAILED ($secs s)"
+                    TOTAL_FAILED=$((TOTAL_FAILED + 1))
+                fi
+                ;;
+            suite)
+                read -r parser limit rc secs log cmd <<<"$rest"
+                banner "suite $n: $cmd"
+                cat "$log"
+                record_suite "$n" "$parser" "$limit" "$log" "$rc" "$secs"
+                if ((LAST_FAILED > 0)); then
+                    [[ $n == regress ]] && show_diffs "$log" \
+                        "$ROOT/results_regress/regression.diffs" "$ROOT/regression.diffs"
+                    [[ $n == isolation ]] && show_diffs "$log" \
+                        "$ROOT/results_isolation/regression.diffs" "$ROOT/output_iso/regression.diffs"
+                    if [[ -s "$log.server" ]]; then
+                        banner "server log of $n (last 100 lines)"
+                        cat "$log.server"
+                    fi
+                fi
+                ;;
+            fail)
+                banner "suite $n"
+                record "$n" 0 1 "$rest"
+                ;;
+        esac
+    done <"$(job_file "$name").results"
+    if [[ $any == no ]]; then
+        SUMMARY+=("job $name: ended without a result (exit ${JOB_RC[$name]})")
+        echo "job $name: ended without a result (exit ${JOB_RC[$name]})"
+        TOTAL_FAILED=$((TOTAL_FAILED + 1))
+    fi
+}
+
+run_pool() {
+    local name best alive still
+    while ((${#PENDING[@]} + ${#RUNNING[@]} > 0)); do
+        alive=" $(jobs -rp | tr '\n' ' ') "
+        still=()
+        for name in "${RUNNING[@]}"; do
+            if [[ "$alive" == *" ${JOB_PID[$name]} "* ]]; then
+                still+=("$name")
+            else
+                collect_job "$name"
+            fi
+        done
+        RUNNING=("${still[@]}")
+        if [[ -n "$ASAN_PREBUILD_PID" && "$alive" != *" $ASAN_PREBUILD_PID "* ]]; then
+            wait "$ASAN_PREBUILD_PID"
+            ASAN_PREBUILD_PID=
+        fi
+        while ((${#RUNNING[@]} < POOL_SIZE)); do
+            best=
+            for name in "${PENDING[@]}"; do
+                job_ready "$name" || continue
+                if [[ -z "$best" ]] || ((JOB_PRIO[$name] > JOB_PRIO[$best])); then best=$name; fi
+            done
+            [[ -n "$best" ]] || break
+            still=()
+            for name in "${PENDING[@]}"; do [[ "$name" == "$best" ]] || still+=("$name"); done
+            PENDING=("${still[@]}")
+            start_job "$best"
+        done
+        ((${#PENDING[@]} + ${#RUNNING[@]} > 0)) && sleep 0.5
     done
 }
 
-start_ferretdb_lane() {
-    local t
+# save_job_times: this run's wall time per job, for the next run's order.
+save_job_times() {
+    local name tmp
+    mkdir -p "$(dirname "$TIMES_FILE")" 2>/dev/null || return 0
+    tmp=$(mktemp "$TIMES_FILE.XXXXXX") || return 0
+    {
+        for name in "${!JOB_SECS[@]}"; do echo "$name ${JOB_SECS[$name]}"; done
+        [[ -f "$TIMES_FILE" ]] && cat "$TIMES_FILE"
+    } | awk '!seen[$1]++' | sort >"$tmp" && mv -f "$tmp" "$TIMES_FILE"
+}
+
+# ---------------------------------------------------------------- the jobs
+job_build() {
+    job_step build make -j"$JOBS" PG_CONFIG="$PG_CONFIG" && job_step install make install PG_CONFIG="$PG_CONFIG"
+    job_step listen-client bash test/integration/lib.sh --build-client
+}
+
+job_core() {
+    wanted core && job_suite core gtest "$SUITE_TIMEOUT" make -C test/core -j"$JOBS" check
+    # KafkaSink against a real single-node broker that the suite starts.
+    wanted core-kafka && job_suite core-kafka gtest "$SUITE_TIMEOUT" bash test/core/kafka/run.sh
+}
+
+# The core tests built with AddressSanitizer + UndefinedBehaviorSanitizer (leak
+# detection on): a memory error or UB aborts the binary, which fails the suite.
+job_core_asan() {
+    job_suite core-asan gtest "$SUITE_TIMEOUT" make -C test/core -j"$JOBS" check-asan
+}
+
+cluster_is_up() { bash "$ROOT/test/cluster.sh" status "$CLUSTER_DIR" >/dev/null 2>&1; }
+
+# regress, isolation and pgtap, one after another on the first cluster. Two
+# make runs, so that a failing pg_regress does not keep the isolation tests
+# from running (PGXS's installcheck stops at the first failing command).
+job_main_suites() {
+    local s tap_files
+    if [[ "${STEP_OK[cluster]:-}" != yes ]] \
+        || ! job_step main-cluster bash "$ROOT/test/cluster.sh" clone "$TEMPLATE_DIR" "$CLUSTER_DIR"; then
+        for s in regress isolation pgtap; do wanted $s && job_fail $s "no cluster"; done
+        return
+    fi
+    # shellcheck disable=SC1091
+    source "$CLUSTER_DIR/env"
+    export PGHOST PGPORT PGUSER PGDATABASE RELAYBUS_CLUSTER_DIR
+    wanted regress && job_suite regress regress "$SUITE_TIMEOUT" make installcheck ISOLATION= PG_CONFIG="$PG_CONFIG"
+    cluster_is_up || bash "$ROOT/test/cluster.sh" start "$CLUSTER_DIR" >/dev/null 2>&1
+    wanted isolation && job_suite isolation regress "$SUITE_TIMEOUT" make installcheck REGRESS= PG_CONFIG="$PG_CONFIG"
+    cluster_is_up || bash "$ROOT/test/cluster.sh" start "$CLUSTER_DIR" >/dev/null 2>&1
+    wanted pgtap || return 0
     shopt -s nullglob
-    for t in test/integration/*.sh; do
-        [[ -x "$t" ]] && grep -q 'mongo_lib\.sh' "$t" && wanted "integration/$(basename "$t" .sh)" &&
-            LANE_SUITES+=("$t")
-    done
+    tap_files=(test/pgtap/*.sql)
     shopt -u nullglob
-    ((${#LANE_SUITES[@]} > 0)) || return 0
-    : >"$LOGDIR/lane.results"
-    ferretdb_lane &
-    LANE_PID=$!
+    if ((${#tap_files[@]} == 0)); then
+        job_fail pgtap "no test/pgtap/*.sql"
+    elif ! psql -X -q -v ON_ERROR_STOP=1 -d postgres \
+            -c 'SET client_min_messages = warning' \
+            -c 'DROP DATABASE IF EXISTS relay_tap' -c 'CREATE DATABASE relay_tap' </dev/null \
+         || ! psql -X -q -v ON_ERROR_STOP=1 -d relay_tap \
+            -c 'CREATE EXTENSION pgtap' -c 'CREATE EXTENSION relaybus' </dev/null; then
+        job_fail pgtap "could not set up database relay_tap"
+    else
+        job_suite pgtap tap "$SUITE_TIMEOUT" \
+            pg_prove -h "$PGHOST" -p "$PGPORT" -U postgres -d relay_tap "${tap_files[@]}"
+    fi
+}
+
+# One integration script. A relaybus-mongo script (it sources mongo_lib.sh)
+# uses FerretDB, the receiver and the sidecar, never a cluster; any other gets
+# a cluster of its own, a copy of the template, so that what it does to its
+# server (settings, restarts, crashes, SIGSTOP, reading the log) reaches no
+# other suite. Its last 100 lines of server log are shown if it fails.
+job_integration() {
+    local t=$1 name log
+    name="integration/$(basename "$t" .sh)"
+    if grep -q 'mongo_lib\.sh' "$t"; then
+        job_suite "$name" plain "$INTEGRATION_TIMEOUT" "$ROOT/$t"
+        return
+    fi
+    if [[ "${STEP_OK[cluster]:-}" != yes ]]; then
+        job_fail "$name" "no cluster"
+        return
+    fi
+    JOB_CLUSTER=$(mktemp -d /tmp/relaybus-it.XXXXXX)
+    log="$LOGDIR/$(tr '/ ' '__' <<<"$name").log"
+    JOB_SHOW="$ROOT/$t (its cluster: $JOB_CLUSTER)"
+    job_suite "$name" plain "$INTEGRATION_TIMEOUT" bash -c \
+        'bash "$1" clone "$2" "$3" || exit 1; source "$3/env"; exec "$4"' "$name" \
+        "$ROOT/test/cluster.sh" "$TEMPLATE_DIR" "$JOB_CLUSTER" "$ROOT/$t"
+    if ((RC != 0)); then
+        tail -n 100 "$JOB_CLUSTER/log/postgresql.log" >"$log.server" 2>/dev/null
+        if [[ "${RELAYBUS_KEEP_CLUSTER:-0}" == 1 ]]; then
+            echo "(cluster kept: source $JOB_CLUSTER/env; test/cluster.sh destroy $JOB_CLUSTER)" >>"$log.server"
+            return
+        fi
+    fi
+    bash "$ROOT/test/cluster.sh" destroy "$JOB_CLUSTER" >/dev/null 2>&1
+    JOB_CLUSTER=
 }
 
 # core-asan's build is minutes of compiling and seconds of testing: it goes on
 # in the background from the start at the lowest CPU priority, on the CPU the
-# waiting suites leave idle; the suite core-asan runs at the end of the main
-# lane, after waiting for it (its make then only runs the tests; a failed
-# prebuild leaves the suite's own make to build and report).
+# waiting suites leave idle, outside the pool; the job core-asan starts when
+# it has ended (its make then only runs the tests; a failed prebuild leaves
+# the suite's own make to build and report).
 ASAN_PREBUILD_PID=
 start_asan_prebuild() {
     [[ -f test/core/Makefile ]] && wanted core-asan || return 0
     timeout -k 30 "$SUITE_TIMEOUT" nice -n 19 make -C test/core -j"$JOBS" "$ROOT/test/core/core_tests_asan" \
         </dev/null >"$LOGDIR/asan-prebuild.log" 2>&1 &
     ASAN_PREBUILD_PID=$!
-}
-wait_asan_prebuild() {
-    [[ -n "$ASAN_PREBUILD_PID" ]] || return 0
-    local t0=$SECONDS
-    wait "$ASAN_PREBUILD_PID"
-    ASAN_PREBUILD_PID=
-    echo "(waited $((SECONDS - t0)) s for core-asan's background build)"
-}
-
-in_lane() {
-    local t
-    for t in "${LANE_SUITES[@]}"; do [[ "$t" == "$1" ]] && return 0; done
-    return 1
-}
-
-# finish_ferretdb_lane: waits for the lane, then shows and records its results.
-finish_ferretdb_lane() {
-    local kind name rc secs log cmd
-    [[ -n "$LANE_PID" ]] || return 0
-    local t0=$SECONDS
-    banner "waiting for the FerretDB lane"
-    wait "$LANE_PID"
-    LANE_PID=
-    echo "(waited $((SECONDS - t0)) s for the FerretDB lane)"
-    while read -r kind name rc secs log cmd; do
-        banner "$kind $name: $cmd (FerretDB lane)"
-        cat "$log"
-        if [[ $kind == step ]]; then
-            if ((rc == 0)); then
-                SUMMARY+=("step $name: ok ($secs s)")
-                echo "step $name: ok ($secs s)"
-            else
-                SUMMARY+=("step $name: FAILED ($secs s)")
-                echo "step $name: FAILED ($secs s)"
-                TOTAL_FAILED=$((TOTAL_FAILED + 1))
-            fi
-        else
-            record_suite "$name" plain "$INTEGRATION_TIMEOUT" "$log" "$rc" "$secs"
-        fi
-    done <"$LOGDIR/lane.results"
-    # A suite the lane did not get to (it was stopped) counts as failed.
-    for t in "${LANE_SUITES[@]}"; do
-        name="integration/$(basename "$t" .sh)"
-        grep -q "^suite $name " "$LOGDIR/lane.results" || record "$name" 0 1 "the FerretDB lane did not run it"
-    done
 }
 
 # Print the diffs named by pg_regress ("... can be viewed in the file "X"."),
@@ -360,35 +534,38 @@ show_diffs() {
     done
 }
 
-stop_background() {
-    [[ -n "$ASAN_PREBUILD_PID" ]] && kill -TERM "$ASAN_PREBUILD_PID" 2>/dev/null
-    [[ -n "$LANE_PID" ]] && kill -TERM "$LANE_PID" 2>/dev/null
-    [[ -n "$ASAN_PREBUILD_PID$LANE_PID" ]] && wait $ASAN_PREBUILD_PID $LANE_PID 2>/dev/null
+
+stop_jobs() {
+    local name pids=()
+    [[ -n "$ASAN_PREBUILD_PID" ]] && pids+=("$ASAN_PREBUILD_PID")
+    for name in "${RUNNING[@]}"; do pids+=("${JOB_PID[$name]}"); done
+    ((${#pids[@]} > 0)) || return 0
+    kill -TERM "${pids[@]}" 2>/dev/null
+    wait "${pids[@]}" 2>/dev/null
     ASAN_PREBUILD_PID=
-    LANE_PID=
+    RUNNING=()
 }
 cleanup() {
-    stop_background
+    stop_jobs
     if [[ -n "$CLUSTER_DIR" && "${RELAYBUS_KEEP_CLUSTER:-0}" != 1 ]]; then
         bash "$ROOT/test/cluster.sh" destroy "$CLUSTER_DIR" >/dev/null 2>&1
     fi
+    [[ -n "$TEMPLATE_DIR" ]] && bash "$ROOT/test/cluster.sh" destroy "$TEMPLATE_DIR" >/dev/null 2>&1
     CLUSTER_DIR=
+    TEMPLATE_DIR=
     rm -rf "$LOGDIR"
 }
 trap cleanup EXIT
 on_signal() {
     echo "run_all.sh: interrupted" >&2
     [[ -n "$CHILD" ]] && kill -TERM "$CHILD" 2>/dev/null
-    [[ -n "$LANE_PID" ]] && kill -TERM "$LANE_PID" 2>/dev/null
-    [[ -n "$ASAN_PREBUILD_PID" ]] && kill -TERM "$ASAN_PREBUILD_PID" 2>/dev/null
+    stop_jobs
     wait 2>/dev/null
-    LANE_PID=
-    ASAN_PREBUILD_PID=
     exit 130
 }
 trap on_signal INT TERM HUP
 
-# ---------------------------------------------------------------- (a) deps
+# ---------------------------------------------------------------- deps
 RUN_START=$(date +%s)
 step deps bash "$ROOT/scripts/install-deps.sh"
 
@@ -398,120 +575,61 @@ if BINDIR=$("$PG_CONFIG" --bindir 2>/dev/null); then
     export PATH="$BINDIR:$PATH"
 fi
 export RELAYBUS_ROOT=$ROOT
-start_ferretdb_lane
-start_asan_prebuild
-
-# ---------------------------------------------------------------- (b) build
-if step build make -j"$JOBS" PG_CONFIG="$PG_CONFIG" \
-        && step install make install PG_CONFIG="$PG_CONFIG"; then
-    BUILD_OK=yes
-fi
-
-# ---------------------------------------------------------------- (c) core
-if [[ -f test/core/Makefile ]]; then
-    run_suite core gtest "$SUITE_TIMEOUT" make -C test/core -j"$JOBS" check
-    # (core-asan runs at the end of the main lane: see start_asan_prebuild.)
-    # KafkaSink against a real single-node broker that the suite starts.
-    run_suite core-kafka gtest "$SUITE_TIMEOUT" bash test/core/kafka/run.sh
-else
-    record core 0 1 "test/core/Makefile missing"
-    record core-kafka 0 1 "test/core/Makefile missing"
-fi
-
-# ---------------------------------------------------------------- (d) cluster
+TEMPLATE_DIR=$(mktemp -d /tmp/relaybus-template.XXXXXX)
 CLUSTER_DIR=$(mktemp -d /tmp/relaybus-test.XXXXXX)
-if step cluster bash "$ROOT/test/cluster.sh" start "$CLUSTER_DIR"; then
-    CLUSTER_OK=yes
-    # shellcheck disable=SC1091
-    source "$CLUSTER_DIR/env"
-    export PGHOST PGPORT PGUSER PGDATABASE RELAYBUS_CLUSTER_DIR
-else
-    [[ "$BUILD_OK" == yes ]] || echo "(the cluster preloads relaybus, which did not build)"
-fi
-export RELAYBUS_ROOT=$ROOT
 
-ensure_cluster() {
-    [[ "$CLUSTER_OK" == yes ]] || return 1
-    bash "$ROOT/test/cluster.sh" status "$CLUSTER_DIR" >/dev/null 2>&1 && return 0
-    echo "(cluster is down; restarting it)"
-    bash "$ROOT/test/cluster.sh" start "$CLUSTER_DIR"
-}
-
-# ---------------------------------------------------------------- (e) regress + isolation
-# Two make runs, so that a failing pg_regress does not keep the isolation tests
-# from running (PGXS's installcheck stops at the first failing command).
-if ensure_cluster; then
-    run_suite regress regress "$SUITE_TIMEOUT" make installcheck ISOLATION= PG_CONFIG="$PG_CONFIG"
-    ((LAST_FAILED > 0)) && show_diffs "$LAST_LOG" \
-        "$ROOT/results_regress/regression.diffs" "$ROOT/regression.diffs"
-else
-    record regress 0 1 "no cluster"
-fi
-if ensure_cluster; then
-    run_suite isolation regress "$SUITE_TIMEOUT" make installcheck REGRESS= PG_CONFIG="$PG_CONFIG"
-    ((LAST_FAILED > 0)) && show_diffs "$LAST_LOG" \
-        "$ROOT/results_isolation/regression.diffs" "$ROOT/output_iso/regression.diffs"
-else
-    record isolation 0 1 "no cluster"
-fi
-
-# ---------------------------------------------------------------- (f) pgTAP
+# ---------------------------------------------------------------- the jobs, queued
+# Setup first (their priorities put them ahead of every suite), then the
+# suites. src/core is compiled once, by the extension's build: the core
+# tests and relaybus-mongo link the same objects (src/core/core.mk), so they
+# wait for it.
+add_job build "" 1000004 job_build
+# The template every suite's cluster is a copy of (test/cluster.sh clone).
+add_job cluster "" 1000003 job_step cluster bash "$ROOT/test/cluster.sh" init "$TEMPLATE_DIR"
 shopt -s nullglob
-tap_files=(test/pgtap/*.sql)
-if ((${#tap_files[@]} == 0)); then
-    record pgtap 0 1 "no test/pgtap/*.sql"
-elif ! ensure_cluster; then
-    record pgtap 0 1 "no cluster"
-elif ! psql -X -q -v ON_ERROR_STOP=1 -d postgres \
-        -c 'SET client_min_messages = warning' \
-        -c 'DROP DATABASE IF EXISTS relay_tap' -c 'CREATE DATABASE relay_tap' </dev/null \
-     || ! psql -X -q -v ON_ERROR_STOP=1 -d relay_tap \
-        -c 'CREATE EXTENSION pgtap' -c 'CREATE EXTENSION relaybus' </dev/null; then
-    record pgtap 0 1 "could not set up database relay_tap"
-else
-    run_suite pgtap tap "$SUITE_TIMEOUT" \
-        pg_prove -h "$PGHOST" -p "$PGPORT" -U postgres -d relay_tap "${tap_files[@]}"
-fi
-
-# ---------------------------------------------------------------- (g) integration
+MONGO_WANTED=no
 for t in test/integration/*.sh; do
-    [[ -x "$t" ]] || continue
-    in_lane "$t" && continue
+    [[ -x "$t" ]] && grep -q 'mongo_lib\.sh' "$t" && wanted "integration/$(basename "$t" .sh)" && MONGO_WANTED=yes
+done
+if [[ $MONGO_WANTED == yes ]]; then
+    add_job ferretdb-build "" 1000002 job_step ferretdb-build bash test/ferretdb/build.sh
+    add_job mongo-build "build" 1000001 job_step mongo-build make -s -C src/mongo -j"$JOBS"
+fi
+if [[ -f test/core/Makefile ]]; then
+    { wanted core || wanted core-kafka; } && add_job core "build" "" job_core
+    wanted core-asan && add_job core-asan "asan-prebuild" "" job_core_asan
+else
+    for s in core core-kafka core-asan; do record "$s" 0 1 "test/core/Makefile missing"; done
+fi
+{ wanted regress || wanted isolation || wanted pgtap; } && add_job main-suites "build cluster" "" job_main_suites
+# The relaybus-mongo scripts first: without earlier runs' times (a fresh
+# clone) all suites count as equally long and go in this order, and these
+# are the longest and start last (after mongo-build).
+for t in test/integration/*.sh; do
+    [[ -x "$t" ]] && grep -q 'mongo_lib\.sh' "$t" || continue
     name="integration/$(basename "$t" .sh)"
-    if ensure_cluster; then
-        run_suite "$name" plain "$INTEGRATION_TIMEOUT" "$ROOT/$t"
-    else
-        record "$name" 0 1 "no cluster"
-    fi
+    wanted "$name" && add_job "$name" "ferretdb-build mongo-build" "" job_integration "$t"
+done
+for t in test/integration/*.sh; do
+    [[ -x "$t" ]] && ! grep -q 'mongo_lib\.sh' "$t" || continue
+    name="integration/$(basename "$t" .sh)"
+    wanted "$name" && add_job "$name" "build cluster" "" job_integration "$t"
 done
 shopt -u nullglob
 
-# ---------------------------------------------------------------- (h) core-asan
-if [[ -f test/core/Makefile ]]; then
-    # The core tests built with AddressSanitizer + UndefinedBehaviorSanitizer
-    # (leak detection on): a memory error or UB aborts the binary, which fails
-    # the suite.
-    wanted core-asan && wait_asan_prebuild
-    run_suite core-asan gtest "$SUITE_TIMEOUT" make -C test/core -j"$JOBS" check-asan
-else
-    record core-asan 0 1 "test/core/Makefile missing"
-fi
-
-# ---------------------------------------------------------------- (i) the FerretDB lane's results
-finish_ferretdb_lane
+start_asan_prebuild
+echo "(${#PENDING[@]} jobs, $POOL_SIZE at a time)"
+run_pool
+save_job_times
 
 # ---------------------------------------------------------------- summary
-if ((TOTAL_FAILED > 0)) && [[ -n "$CLUSTER_DIR" && -f "$CLUSTER_DIR/log/postgresql.log" ]]; then
-    banner "server log (last 100 lines)"
-    tail -n 100 "$CLUSTER_DIR/log/postgresql.log"
-fi
 if [[ "${RELAYBUS_KEEP_CLUSTER:-0}" == 1 && -n "$CLUSTER_DIR" ]]; then
     echo "cluster kept: source $CLUSTER_DIR/env; test/cluster.sh destroy $CLUSTER_DIR"
     CLUSTER_DIR=
 fi
 cleanup
 banner summary
-printf '%s\n' "${SUMMARY[@]}"
+printf '%s\n' "${SUMMARY[@]}" | LC_ALL=C sort -s -k1,1 -k2,2
 echo "wall time: $(($(date +%s) - RUN_START)) s"
 echo "$TOTAL_PASSED passed, $TOTAL_FAILED failed"
 ((TOTAL_FAILED == 0))

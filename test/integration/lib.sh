@@ -268,6 +268,12 @@ create_pub_log() {
 # dump_pub_log DB FILE
 dump_pub_log() { sql "$1" "SELECT id, key FROM pub_log ORDER BY id" >"$2"; }
 
+# `bash lib.sh --build-client` only builds the client: run_all.sh does, once,
+# before the scripts start side by side (each would build its own copy).
+if [[ "${1:-}" == --build-client ]]; then
+    build_client
+    exit
+fi
 # python3 runs the analyses (JSON parsing of the client's output).
 command -v python3 >/dev/null 2>&1 || die "python3 is needed"
 [[ -n "${PGHOST:-}" && -n "${PGPORT:-}" ]] || die "no cluster: PGHOST/PGPORT not set (source DIR/env of test/cluster.sh)"
