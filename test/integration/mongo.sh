@@ -6,14 +6,6 @@
 SUITE=mongo
 source "$(dirname "${BASH_SOURCE[0]}")/mongo_lib.sh"
 SECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
-declare -A R
-analyze() {
-    local line
-    R=()
-    while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done \
-        < <($PY "$INTEG/mongo_check.py" --receiver "$RPORT" "$@")
-    [[ -n "${R[requests]:-}" ]]
-}
 
 # ------------------------------------------------------------------ init, vectors
 log "init"

@@ -135,6 +135,15 @@ wait_metrics_addr() { wait_until 60 has_metrics_addr "$1"; }
 metric() { curl -s "http://$(metrics_addr "$1")/metrics" | awk -v m="$2" '$1==m {print $2}'; }
 stats_field() { "$BIN" stats --database "$1" | $PY -c "import json,sys; print(sum(h['$2'] for h in json.load(sys.stdin)))"; }
 pending_is() { [[ "$(stats_field "$1" pending)" == "$2" ]]; }
+# analyze ARGS...: mongo_check.py's counts of what the receiver got (see there), into R.
+declare -A R
+analyze() {
+    local line
+    R=()
+    while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done \
+        < <($PY "$INTEG/mongo_check.py" --receiver "$RPORT" "$@")
+    [[ -n "${R[requests]:-}" ]]
+}
 stop_instance() {  # PID: SIGTERM, wait; exit code in STOP_RC
     kill -TERM "$1" 2>/dev/null
     wait "$1"

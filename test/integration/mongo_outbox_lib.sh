@@ -1,13 +1,5 @@
 # Helpers of the relaybus-mongo outbox suites (sourced after mongo_lib.sh, not
 # run): mongo_outbox.sh and mongo_segments.sh.
-declare -A R
-analyze() {
-    local line
-    R=()
-    while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done \
-        < <($PY "$INTEG/mongo_check.py" --receiver "$RPORT" "$@")
-    [[ -n "${R[requests]:-}" ]]
-}
 
 outbox_count() { $PYM -c "import pymongo; print(pymongo.MongoClient('$URI')['$1'].relay_outbox.count_documents({}))"; }
 setup_db() {  # DB PATH [handler options]
