@@ -26,8 +26,8 @@ fetch() {
     [[ -f "$CACHE/.complete" ]] && return 0
     command -v mvn >/dev/null || die "maven is missing (scripts/install-deps.sh installs it)"
     mkdir -p "$CACHE"
-    # One fetch at a time (run_all.sh's FerretDB lane and its main lane may both
-    # start a broker): the second waits, then finds the cache complete.
+    # One fetch at a time (run_all.sh runs several suites that start a broker
+    # side by side): the others wait, then find the cache complete.
     exec 9>"$CACHE.lock"
     flock 9
     [[ -f "$CACHE/.complete" ]] && { exec 9>&-; return 0; }
