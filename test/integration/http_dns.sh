@@ -107,9 +107,9 @@ drop_rc=$?
 drop_ms=$((($(date +%s%N) - t0) / 1000000))
 log "(2) DROP DATABASE took $drop_ms ms"
 check_eq "(2) DROP DATABASE succeeds" "0" "$drop_rc"
-# The lookup hangs about 20 s: a DROP that waited for it would take over 15 s.
-# The cap leaves room for a loaded machine (a 3 s cap failed at load 30).
-check "(2) DROP DATABASE does not wait for the lookup: under 10 s ($drop_ms ms)" test "$drop_ms" -lt 10000
+# Waiting for the lookup would take 58 s or more; 20 s leaves room for a loaded
+# machine (2.1 s seen at load 20).
+check "(2) DROP DATABASE takes less than 20 s, not the lookup's ($drop_ms ms)" test "$drop_ms" -lt 20000
 
 # ================================================================ (3) shutdown
 log "(3) server shutdown with a lookup in flight"
