@@ -39,9 +39,11 @@ log "positions of the ten priority-3 deliveries (in the last segment): $pos"
 check_eq "priority-3 deliveries in the last segment go before 2,500 older priority-1 ones (within 10 + concurrency)" \
     "10 ok" "$(wc -w <<<"$pos") $(for p in $pos; do ((p <= 18)) || echo late; done | grep -q late && echo late || echo ok)"
 control /seg '[]'
-if wait_until 180 has_requests /seg 2510; then pass "the backlog drains"; else fail "the backlog drains"; fi
+# About 30 s on a quiet machine; at load 30 (other suites side by side) 493
+# had gone in 180 s. The wait ends at the last one.
+if wait_until 900 has_requests /seg 2510; then pass "the backlog drains"; else fail "the backlog drains"; fi
 rotated() { [[ "$(seg_state)" == "2304 | 1 | 2304 | 0" ]]; }
-if wait_until 20 rotated; then pass "drained segments are dropped; the last one, not yet fully assigned, stays"
+if wait_until 120 rotated; then pass "drained segments are dropped; the last one, not yet fully assigned, stays"
 else fail "drained segments are dropped; the last one, not yet fully assigned, stays" "state: $(seg_state)"; fi
 log "segments after the drain: $(seg_state)"
 n=$(curl -s "$HOOK/_requests" | $PY -c "
