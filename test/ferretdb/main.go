@@ -1,6 +1,7 @@
 // Command ferretdb-test runs FerretDB v1 (github.com/FerretDB/FerretDB/ferretdb,
 // the embeddable package) for relaybus-mongo's tests: the MongoDB wire protocol on
-// a loopback TCP address, the SQLite backend in a directory, telemetry disabled
+// a loopback TCP address, the SQLite backend in a directory (or the PostgreSQL
+// backend with -postgresql-url), telemetry disabled
 // (the embeddable package disables and locks it), no debug listener (the
 // embeddable package starts none).
 //
@@ -10,7 +11,7 @@
 //
 // Usage:
 //
-//	ferretdb-test -dir DIR [-listen 127.0.0.1:0] [-uri-file FILE] [-log-level warn]
+//	ferretdb-test -dir DIR [-postgresql-url URL] [-listen 127.0.0.1:0] [-uri-file FILE] [-log-level warn]
 //
 // With port 0 the kernel picks a free port; the resulting URI
 // (mongodb://127.0.0.1:PORT/) is printed on stdout and written to -uri-file
@@ -33,6 +34,7 @@ import (
 func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "TCP address to listen on (port 0: a free port)")
 	dir := flag.String("dir", "", "directory for the SQLite backend's files (required)")
+	pgURL := flag.String("postgresql-url", "", "use the PostgreSQL backend at this URL instead of SQLite")
 	uriFile := flag.String("uri-file", "", "write the MongoDB URI to this file once listening")
 	logLevel := flag.String("log-level", "warn", "debug, info, warn or error")
 	flag.Parse()
@@ -57,12 +59,17 @@ func main() {
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
-	f, err := ferretdb.New(&ferretdb.Config{
+	config := &ferretdb.Config{
 		Listener:  ferretdb.ListenerConfig{TCP: *listen},
 		Logger:    logger,
 		Handler:   "sqlite",
 		SQLiteURL: "file:" + abs + "/",
-	})
+	}
+	if *pgURL != "" {
+		config.Handler = "postgresql"
+		config.PostgreSQLURL = *pgURL
+	}
+	f, err := ferretdb.New(config)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "ferretdb-test: %v\n", err)
 		os.Exit(1)

@@ -1,6 +1,7 @@
 # Shared setup of the relaybus-mongo test scripts (sourced, not run): builds
 # FerretDB (test/ferretdb/build.sh) and relaybus-mongo, starts FerretDB (SQLite
-# backend) and the real HTTP receiver, and defines the helpers below. The
+# backend, or PostgreSQL with RELAYBUS_FERRETDB_BACKEND=postgresql) and the
+# real HTTP receiver, and defines the helpers below. The
 # sourcing script sets SUITE (a log prefix) first and calls `finish` at the end.
 set -uo pipefail
 
@@ -51,6 +52,7 @@ cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
     PIDS=()
+    stop_ferretdb_pg
     [[ "${RELAYBUS_KEEP_TMP:-0}" == 1 ]] || rm -rf "$TMP"
 }
 finish() {
@@ -79,10 +81,46 @@ log "building FerretDB (once) and relaybus-mongo"
 bash "$ROOT/test/ferretdb/build.sh" || die "FerretDB build failed (needs Go and the module proxy)"
 make -s -C "$ROOT/src/mongo" -j"$(nproc)" >"$TMP/make.log" 2>&1 || { cat "$TMP/make.log"; die "relaybus-mongo build failed"; }
 
+# FerretDB's backend: sqlite (a directory per server) or postgresql (a
+# database per server in a throwaway cluster of this script's own, which
+# needs no relaybus library: RELAYBUS_PRELOAD is empty).
+FDB_BACKEND=${RELAYBUS_FERRETDB_BACKEND:-sqlite}
+case $FDB_BACKEND in
+sqlite) ;;
+postgresql)
+    FDB_PG=$(mktemp -d /tmp/relaybus-fdbpg.XXXXXX)
+    RELAYBUS_PRELOAD='' RELAYBUS_EXTRA_CONF="${RELAYBUS_EXTRA_CONF:-}"$'\nmax_connections = 200' \
+        bash "$ROOT/test/cluster.sh" start "$FDB_PG" >"$TMP/fdb_pg.log" 2>&1 ||
+        { cat "$TMP/fdb_pg.log"; die "PostgreSQL for FerretDB did not start"; }
+    FDB_PG_ENV=$(env -i bash -c "source '$FDB_PG/env'; echo \"\$PGHOST \$PGPORT \$PGUSER\"")
+    read -r FDB_PGHOST FDB_PGPORT FDB_PGUSER <<<"$FDB_PG_ENV"
+    FDB_PGBIN=$("$(bash "$ROOT/scripts/pg-config.sh")" --bindir)
+    ;;
+*) die "RELAYBUS_FERRETDB_BACKEND must be sqlite or postgresql, not $FDB_BACKEND" ;;
+esac
+stop_ferretdb_pg() {
+    [[ -n "${FDB_PG:-}" ]] || return 0
+    bash "$ROOT/test/cluster.sh" destroy "$FDB_PG" >/dev/null 2>&1
+    FDB_PG=
+}
+# ferretdb_store NAME: the ferretdb-test arguments of the store named NAME (the
+# same store again for the same NAME: a restarted server keeps its data).
+ferretdb_store() {
+    if [[ $FDB_BACKEND == sqlite ]]; then
+        printf '%s\n' -dir "$TMP/$1"
+        return
+    fi
+    "$FDB_PGBIN/psql" -h "$FDB_PGHOST" -p "$FDB_PGPORT" -U "$FDB_PGUSER" -d postgres -Atqc \
+        "SELECT 1 FROM pg_database WHERE datname = '$1'" | grep -q 1 ||
+        "$FDB_PGBIN/createdb" -h "$FDB_PGHOST" -p "$FDB_PGPORT" -U "$FDB_PGUSER" "$1" || return 1
+    printf '%s\n' -dir "$TMP/$1" -postgresql-url "postgres://$FDB_PGUSER@127.0.0.1:$FDB_PGPORT/$1"
+}
 # start_ferretdb NAME: a FerretDB on a free port; sets FDB_PID and prints nothing.
 start_ferretdb() {
+    local store
     rm -f "$TMP/uri"
-    "$ROOT/test/ferretdb/bin/ferretdb-test" -dir "$TMP/$1" -uri-file "$TMP/uri" >"$TMP/$1.out" 2>"$TMP/$1.err" &
+    mapfile -t store < <(ferretdb_store "$1")
+    "$ROOT/test/ferretdb/bin/ferretdb-test" "${store[@]}" -uri-file "$TMP/uri" >"$TMP/$1.out" 2>"$TMP/$1.err" &
     FDB_PID=$!
     PIDS+=($FDB_PID)
     wait_until 20 test -s "$TMP/uri" || { cat "$TMP/$1.err"; die "FerretDB did not start"; }
@@ -96,7 +134,7 @@ PIDS+=($!)
 wait_until 15 test -s "$TMP/rport" || die "HTTP receiver did not start"
 RPORT=$(cat "$TMP/rport")
 HOOK="http://127.0.0.1:$RPORT"
-log "FerretDB at $URI, receiver on $RPORT"
+log "FerretDB ($FDB_BACKEND) at $URI, receiver on $RPORT"
 
 control() { curl -s -o /dev/null -X POST --data "$2" "$HOOK/_control${1}"; }
 count_path() {
