@@ -1,9 +1,11 @@
 // Store calls of the outbox and the sequencer (declared in store.hpp). Every
 // write here is idempotent: a sequencer that crashed, or lost its role, and
 // whose work is redone writes the same documents again (duplicates count as done).
+#include <cstdlib>
 #include <cstring>
 
 #include "mongo/outbox.hpp"
+#include "mongo/outbox_order.hpp"
 #include "mongo/store.hpp"
 #include "mongo/util.hpp"
 
@@ -32,14 +34,19 @@ std::vector<int> write_error_codes(const bson_t* reply) {
   return out;
 }
 
-std::vector<std::shared_ptr<bson_t>> drain(mongoc_cursor_t* cur, const char* what) {
-  std::vector<std::shared_ptr<bson_t>> out;
+template <typename F>
+void each_doc(mongoc_cursor_t* cur, const char* what, F&& f) {
   const bson_t* doc;
-  while (mongoc_cursor_next(cur, &doc)) out.emplace_back(bson_copy(doc), bson_destroy);
+  while (mongoc_cursor_next(cur, &doc)) f(doc);
   bson_error_t err;
   bool failed = mongoc_cursor_error(cur, &err);
   mongoc_cursor_destroy(cur);
   if (failed) raise_store_error(what, err);
+}
+
+std::vector<std::shared_ptr<bson_t>> drain(mongoc_cursor_t* cur, const char* what) {
+  std::vector<std::shared_ptr<bson_t>> out;
+  each_doc(cur, what, [&](const bson_t* doc) { out.emplace_back(bson_copy(doc), bson_destroy); });
   return out;
 }
 
@@ -74,19 +81,29 @@ void Store::insert_outbox_many(const std::vector<const bson_t*>& docs) {
 
 std::vector<std::shared_ptr<bson_t>> Store::read_outbox(int limit) {
   Bson filter, opts;
-  // MongoDB: _id order. FerretDB: insertion order (its SQLite table's rowid
-  // order, which a read without a sort streams and cuts at the limit; a sort
-  // would be done in Go over the whole outbox).
   if (!is_ferretdb()) {
     bson_t sort;
     bson_append_document_begin(opts, "sort", 4, &sort);
     BSON_APPEND_INT32(&sort, "_id", 1);
     bson_append_document_end(opts, &sort);
+    BSON_APPEND_INT64(opts, "limit", limit);
+    BSON_APPEND_INT32(opts, "batchSize", limit);
+    const auto command = count("find");
+    return drain(mongoc_collection_find_with_opts(coll(kOutbox), filter, opts, nullptr), "read relay_outbox");
   }
-  BSON_APPEND_INT64(opts, "limit", limit);
-  BSON_APPEND_INT32(opts, "batchSize", limit);
+  // FerretDB: no sort and no limit. A sort would be done in Go over the whole
+  // outbox for every batch; a limit cuts the physical order, which on its
+  // PostgreSQL backend is not the insertion order. The find and its getMores
+  // read one cursor of one SQL statement: one snapshot (outbox_order.hpp).
+  static const size_t max_docs = [] {
+    const char* v = getenv("RELAYBUS_MONGO_OUTBOX_SNAPSHOT_DOCS");  // a test hook: the cap, lowered
+    return v != nullptr && atol(v) > 0 ? static_cast<size_t>(atol(v)) : kOutboxSnapshotDocs;
+  }();
+  OutboxSnapshot snap(max_docs, kOutboxSnapshotBytes);
   const auto command = count("find");
-  return drain(mongoc_collection_find_with_opts(coll(kOutbox), filter, opts, nullptr), "read relay_outbox");
+  each_doc(mongoc_collection_find_with_opts(coll(kOutbox), filter, opts, nullptr), "read relay_outbox",
+           [&](const bson_t* doc) { snap.add(doc); });
+  return snap.take();
 }
 
 // {_id: {$in: [the _id of each of `docs`]}} into `filter`.

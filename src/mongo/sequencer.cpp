@@ -62,12 +62,14 @@ void Sequencer::begin(int64_t epoch) {
   epoch_ = epoch;
   recovered_ = false;
   key_seqs_.clear();
+  unread_.clear();
 }
 
 void Sequencer::end() {
   epoch_ = 0;
   recovered_ = false;
   key_seqs_.clear();
+  unread_.clear();
 }
 
 void Sequencer::load_catalog() {
@@ -319,7 +321,19 @@ int Sequencer::step(int limit, int64_t now_ms, const std::function<bool()>& hold
     if (int n = store_.drop_drained_segments(next_id_); n > 0)
       log_debug("delivery segments dropped", {{"segments", n}, {"below_id", next_id_}});
   }
-  auto docs = store_.read_outbox(limit);
+  // Whatever ends this step before the batch is applied drops the rest of
+  // the read: a later batch of it must never be sequenced before this one.
+  struct DropUnread {
+    std::deque<std::shared_ptr<bson_t>>& q;
+    bool keep = false;
+    ~DropUnread() {
+      if (!keep) q.clear();
+    }
+  } drop_unread{unread_};
+  if (unread_.empty())
+    for (auto& d : store_.read_outbox(limit)) unread_.push_back(std::move(d));
+  const size_t n_take = std::min(unread_.size(), static_cast<size_t>(std::max(limit, 1)));
+  std::vector<std::shared_ptr<bson_t>> docs(unread_.begin(), unread_.begin() + n_take);
   if (docs.empty()) return 0;
   // Read after the documents, not cached: a handler or route created before
   // an event was inserted into the outbox applies to it (two small finds).
@@ -442,6 +456,8 @@ int Sequencer::step(int limit, int64_t now_ms, const std::function<bool()>& hold
   recovered_ = false;  // until applied: a failure below makes the next step redo this version
   if (!apply(v, holds)) return 0;
   recovered_ = true;
+  unread_.erase(unread_.begin(), unread_.begin() + n_take);
+  drop_unread.keep = true;
   sequenced_ += docs.size();
   for (const auto& ev : v.events)
     if (!ev.rejected.empty()) log_warn("outbox document rejected", {{"outbox_id", ev.id_json}, {"error", ev.rejected}});

@@ -4,7 +4,8 @@
 // One instance holds the sequencer role: the lease "lane" kSequencerLane in
 // relay_lanes, taken, renewed and given back like a delivery lane (insert
 // epoch + 1; the unique (lane, epoch) index decides races). Its holder turns
-// the outbox head, in _id order, into events in batches. A batch is one
+// the outbox, in _id order (on FerretDB one snapshot of it at a time,
+// outbox_order.hpp), into events in batches. A batch is one
 // *version* of relay_sequence: {_id: v, epoch, owner, at, next_id, events:
 // [{o: outbox _id, e: event id, k: key, s: seq, h: [{n: handler, w: wire}],
 // d: dedupe key, r: rejection, f: folded into}]}. Inserting version v + 1 is the
@@ -21,6 +22,7 @@
 #include <bson/bson.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -69,6 +71,10 @@ class Sequencer {
   int64_t version_ = 0;  // the top version, applied
   int64_t next_id_ = 1;
   std::map<std::string, int64_t> key_seqs_;  // a cache: the last seq per key, as of version_
+  // The rest of the last outbox read, in order, taken `limit` at a time
+  // before the outbox is read again; dropped on any failure or lost role
+  // (its documents are still in the outbox, and a later read has them again).
+  std::deque<std::shared_ptr<bson_t>> unread_;
   std::vector<std::string> handlers_;  // sorted; a handler's index is its key in routes_
   core::RouteResolver routes_;
   uint64_t sequenced_ = 0;

@@ -200,7 +200,9 @@ class Store {
   void insert_outbox(const bson_t* doc);  // one insert (the CLI's publish)
   // One ordered insertMany (publish --batch): the documents in the given order.
   void insert_outbox_many(const std::vector<const bson_t*>& docs);
-  // The outbox head: up to `limit` documents in _id order (owned copies).
+  // The outbox head in _id order (owned copies). MongoDB: up to `limit`
+  // documents. FerretDB: the whole outbox, one snapshot, up to
+  // kOutboxSnapshotDocs / kOutboxSnapshotBytes of its smallest _ids (outbox_order.hpp).
   std::vector<std::shared_ptr<bson_t>> read_outbox(int limit);
   // Outbox documents by _id (the values of ids[i]'s "_id" field).
   std::vector<std::shared_ptr<bson_t>> read_outbox_ids(const std::vector<const bson_t*>& ids);
