@@ -20,8 +20,14 @@ DB=t_order
 "$BIN" route 'o.#' hook --database $DB >/dev/null
 # Small sequencer batches: more reads of the outbox while it is being
 # filled and emptied, so more chances to read a later document first.
-start_instance order_a $DB --lease 3s --batch-size 20
+# order_a sequences first, with its snapshot of the outbox cut at 30
+# documents (the cap of a deep outbox, lowered by a test hook), and is killed
+# with -9 mid-way; order_b (started second) or order_c takes the role over
+# with the whole outbox in each snapshot.
+RELAYBUS_MONGO_OUTBOX_SNAPSHOT_DOCS=30 start_instance order_a $DB --lease 3s --batch-size 20
 PA=$IPID
+role_taken() { grep -q '"msg":"sequencer role taken"' "$TMP/$1.err"; }
+wait_until 60 role_taken order_a || fail "order_a did not take the sequencer role"
 start_instance order_b $DB --lease 3s --batch-size 20
 PB=$IPID
 
@@ -49,7 +55,7 @@ batch_publisher b2 & pubs+=($!)
 $PYM "$INTEG/mongo_preload.py" "$URI" $DB o.e "$N" 50 --tag p1 >"$TMP/pub_p1" & pubs+=($!)
 $PYM "$INTEG/mongo_preload.py" "$URI" $DB o.e "$N" 50 --tag p2 >"$TMP/pub_p2" & pubs+=($!)
 
-# kill -9 of one sidecar once a quarter of the events were delivered.
+# kill -9 of the sequencing sidecar once a quarter of the events were delivered.
 wait_until 300 has_requests /order $((N)) || fail "no deliveries before the kill"
 kill -9 $PA
 wait $PA 2>/dev/null
@@ -72,6 +78,8 @@ check_eq "each publisher's order kept per key (events sequenced below an earlier
 check_eq "nothing lost, nothing sequenced twice, seqs gapless and delivered in seq order" \
     "missing=0 extra=0 reissued=0 seq_reuse=0 gaps=0 order=0" \
     "missing=${R[missing]:-?} extra=${R[extra]:-?} reissued=${R[reissued]:-?} seq_reuse=${R[seq_reuse]:-?} gaps=${R[seq_gap_keys]:-?} order=${R[order_violations]:-?}"
+roles=$(for i in a b c; do printf 'order_%s:%s ' $i "$(grep -c '"msg":"sequencer role taken"' "$TMP/order_$i.err")"; done)
+log "sequencer role taken (times per instance): $roles"
 stop_instance $PB
 stop_instance $PC
 log "done"
