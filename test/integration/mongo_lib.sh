@@ -83,8 +83,9 @@ make -s -C "$ROOT/src/mongo" -j"$(nproc)" >"$TMP/make.log" 2>&1 || { cat "$TMP/m
 
 # FerretDB's backend: sqlite (a directory per server) or postgresql (a
 # database per server in a throwaway cluster of this script's own, which
-# needs no relaybus library: RELAYBUS_PRELOAD is empty).
-FDB_BACKEND=${RELAYBUS_FERRETDB_BACKEND:-sqlite}
+# needs no relaybus library: RELAYBUS_PRELOAD is empty). Unset: the sourcing
+# script's MONGO_BACKEND_DEFAULT, else sqlite.
+FDB_BACKEND=${RELAYBUS_FERRETDB_BACKEND:-${MONGO_BACKEND_DEFAULT:-sqlite}}
 case $FDB_BACKEND in
 sqlite) ;;
 postgresql)

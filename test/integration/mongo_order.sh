@@ -10,21 +10,60 @@
 # order of an unsorted read breaks publishers' order there.
 # MONGO_ORDER_EVENTS: events per publisher (default 1000).
 SUITE=mongo_order
+# Unless RELAYBUS_FERRETDB_BACKEND says otherwise: PostgreSQL, the backend whose
+# physical order is not the insertion order.
+MONGO_BACKEND_DEFAULT=postgresql
 source "$(dirname "${BASH_SOURCE[0]}")/mongo_lib.sh"
 N=${MONGO_ORDER_EVENTS:-1000}
 declare -A R
 
+# ------------------------------------------------------------------ a driver's ObjectId counter that wraps
+# A driver's ObjectId: 4 bytes of seconds, 5 random bytes per process, a
+# 3-byte counter from a random start, wrapping after 2^24 ids. One process's
+# ids in one second across the wrap: ...fffffe, ...ffffff, ...000000, ...000001.
+# Sequenced in publish order, with and without a snapshot cut by the cap
+# (6 documents: 4 of an earlier second, then the cut falls inside the group).
+wrap_seqs() {  # DB [env...]: publishes, sequences, prints "n:seq" of key w in publish order
+    local db=$1
+    shift
+    "$BIN" init --database "$db" >/dev/null
+    "$BIN" handler create work pull --database "$db" >/dev/null
+    "$BIN" route 'o.#' work --database "$db" >/dev/null
+    $PYM -c "
+import time, pymongo
+from bson import ObjectId
+db = pymongo.MongoClient('$URI')['$db']
+now = int(time.time())
+proc = bytes.fromhex('a1b2c3d4e5')
+for i in range(4):
+    db.relay_outbox.insert_one({'_id': ObjectId((now - 10).to_bytes(4, 'big') + proc + (100 + i).to_bytes(3, 'big')),
+                                'topic': 'o.e', 'payload': {'e': i}, 'key': 'e'})
+for n, c in enumerate([0xfffffe, 0xffffff, 0, 1]):
+    db.relay_outbox.insert_one({'_id': ObjectId(now.to_bytes(4, 'big') + proc + c.to_bytes(3, 'big')),
+                                'topic': 'o.e', 'payload': {'n': n}, 'key': 'w'})"
+    env "$@" "$BIN" sequence --database "$db" --batch-size 2 >/dev/null 2>"$TMP/$db.err" || cat "$TMP/$db.err"
+    $PYM -c "
+import pymongo, mongo_deliveries as md
+db = pymongo.MongoClient('$URI')['$db']
+ds = sorted((d['payload']['n'], d['seq']) for d in md.find(db) if d.get('key') == 'w')
+print(' '.join(f'{n}:{s}' for n, s in ds))"
+}
+check_eq "a driver's wrapped ObjectId counter: sequenced in publish order" "0:1 1:2 2:3 3:4" "$(wrap_seqs t_wrap)"
+check_eq "a wrapped counter across the snapshot's cap: sequenced in publish order" "0:1 1:2 2:3 3:4" \
+    "$(wrap_seqs t_wrap_cap RELAYBUS_MONGO_OUTBOX_SNAPSHOT_DOCS=6)"
+
+# ------------------------------------------------------------------ four publishers, two sidecars, kill -9
 DB=t_order
 "$BIN" init --database $DB >/dev/null
 "$BIN" handler create hook http "$HOOK/order" --options '{"concurrency":16}' --database $DB >/dev/null
 "$BIN" route 'o.#' hook --database $DB >/dev/null
 # Small sequencer batches: more reads of the outbox while it is being
 # filled and emptied, so more chances to read a later document first.
-# order_a sequences first, with its snapshot of the outbox cut at 30
+# order_a sequences first, with its snapshot of the outbox cut at 300
 # documents (the cap of a deep outbox, lowered by a test hook), and is killed
 # with -9 mid-way; order_b (started second) or order_c takes the role over
 # with the whole outbox in each snapshot.
-RELAYBUS_MONGO_OUTBOX_SNAPSHOT_DOCS=30 start_instance order_a $DB --lease 3s --batch-size 20
+RELAYBUS_MONGO_OUTBOX_SNAPSHOT_DOCS=300 start_instance order_a $DB --lease 3s --batch-size 20
 PA=$IPID
 role_taken() { grep -q '"msg":"sequencer role taken"' "$TMP/$1.err"; }
 wait_until 60 role_taken order_a || fail "order_a did not take the sequencer role"

@@ -77,7 +77,8 @@ import json
 r=[json.loads(l)['retry_in_ms'] for l in open('$TMP/early.err') if 'not reachable' in l]
 print('ok' if r[:3]==[250,500,1000] and all(b>=a for a,b in zip(r,r[1:])) else r)")
 check_eq "one log line per failed probe, backoff doubling from 250 ms" ok "$steps"
-"$ROOT/test/ferretdb/bin/ferretdb-test" -dir "$TMP/fdb_late" -listen "127.0.0.1:$FPORT" -uri-file "$TMP/uri_late" \
+mapfile -t late_store < <(ferretdb_store fdb_late)
+"$ROOT/test/ferretdb/bin/ferretdb-test" "${late_store[@]}" -listen "127.0.0.1:$FPORT" -uri-file "$TMP/uri_late" \
     >"$TMP/fdb_late.out" 2>"$TMP/fdb_late.err" &
 PIDS+=($!)
 wait_until 20 test -s "$TMP/uri_late" || fail "second FerretDB did not start"
