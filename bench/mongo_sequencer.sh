@@ -10,7 +10,7 @@
 # picks another build of relaybus-mongo (an A/B against an older tree).
 SUITE=mongo_sequencer
 source "$(dirname "${BASH_SOURCE[0]}")/../test/integration/mongo_lib.sh"
-BIN=${RELAYBUS_MONGO_BIN:-$BIN}
+
 (($# > 0)) || set -- 1000 10000 50000
 echo "# $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg), FerretDB v1.24.2 $FDB_BACKEND, $BIN"
 for n in "$@"; do

@@ -14,7 +14,7 @@ export PYTHONPATH="$INTEG${PYTHONPATH:+:$PYTHONPATH}"  # mongo_deliveries.py
 # (mongo.sh's JSON-log check then fails, about 1 run in 100 on a long-lived
 # machine). The tests never read the segment: do not create it.
 export MONGOC_DISABLE_SHM=1
-BIN=$ROOT/relaybus-mongo
+BIN=${RELAYBUS_MONGO_BIN:-$ROOT/relaybus-mongo}  # another build: an A/B against an older tree
 TMP=$(mktemp -d /tmp/relaybus-mongo.XXXXXX)
 PY=python3
 PYM=python3

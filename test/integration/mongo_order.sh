@@ -57,17 +57,15 @@ DB=t_order
 "$BIN" init --database $DB >/dev/null
 "$BIN" handler create hook http "$HOOK/order" --options '{"concurrency":16}' --database $DB >/dev/null
 "$BIN" route 'o.#' hook --database $DB >/dev/null
-# Small sequencer batches: more reads of the outbox while it is being
-# filled and emptied, so more chances to read a later document first.
 # order_a sequences first, with its snapshot of the outbox cut at 300
 # documents (the cap of a deep outbox, lowered by a test hook), and is killed
 # with -9 mid-way; order_b (started second) or order_c takes the role over
 # with the whole outbox in each snapshot.
-RELAYBUS_MONGO_OUTBOX_SNAPSHOT_DOCS=300 start_instance order_a $DB --lease 3s --batch-size 20
+RELAYBUS_MONGO_OUTBOX_SNAPSHOT_DOCS=300 start_instance order_a $DB --lease 3s
 PA=$IPID
 role_taken() { grep -q '"msg":"sequencer role taken"' "$TMP/$1.err"; }
 wait_until 60 role_taken order_a || fail "order_a did not take the sequencer role"
-start_instance order_b $DB --lease 3s --batch-size 20
+start_instance order_b $DB --lease 3s
 PB=$IPID
 
 log "4 publishers x $N events on 50 keys: 2 x publish --batch (runs of 25 lines), 2 x insert_one"
@@ -99,7 +97,7 @@ wait_until 300 has_requests /order $((N)) || fail "no deliveries before the kill
 kill -9 $PA
 wait $PA 2>/dev/null
 log "killed order_a after $(count_path /order) requests"
-start_instance order_c $DB --lease 3s --batch-size 20
+start_instance order_c $DB --lease 3s
 PC=$IPID
 
 prc=0
