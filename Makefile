@@ -8,6 +8,7 @@
 #                           (RELAYBUS_MATRIX="17 18" for some; .ci/run runs both)
 #   make demo               build, start a throwaway cluster, publish and consume
 #   make mongo              build ./relaybus-mongo (the MongoDB sidecar, docs/mongo.md)
+#   make managed            build/relaybus-managed--VERSION.sql, the SQL edition (docs/managed.md)
 
 EXTENSION   = relaybus
 MODULE_big  = relaybus
@@ -57,17 +58,28 @@ ifeq ($(filter 15 16 17 18 19,$(PG_MAJOR)),)
 $(error relaybus supports PostgreSQL 15, 16, 17, 18 and 19; $(PG_CONFIG) is $(shell $(PG_CONFIG) --version))
 endif
 include $(PGXS)
-else ifneq ($(filter-out test test-matrix demo deps,$(or $(MAKECMDGOALS),all)),)
+else ifneq ($(filter-out test test-matrix demo deps managed,$(or $(MAKECMDGOALS),all)),)
 $(error $(PG_CONFIG) not found: run `make deps` first (make test and make demo install it themselves))
 endif
 
+# The "-- @managed" marker lines (docs/managed.md) are the managed edition's
+# business: the extension's script is relaybus.sql without them.
 $(DATA_built): sql/relaybus.sql
-	cp $< $@
+	sed '/^-- @managed \(begin\|end\) /d' $< >$@
+
+# The managed SQL edition (docs/managed.md): plain SQL and PL/pgSQL, installed
+# with psql -f; built from the same source, C-only sections swapped for
+# sql/managed/<section>.sql.
+MANAGED_SQL = build/relaybus-managed--$(EXTVERSION).sql
+managed: $(MANAGED_SQL)
+$(MANAGED_SQL): sql/relaybus.sql $(wildcard sql/managed/*.sql) scripts/managed-sql.sh
+	@mkdir -p build
+	bash scripts/managed-sql.sh sql/relaybus.sql sql/managed $@
 
 # Header dependencies (-MMD), so an incremental build never mixes old and new layouts.
 -include $(OBJS:.o=.d)
 
-.PHONY: test test-matrix demo deps core-test mongo
+.PHONY: test test-matrix demo deps core-test mongo managed
 # relaybus-mongo, the MongoDB sidecar (src/core + src/mongo, libmongoc): not part of PGXS.
 mongo:
 	$(MAKE) -C src/mongo

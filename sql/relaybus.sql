@@ -4,7 +4,9 @@
 -- that bring an older install to the same catalog (test/integration/
 -- catalog_parity.sh compares the two). Change an object here and in a new
 -- upgrade script together (docs/operations.md, "Changing the SQL").
+-- @managed begin preamble
 \echo Use "CREATE EXTENSION relaybus" to load this file. \quit
+-- @managed end preamble
 
 CREATE SCHEMA relay;
 COMMENT ON SCHEMA relay IS 'relaybus internals: tables, views and internal functions; not for direct writes';
@@ -12,6 +14,7 @@ COMMENT ON SCHEMA relay IS 'relaybus internals: tables, views and internal funct
 -- Roles are cluster-wide, so they may exist from another database's install.
 -- relay_monitor reads the stats views and nothing else: no table, no payload,
 -- no secret, no claim or ack.
+-- @managed begin roles
 DO $roles$
 DECLARE
     r text;
@@ -25,6 +28,7 @@ END
 $roles$;
 GRANT relay_publisher, relay_consumer TO relay_admin;
 GRANT relay_monitor TO relay_admin;
+-- @managed end roles
 
 -- Catalog ---------------------------------------------------------------------
 
@@ -138,6 +142,7 @@ CREATE TABLE relay.dedupe (
 );
 CREATE INDEX dedupe_expires ON relay.dedupe (expires_at);
 
+-- @managed begin config_dump
 SELECT pg_catalog.pg_extension_config_dump('relay.handlers', '');
 SELECT pg_catalog.pg_extension_config_dump('relay.routes', '');
 SELECT pg_catalog.pg_extension_config_dump('relay.key_seqs', '');
@@ -149,7 +154,9 @@ SELECT pg_catalog.pg_extension_config_dump('relay.delivery_id_seq', '');
 -- restored database hands out handler ids from 1 again (docs/operations.md).
 SELECT pg_catalog.pg_extension_config_dump('relay.handlers_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('relay.dedupe', '');
+-- @managed end config_dump
 
+-- @managed begin internal
 -- Internal functions (C) --------------------------------------------------------
 
 CREATE FUNCTION relay._validate_handler(name text, kind text, target text, options jsonb)
@@ -210,7 +217,9 @@ CREATE TRIGGER handlers_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON 
     FOR EACH STATEMENT EXECUTE FUNCTION relay._catalog_changed();
 CREATE TRIGGER routes_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON relay.routes
     FOR EACH STATEMENT EXECUTE FUNCTION relay._catalog_changed();
+-- @managed end internal
 
+-- @managed begin publishing
 -- Publishing (C; run their statements as the extension owner) -------------------
 
 CREATE FUNCTION relay_publish(topic text, payload jsonb, key text DEFAULT NULL,
@@ -222,7 +231,9 @@ CREATE FUNCTION relay_publish_batch(topic text, payloads jsonb[], keys text[] DE
                                     headers jsonb DEFAULT NULL, priority integer DEFAULT 1,
                                     not_before timestamptz DEFAULT NULL, dedupe_keys text[] DEFAULT NULL)
 RETURNS bigint[] AS 'MODULE_PATHNAME', 'relay_publish_batch_v2' LANGUAGE C VOLATILE;
+-- @managed end publishing
 
+-- @managed begin pull
 -- Pull consumers (C) -------------------------------------------------------------
 
 -- Leases are receipts (docs/consumers.md): relay_claim returns each lease's
@@ -243,6 +254,7 @@ RETURNS text AS 'MODULE_PATHNAME', 'relay_nack_v2' LANGUAGE C VOLATILE;
 
 CREATE FUNCTION relay_extend(id bigint, lease uuid, extend_by interval DEFAULT NULL)
 RETURNS timestamptz AS 'MODULE_PATHNAME', 'relay_extend' LANGUAGE C VOLATILE;
+-- @managed end pull
 
 -- Administration (SQL; SECURITY DEFINER with a fixed search_path) ----------------
 
@@ -636,6 +648,7 @@ REVOKE ALL ON ALL TABLES IN SCHEMA relay FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA relay FROM PUBLIC;
 -- Every function of the extension, in relay and beside it, starts without
 -- EXECUTE for PUBLIC, so that a new one cannot be left out.
+-- @managed begin revoke
 DO $revoke$
 DECLARE
     f regprocedure;
@@ -649,6 +662,7 @@ BEGIN
     END LOOP;
 END
 $revoke$;
+-- @managed end revoke
 
 GRANT EXECUTE ON FUNCTION relay_publish(text, jsonb, text, jsonb, integer, timestamptz, text),
                           relay_publish_batch(text, jsonb[], text[], jsonb, integer, timestamptz, text[])
