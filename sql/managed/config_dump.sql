@@ -1,0 +1,1 @@
+-- Without an extension, pg_dump dumps every table and sequence of relay whole.

@@ -1,0 +1,298 @@
+-- Publishing (PL/pgSQL; run their statements as the owner) ------------------------
+-- The extension's rules (src/pg/publish.cpp), statement by statement: the
+-- arguments are checked first, a dedupe key is looked up under its lock, the
+-- deliveries table is locked before the routes are read (relay_drop_handler),
+-- a key's counter row is bumped before the event id is drawn (so within a key
+-- id order and seq order are commit order: the row lock is held to commit),
+-- then one delivery per (event, routed handler).
+
+-- Checks shared by relay_publish and relay_publish_batch (publish_args.cpp).
+CREATE FUNCTION relay._check_publish(fn text, topic text, headers jsonb, priority integer,
+                                     not_before timestamptz)
+RETURNS void LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    why text;
+BEGIN
+    IF current_setting('transaction_read_only')::boolean THEN
+        RAISE EXCEPTION 'cannot execute %() in a read-only transaction', fn
+            USING ERRCODE = 'read_only_sql_transaction';
+    END IF;
+    IF topic IS NULL THEN
+        RAISE EXCEPTION 'topic must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    why := relay._topic_error(topic, false);
+    IF why IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid topic "%"', topic
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = why,
+                  HINT = 'A topic is dot-separated segments of letters, digits, ''_'' and ''-'', such as order.created.';
+    END IF;
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'headers must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF priority IS NULL THEN
+        RAISE EXCEPTION 'priority must be between 0 and 3, not NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF priority NOT BETWEEN 0 AND 3 THEN
+        RAISE EXCEPTION 'priority must be between 0 and 3, not %', priority
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = '0 is the lowest class and 3 the highest; the default is 1.';
+    END IF;
+    IF not_before IN ('infinity', '-infinity') THEN
+        RAISE EXCEPTION 'not_before must be a finite time' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$$;
+
+-- A payload's size as the extension measures it (the jsonb value, without its
+-- header); element: its position in a batch, or NULL.
+CREATE FUNCTION relay._check_payload(payload jsonb, element integer)
+RETURNS void LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    lim  bigint := relay._setting('max_payload_bytes', 'B', 1048576, 1, 1073741823);
+    size bigint := pg_column_size(payload) - 4;
+BEGIN
+    IF size > lim THEN
+        RAISE EXCEPTION 'payload is too large: %', CASE WHEN element IS NULL THEN size || ' bytes'
+                                                        ELSE 'payloads[' || element || '] is ' || size || ' bytes' END
+            USING ERRCODE = 'program_limit_exceeded', DETAIL = 'relaybus.max_payload_bytes is ' || lim || '.';
+    END IF;
+END
+$$;
+
+-- An ordering key (what = 'key') or a dedupe key (what = 'dedupe_key').
+CREATE FUNCTION relay._check_key(what text, key text, element integer)
+RETURNS void LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    lim integer := relay._setting('max_key_bytes', 'B', 512, 1, 2048);
+    len integer := octet_length(key);
+BEGIN
+    IF len > lim THEN
+        RAISE EXCEPTION '% is too long: %', what,
+            CASE WHEN element IS NULL THEN len || ' bytes'
+                 WHEN what = 'key' THEN 'keys[' || element || '] is ' || len || ' bytes'
+                 ELSE 'dedupe_keys[' || element || '] has ' || len || ' bytes' END
+            USING ERRCODE = 'string_data_right_truncation', DETAIL = 'relaybus.max_key_bytes is ' || lim || '.';
+    END IF;
+    IF len = 0 AND what = 'key' THEN
+        IF element IS NULL THEN
+            RAISE EXCEPTION 'key must not be empty' USING ERRCODE = 'invalid_parameter_value',
+                HINT = 'Pass NULL for an event without an ordering key.';
+        END IF;
+        RAISE EXCEPTION 'key must not be empty: keys[%] is ''''', element USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Use NULL for an event without an ordering key.';
+    END IF;
+END
+$$;
+
+-- The events of one call (keys[i] NULL: unkeyed) as deliveries; returns their
+-- ids. Nothing is written and no counter moves when no route matches.
+CREATE FUNCTION relay._publish_rows(topic text, payloads jsonb[], keys text[], headers jsonb,
+                                    priority integer, not_before timestamptz)
+RETURNS bigint[] LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    hids  integer[];
+    wires text[];
+    kinds text[];
+    seqs  bigint[];
+    eids  bigint[];
+    h     integer;
+BEGIN
+    -- Before the routes are read: a relay_drop_handler in progress is waited for.
+    LOCK TABLE relay.deliveries IN ROW EXCLUSIVE MODE;
+    SELECT array_agg(r.handler_id ORDER BY r.handler_id), array_agg(r.wire_name ORDER BY r.handler_id),
+           array_agg(r.kind ORDER BY r.handler_id)
+      INTO hids, wires, kinds
+      FROM relay._routes_for(topic) r;
+    IF hids IS NULL THEN
+        RETURN ARRAY(SELECT nextval('relay.event_id_seq') FROM generate_series(1, cardinality(payloads)));
+    END IF;
+    -- Counters in key order, so two publishers of the same keys never deadlock;
+    -- each event of a key takes the next seq, in call order.
+    IF EXISTS (SELECT 1 FROM unnest(keys) k WHERE k IS NOT NULL) THEN
+        WITH bumped AS (
+            INSERT INTO relay.key_seqs AS k (key, seq)
+            SELECT u.key, count(*) FROM unnest(keys) AS u(key) WHERE u.key IS NOT NULL
+             GROUP BY u.key ORDER BY u.key COLLATE "C"
+            ON CONFLICT (key) DO UPDATE SET seq = k.seq + excluded.seq
+            RETURNING k.key, k.seq
+        )
+        SELECT array_agg(s.seq ORDER BY s.o) INTO seqs
+          FROM (SELECT e.o, b.seq - count(*) OVER w + row_number() OVER (w ORDER BY e.o) AS seq
+                  FROM unnest(keys) WITH ORDINALITY AS e(key, o) LEFT JOIN bumped b ON b.key = e.key
+                WINDOW w AS (PARTITION BY e.key)) s;
+    END IF;
+    eids := ARRAY(SELECT nextval('relay.event_id_seq') FROM generate_series(1, cardinality(payloads)) AS o ORDER BY o);
+    INSERT INTO relay.deliveries (id, event_id, seq, published_at, not_before, handler_id, attempt,
+                                  lane, priority, topic, wire_topic, key, payload, headers)
+    SELECT nextval('relay.delivery_id_seq'), e.eid, e.seq, now(), coalesce(_publish_rows.not_before, now()),
+           r.hid, 0, CASE WHEN e.key IS NULL THEN e.eid % 64 ELSE relay.lane_of(e.key) END,
+           _publish_rows.priority, _publish_rows.topic, r.wire, e.key, e.p, _publish_rows.headers
+      FROM unnest(eids, coalesce(seqs, '{}'), keys, payloads) WITH ORDINALITY AS e(eid, seq, key, p, o),
+           unnest(hids, wires) AS r(hid, wire)
+     ORDER BY e.o, r.hid;
+    -- Agents listen on relaybus; NOTIFY folds repeats within a transaction,
+    -- so this is one message per handler per transaction.
+    FOR i IN 1 .. cardinality(hids) LOOP
+        IF kinds[i] <> 'pull' THEN
+            PERFORM pg_notify('relaybus', hids[i]::text);
+        END IF;
+    END LOOP;
+    RETURN eids;
+END
+$$;
+
+-- Under the dedupe key's transaction lock (its holder before this one has
+-- ended): the event a live row names, if any.
+CREATE FUNCTION relay._dedupe_find(key text) RETURNS bigint
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT d.event_id FROM relay.dedupe d WHERE d.key = _dedupe_find.key AND d.expires_at > now()
+$$;
+
+CREATE FUNCTION relay._dedupe_record(key text, event_id bigint) RETURNS void
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO relay.dedupe AS d (key, event_id, expires_at)
+    VALUES (_dedupe_record.key, _dedupe_record.event_id,
+            now() + relay._setting('dedupe_window', 's', 86400, 1, 2147483647) * interval '1 second')
+    ON CONFLICT (key) DO UPDATE SET event_id = excluded.event_id, expires_at = excluded.expires_at
+$$;
+
+CREATE FUNCTION relay_publish(topic text, payload jsonb, key text DEFAULT NULL,
+                              headers jsonb DEFAULT NULL, priority integer DEFAULT 1,
+                              not_before timestamptz DEFAULT NULL, dedupe_key text DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    earlier bigint;
+    id      bigint;
+BEGIN
+    PERFORM relay._check_publish('relay_publish', relay_publish.topic, relay_publish.headers,
+                                 relay_publish.priority, relay_publish.not_before);
+    IF relay_publish.payload IS NULL THEN
+        RAISE EXCEPTION 'payload must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM relay._check_payload(relay_publish.payload, NULL);
+    IF relay_publish.key IS NOT NULL THEN
+        PERFORM relay._check_key('key', relay_publish.key, NULL);
+    END IF;
+    IF relay_publish.dedupe_key IS NOT NULL THEN
+        PERFORM relay._check_key('dedupe_key', relay_publish.dedupe_key, NULL);
+        PERFORM pg_advisory_xact_lock(hashtextextended(relay_publish.dedupe_key, 4));
+        earlier := relay._dedupe_find(relay_publish.dedupe_key);
+        IF earlier IS NOT NULL THEN
+            RETURN earlier;
+        END IF;
+    END IF;
+    id := (relay._publish_rows(relay_publish.topic, ARRAY[relay_publish.payload], ARRAY[relay_publish.key],
+                               relay_publish.headers, relay_publish.priority, relay_publish.not_before))[1];
+    IF relay_publish.dedupe_key IS NOT NULL THEN
+        PERFORM relay._dedupe_record(relay_publish.dedupe_key, id);
+    END IF;
+    RETURN id;
+END
+$$;
+
+CREATE FUNCTION relay_publish_batch(topic text, payloads jsonb[], keys text[] DEFAULT NULL,
+                                    headers jsonb DEFAULT NULL, priority integer DEFAULT 1,
+                                    not_before timestamptz DEFAULT NULL, dedupe_keys text[] DEFAULT NULL)
+RETURNS bigint[] LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n     integer;
+    p     jsonb[];
+    k     text[];
+    dk    text[];
+    first integer[];
+    ids   bigint[];
+    kept  integer[];
+    eids  bigint[];
+BEGIN
+    PERFORM relay._check_publish('relay_publish_batch', relay_publish_batch.topic, relay_publish_batch.headers,
+                                 relay_publish_batch.priority, relay_publish_batch.not_before);
+    IF payloads IS NULL THEN
+        RAISE EXCEPTION 'payloads must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF array_ndims(payloads) > 1 THEN
+        RAISE EXCEPTION 'payloads must be a one-dimensional array' USING ERRCODE = 'array_subscript_error';
+    END IF;
+    -- Subscripts from 1, whatever the caller's lower bound.
+    p := ARRAY(SELECT x FROM unnest(payloads) WITH ORDINALITY AS t(x, o) ORDER BY o);
+    n := cardinality(p);
+    IF n > 10000 THEN
+        RAISE EXCEPTION 'too many events in one batch: %', n
+            USING ERRCODE = 'program_limit_exceeded', DETAIL = 'relay_publish_batch takes at most 10000 events per call.';
+    END IF;
+    FOR i IN 1 .. n LOOP
+        IF p[i] IS NULL THEN
+            RAISE EXCEPTION 'payloads[%] must not be NULL', i USING ERRCODE = 'null_value_not_allowed';
+        END IF;
+        PERFORM relay._check_payload(p[i], i);
+    END LOOP;
+    IF keys IS NOT NULL THEN
+        IF array_ndims(keys) > 1 THEN
+            RAISE EXCEPTION 'keys must be a one-dimensional array' USING ERRCODE = 'array_subscript_error';
+        END IF;
+        k := ARRAY(SELECT x FROM unnest(keys) WITH ORDINALITY AS t(x, o) ORDER BY o);
+        IF cardinality(k) <> n THEN
+            RAISE EXCEPTION 'keys must have as many elements as payloads'
+                USING ERRCODE = 'array_subscript_error', DETAIL = n || ' payloads, ' || cardinality(k) || ' keys.';
+        END IF;
+        FOR i IN 1 .. n LOOP
+            IF k[i] IS NOT NULL THEN
+                PERFORM relay._check_key('key', k[i], i);
+            END IF;
+        END LOOP;
+    ELSE
+        k := array_fill(NULL::text, ARRAY[n]);
+    END IF;
+    IF n = 0 THEN
+        RETURN '{}'::bigint[];
+    END IF;
+
+    ids := array_fill(NULL::bigint, ARRAY[n]);
+    kept := ARRAY(SELECT generate_series(1, n));
+    IF dedupe_keys IS NOT NULL THEN
+        IF array_ndims(dedupe_keys) > 1 THEN
+            RAISE EXCEPTION 'dedupe_keys must be a one-dimensional array' USING ERRCODE = 'array_subscript_error';
+        END IF;
+        dk := ARRAY(SELECT x FROM unnest(dedupe_keys) WITH ORDINALITY AS t(x, o) ORDER BY o);
+        IF cardinality(dk) <> n THEN
+            RAISE EXCEPTION 'dedupe_keys must have as many elements as payloads'
+                USING ERRCODE = 'array_subscript_error', DETAIL = n || ' payloads, ' || cardinality(dk) || ' dedupe_keys.';
+        END IF;
+        FOR i IN 1 .. n LOOP
+            IF dk[i] IS NOT NULL THEN
+                PERFORM relay._check_key('dedupe_key', dk[i], i);
+            END IF;
+        END LOOP;
+        -- The keys' locks in hash order, so two batches never deadlock on them.
+        PERFORM pg_advisory_xact_lock(h.h)
+           FROM (SELECT DISTINCT hashtextextended(x, 4) AS h FROM unnest(dk) AS x WHERE x IS NOT NULL ORDER BY 1) h;
+        -- A repeat of a key earlier in the batch gets that event's id; a key
+        -- naming an earlier event gets that one's.
+        first := ARRAY(SELECT CASE WHEN t.x IS NULL THEN t.o ELSE min(t.o) OVER (PARTITION BY t.x) END
+                         FROM unnest(dk) WITH ORDINALITY AS t(x, o) ORDER BY t.o);
+        FOR i IN 1 .. n LOOP
+            IF dk[i] IS NOT NULL AND first[i] = i THEN
+                ids[i] := relay._dedupe_find(dk[i]);
+            END IF;
+        END LOOP;
+        kept := ARRAY(SELECT i FROM generate_series(1, n) AS i WHERE first[i] = i AND ids[i] IS NULL ORDER BY i);
+    END IF;
+
+    IF cardinality(kept) > 0 THEN
+        eids := relay._publish_rows(relay_publish_batch.topic,
+                                    ARRAY(SELECT p[i] FROM unnest(kept) WITH ORDINALITY AS t(i, o) ORDER BY o),
+                                    ARRAY(SELECT k[i] FROM unnest(kept) WITH ORDINALITY AS t(i, o) ORDER BY o),
+                                    relay_publish_batch.headers, relay_publish_batch.priority,
+                                    relay_publish_batch.not_before);
+        FOR j IN 1 .. cardinality(kept) LOOP
+            ids[kept[j]] := eids[j];
+            IF dk IS NOT NULL AND dk[kept[j]] IS NOT NULL THEN
+                PERFORM relay._dedupe_record(dk[kept[j]], eids[j]);
+            END IF;
+        END LOOP;
+    END IF;
+    IF dk IS NULL THEN
+        RETURN ids;
+    END IF;
+    RETURN ARRAY(SELECT ids[first[i]] FROM generate_series(1, n) AS i ORDER BY i);
+END
+$$;

@@ -1,0 +1,384 @@
+-- Pull consumers (PL/pgSQL) --------------------------------------------------------
+-- Leases are rows of relay.leases (see there) and receipts as in the extension
+-- (docs/consumers.md): relay_claim returns each lease's token, relay_ack /
+-- relay_nack / relay_extend name it. A completion locks the lease row and
+-- keeps it locked to the end of its transaction, so a claimer that would
+-- charge the lease as expired waits for it and finds the delivery gone.
+
+CREATE FUNCTION relay._refuse_in_recovery(fn text) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'cannot execute %() on a server in recovery', fn
+            USING ERRCODE = 'read_only_sql_transaction',
+                  HINT = 'Leases are taken and completed on the primary only.';
+    END IF;
+END
+$$;
+
+-- A handler option (as given, validated) as milliseconds, or the default.
+CREATE FUNCTION relay._option_ms(options jsonb, name text, fallback bigint) RETURNS bigint
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(relay._duration_ms(options ->> name), fallback)
+$$;
+
+-- A failed attempt of each delivery (core::decide_failure): dead after
+-- max_attempts, else ready again after retry_ms (NULL: the handler's backoff
+-- with full jitter). Returns (id, 'retry' | 'dead') for the rows still there.
+CREATE FUNCTION relay._fail(ids bigint[], error text, retry_ms bigint, OUT id bigint, OUT outcome text)
+RETURNS SETOF record LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    d   record;
+    ms  bigint;
+BEGIN
+    FOR d IN SELECT x.id, x.attempt + 1 AS attempts_now, h.name AS handler,
+                    coalesce((h.options ->> 'max_attempts')::numeric::integer, 10) AS max_attempts,
+                    relay._option_ms(h.options, 'backoff_base', 1000) AS base_ms,
+                    relay._option_ms(h.options, 'backoff_max', 600000) AS max_ms
+               FROM relay.deliveries x LEFT JOIN relay.handlers h ON h.id = x.handler_id
+              WHERE x.id = ANY (_fail.ids) ORDER BY x.id
+    LOOP
+        id := d.id;
+        IF d.attempts_now >= d.max_attempts THEN
+            WITH moved AS (DELETE FROM relay.deliveries x WHERE x.id = d.id RETURNING x.*)
+            INSERT INTO relay.dead_letters (id, event_id, seq, published_at, failed_at, handler_id, attempts, lane,
+                                            priority, handler, topic, wire_topic, key, payload, headers, last_error)
+            SELECT m.id, m.event_id, m.seq, m.published_at, clock_timestamp(), m.handler_id, d.attempts_now, m.lane,
+                   m.priority, coalesce(d.handler, ''), m.topic, m.wire_topic, m.key, m.payload, m.headers, _fail.error
+              FROM moved m;
+            outcome := 'dead';
+        ELSE
+            ms := coalesce(_fail.retry_ms,
+                           floor(random() * (relay._backoff_ceiling_ms(d.base_ms, d.max_ms, d.attempts_now) + 1))::bigint);
+            UPDATE relay.deliveries x
+               SET attempt = d.attempts_now, last_error = _fail.error,
+                   not_before = clock_timestamp() + ms * interval '1 millisecond'
+             WHERE x.id = d.id;
+            outcome := 'retry';
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+
+-- Checks and locks the leases of ids (sorted, distinct) for a completion;
+-- tokens[i] NULL: the id-only form (a lease this session took). Raises P0002
+-- for a delivery that is gone (before any lease error, when missing_first),
+-- else 55P03 for the first lease not held.
+CREATE FUNCTION relay._hold_leases(ids bigint[], tokens uuid[], missing_first boolean, missing_detail boolean)
+RETURNS void LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l       record;
+    reason  text;
+    detail  text;
+    gone    bigint;
+BEGIN
+    FOR l IN SELECT t.i, t.id, t.token, x.token AS held, x.lease_until, x.owner_pid,
+                    (x.delivery_id IS NULL AND EXISTS (SELECT 1 FROM relay.leases y WHERE y.delivery_id = t.id)) AS locked
+               FROM unnest(ids, tokens) WITH ORDINALITY AS t(id, token, i)
+               LEFT JOIN LATERAL (SELECT * FROM relay.leases z WHERE z.delivery_id = t.id
+                                  FOR UPDATE SKIP LOCKED) x ON true
+              ORDER BY t.id, t.i
+    LOOP
+        reason := NULL;
+        IF l.locked THEN
+            reason := 'another holder';
+            detail := CASE WHEN l.token IS NOT NULL
+                           THEN 'The lease token does not match the current lease (stale or forged), or another transaction is completing it.'
+                           ELSE 'Another transaction is completing it.' END;
+        ELSIF l.held IS NULL THEN
+            reason := 'no lease';
+            detail := 'Nobody holds it: it was never handed over, or it was completed, or the server restarted.';
+        ELSIF l.lease_until <= clock_timestamp() THEN
+            reason := 'it expired';
+            detail := 'The lease ran out; the next claimer counts that as a failed attempt and hands it over again.';
+        ELSIF l.token IS NOT NULL AND l.token <> l.held THEN
+            reason := 'another holder';
+            detail := 'The lease token does not match the current lease (stale or forged), or another transaction is completing it.';
+        ELSIF l.token IS NULL AND l.owner_pid <> pg_backend_pid() THEN
+            reason := 'another holder';
+            detail := 'This session did not take the lease; without a token only the session that claimed a delivery can complete it.';
+        END IF;
+        IF reason IS NOT NULL THEN
+            IF missing_first THEN
+                SELECT t.id INTO gone FROM unnest(ids) AS t(id)
+                 WHERE NOT EXISTS (SELECT 1 FROM relay.deliveries d WHERE d.id = t.id) ORDER BY t.id LIMIT 1;
+                IF gone IS NOT NULL THEN
+                    IF missing_detail THEN
+                        RAISE EXCEPTION 'delivery % does not exist', gone USING ERRCODE = 'no_data_found',
+                            DETAIL = 'It was acked or dead-lettered already, or never existed; nothing was acked.',
+                            HINT = 'If your lease ran out, another consumer may have handled it.';
+                    END IF;
+                    RAISE EXCEPTION 'delivery % does not exist', gone USING ERRCODE = 'no_data_found';
+                END IF;
+            END IF;
+            IF l.token IS NULL THEN
+                RAISE EXCEPTION 'lease of delivery % is not held: %', l.id, reason
+                    USING ERRCODE = 'lock_not_available', DETAIL = detail || ' Nothing was changed.',
+                          HINT = 'Pass the lease token that relay_claim returned or the NOTIFY message carried ("lease").';
+            END IF;
+            RAISE EXCEPTION 'lease of delivery % is not held: %', l.id, reason
+                USING ERRCODE = 'lock_not_available', DETAIL = detail || ' Nothing was changed.';
+        END IF;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION relay._claim(handler_name text, max_rows integer, lease_for interval, per_key integer)
+RETURNS TABLE (id bigint, event_id bigint, topic text, key text, seq bigint, payload jsonb,
+               headers jsonb, attempt integer, priority integer, published_at timestamptz,
+               lease_until timestamptz, lease uuid)
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    h        relay.handlers;
+    lease_ms bigint;
+    until    timestamptz;
+    aging    bigint := relay._setting('priority_aging', 'ms', 10000, 0, 2147483647);
+    scan     bigint := relay._setting('claim_scan_limit', '', 10000, 100, 1000000);
+    charged  bigint[];
+    c        record;
+    taken    bigint[] := '{}';
+    tokens   uuid[] := '{}';
+    broken   text[] := '{}';
+    t        uuid;
+BEGIN
+    PERFORM relay._refuse_in_recovery('relay_claim');
+    IF handler_name IS NULL THEN
+        RAISE EXCEPTION 'handler must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF max_rows IS NULL THEN
+        RAISE EXCEPTION 'max must be between 1 and 10000, not NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF max_rows NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'max must be between 1 and 10000, not %', max_rows USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    per_key := coalesce(per_key, 1);
+    IF per_key NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'per_key must be between 1 and 10000, not %', per_key USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO h FROM relay.handlers x WHERE x.name = handler_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'handler "%" does not exist', handler_name USING ERRCODE = 'undefined_object';
+    END IF;
+    IF h.kind <> 'pull' AND NOT (h.kind = 'notify' AND coalesce((h.options ->> 'ack')::boolean, false)) THEN
+        RAISE EXCEPTION 'handler "%" is not a pull handler or an ack-mode notify handler', handler_name
+            USING ERRCODE = 'wrong_object_type',
+                  DETAIL = CASE WHEN h.kind = 'notify'
+                                THEN 'It is a fire-and-forget notify handler: its deliveries complete when sent.'
+                                ELSE 'It is a ' || h.kind || ' handler; its deliveries are handed over by the background workers.' END;
+    END IF;
+    lease_ms := relay._option_ms(h.options, 'lease', 30000);
+    IF lease_for IS NOT NULL THEN
+        lease_ms := round(extract(epoch FROM lease_for) * 1000);
+        IF lease_ms NOT BETWEEN 1000 AND 86400000 THEN
+            RAISE EXCEPTION 'lease must be between 1 second and 1 day' USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+    IF h.paused THEN
+        RETURN;
+    END IF;
+
+    -- Leases that ran out are charged a failed attempt, once: the charge
+    -- removes the lease (a completion in progress holds its row: waited for).
+    WITH expired AS (
+        DELETE FROM relay.leases l WHERE l.handler_id = h.id AND l.lease_until <= clock_timestamp()
+        RETURNING l.delivery_id
+    )
+    SELECT array_agg(e.delivery_id) INTO charged FROM expired e;
+    IF charged IS NOT NULL THEN
+        PERFORM relay._fail(charged, 'lease expired', NULL);
+    END IF;
+
+    until := clock_timestamp() + lease_ms * interval '1 millisecond';
+    -- core::plan_claim's rules: the oldest rows of each priority class; a key
+    -- is handed over from its head (no earlier seq left), up to per_key rows
+    -- in a run that stops at the first row not ready or leased; groups (a key,
+    -- or an unkeyed row) by aged priority, then id (docs/managed.md: the
+    -- planner breaks ties between classes by ready time).
+    FOR c IN
+        WITH win AS (
+            SELECT * FROM (SELECT d.id, d.key, d.seq, d.priority, d.not_before FROM relay.deliveries d
+                            WHERE d.handler_id = h.id AND d.priority = 3 ORDER BY d.priority, d.id LIMIT scan) p3
+            UNION ALL
+            SELECT * FROM (SELECT d.id, d.key, d.seq, d.priority, d.not_before FROM relay.deliveries d
+                            WHERE d.handler_id = h.id AND d.priority = 2 ORDER BY d.priority, d.id LIMIT scan) p2
+            UNION ALL
+            SELECT * FROM (SELECT d.id, d.key, d.seq, d.priority, d.not_before FROM relay.deliveries d
+                            WHERE d.handler_id = h.id AND d.priority = 1 ORDER BY d.priority, d.id LIMIT scan) p1
+            UNION ALL
+            SELECT * FROM (SELECT d.id, d.key, d.seq, d.priority, d.not_before FROM relay.deliveries d
+                            WHERE d.handler_id = h.id AND d.priority <= 0 ORDER BY d.priority, d.id LIMIT scan) p0
+        ), rows AS (
+            SELECT w.*,
+                   least(3, w.priority + CASE WHEN aging > 0 THEN greatest(0, floor(
+                       extract(epoch FROM clock_timestamp() - w.not_before) * 1000 / aging))::integer ELSE 0 END) AS eff,
+                   (w.not_before <= clock_timestamp()
+                    AND NOT EXISTS (SELECT 1 FROM relay.leases l WHERE l.delivery_id = w.id)
+                    AND w.id <> ALL (coalesce(charged, '{}'))) AS ok,
+                   CASE WHEN w.key IS NULL THEN 1
+                        ELSE row_number() OVER (PARTITION BY w.key ORDER BY w.seq) END AS pos
+              FROM win w
+        ), runs AS (
+            SELECT r.*,
+                   bool_and(r.ok) OVER (PARTITION BY coalesce(r.key, '#' || r.id) ORDER BY r.pos) AS run_ok,
+                   first_value(r.eff) OVER g AS g_eff, first_value(r.id) OVER g AS g_id
+              FROM rows r
+            WINDOW g AS (PARTITION BY coalesce(r.key, '#' || r.id) ORDER BY r.pos)
+        )
+        SELECT u.id, u.key, u.pos FROM runs u
+         WHERE u.run_ok AND u.pos <= per_key
+           AND (u.key IS NULL
+                OR (SELECT count(*) FROM relay.deliveries e
+                     WHERE e.handler_id = h.id AND e.key = u.key AND e.seq < u.seq) = u.pos - 1)
+         ORDER BY u.g_eff DESC, u.g_id, u.pos
+         LIMIT max_rows
+    LOOP
+        -- A concurrent claimer's lease (not visible above) wins: this row is
+        -- skipped, and so is the rest of its key's run.
+        CONTINUE WHEN c.key IS NOT NULL AND c.key = ANY (broken);
+        t := gen_random_uuid();
+        INSERT INTO relay.leases AS l (delivery_id, handler_id, token, lease_until, owner_pid)
+        VALUES (c.id, h.id, t, until, pg_backend_pid())
+        ON CONFLICT (delivery_id) DO NOTHING;
+        IF FOUND THEN
+            taken := taken || c.id;
+            tokens := tokens || t;
+        ELSIF c.key IS NOT NULL THEN
+            broken := broken || c.key;
+        END IF;
+    END LOOP;
+
+    -- Read again after leasing: a row completed meanwhile is left out (and
+    -- its lease dropped).
+    DELETE FROM relay.leases l
+     WHERE l.delivery_id = ANY (taken)
+       AND NOT EXISTS (SELECT 1 FROM relay.deliveries d WHERE d.id = l.delivery_id);
+    RETURN QUERY
+        SELECT d.id, d.event_id, coalesce(d.wire_topic, d.topic), d.key, d.seq, d.payload, d.headers, d.attempt + 1, d.priority::integer,
+               d.published_at, until, x.token
+          FROM unnest(taken, tokens) WITH ORDINALITY AS x(id, token, o)
+          JOIN relay.deliveries d ON d.id = x.id
+         ORDER BY x.o;
+END
+$$;
+
+-- LANGUAGE sql: in PL/pgSQL the argument lease and the result column lease
+-- would be one variable.
+CREATE FUNCTION relay_claim(handler text, max integer DEFAULT 100, lease interval DEFAULT NULL,
+                            per_key integer DEFAULT 1)
+RETURNS TABLE (id bigint, event_id bigint, topic text, key text, seq bigint, payload jsonb,
+               headers jsonb, attempt integer, priority integer, published_at timestamptz,
+               lease_until timestamptz, lease uuid)
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT * FROM relay._claim($1, $2, $3, $4)
+$$;
+
+CREATE FUNCTION relay_ack(ids bigint[], leases uuid[] DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n      integer;
+    nl     integer;
+    tokens  uuid[];
+    done    integer;
+    missing bigint;
+BEGIN
+    PERFORM relay._refuse_in_recovery('relay_ack');
+    IF relay_ack.ids IS NULL THEN
+        RAISE EXCEPTION 'ids must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    n := coalesce(cardinality(relay_ack.ids), 0);
+    IF relay_ack.leases IS NOT NULL THEN
+        nl := coalesce(cardinality(relay_ack.leases), 0);
+        IF nl <> n THEN
+            RAISE EXCEPTION 'leases must have as many elements as ids (%), not %', n, nl
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+    IF n = 0 THEN
+        RETURN 0;
+    END IF;
+    FOR i IN 1 .. n LOOP
+        IF (SELECT x FROM unnest(relay_ack.ids) WITH ORDINALITY AS t(x, o) WHERE o = i) IS NULL THEN
+            RAISE EXCEPTION 'ids[%] must not be NULL', i USING ERRCODE = 'null_value_not_allowed';
+        END IF;
+    END LOOP;
+    tokens := coalesce(ARRAY(SELECT x FROM unnest(relay_ack.leases) WITH ORDINALITY AS t(x, o) ORDER BY o),
+                       array_fill(NULL::uuid, ARRAY[n]));
+    PERFORM relay._hold_leases(ARRAY(SELECT x FROM unnest(relay_ack.ids) WITH ORDINALITY AS t(x, o) ORDER BY o),
+                               tokens, true, true);
+    -- Held, yet gone: cancelled while leased (relay_cancel refuses that only
+    -- for leases it sees).
+    missing := (SELECT min(x) FROM unnest(relay_ack.ids) AS x
+                 WHERE NOT EXISTS (SELECT 1 FROM relay.deliveries d WHERE d.id = x));
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'delivery % does not exist', missing USING ERRCODE = 'no_data_found',
+            DETAIL = 'It was acked or dead-lettered already, or never existed; nothing was acked.',
+            HINT = 'If your lease ran out, another consumer may have handled it.';
+    END IF;
+    DELETE FROM relay.deliveries d WHERE d.id = ANY (relay_ack.ids);
+    GET DIAGNOSTICS done = ROW_COUNT;
+    DELETE FROM relay.leases l WHERE l.delivery_id = ANY (relay_ack.ids);
+    RETURN done;
+END
+$$;
+
+CREATE FUNCTION relay_nack(id bigint, error text DEFAULT NULL, retry_in interval DEFAULT NULL,
+                           lease uuid DEFAULT NULL)
+RETURNS text LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    retry_ms bigint;
+    result   text;
+BEGIN
+    PERFORM relay._refuse_in_recovery('relay_nack');
+    IF relay_nack.id IS NULL THEN
+        RAISE EXCEPTION 'id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF relay_nack.retry_in IS NOT NULL THEN
+        retry_ms := round(extract(epoch FROM relay_nack.retry_in) * 1000);
+        IF retry_ms < 0 THEN
+            RAISE EXCEPTION 'retry_in must not be negative' USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF retry_ms > 366::bigint * 86400000 THEN
+            RAISE EXCEPTION 'retry_in must be at most 366 days' USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+    PERFORM relay._hold_leases(ARRAY[relay_nack.id], ARRAY[relay_nack.lease], true, false);
+    SELECT f.outcome INTO result FROM relay._fail(ARRAY[relay_nack.id], relay_nack.error, retry_ms) f;
+    IF result IS NULL THEN
+        RAISE EXCEPTION 'delivery % does not exist', relay_nack.id USING ERRCODE = 'no_data_found';
+    END IF;
+    DELETE FROM relay.leases l WHERE l.delivery_id = relay_nack.id;
+    RETURN result;
+END
+$$;
+
+CREATE FUNCTION relay_extend(id bigint, lease uuid, extend_by interval DEFAULT NULL)
+RETURNS timestamptz LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ms    bigint;
+    hopts jsonb;
+    until timestamptz;
+BEGIN
+    PERFORM relay._refuse_in_recovery('relay_extend');
+    IF relay_extend.id IS NULL THEN
+        RAISE EXCEPTION 'id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF relay_extend.extend_by IS NOT NULL THEN
+        ms := round(extract(epoch FROM relay_extend.extend_by) * 1000);
+        IF ms NOT BETWEEN 1000 AND 86400000 THEN
+            RAISE EXCEPTION 'extend_by must be between 1 second and 1 day' USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+    SELECT coalesce(h.options, '{}') INTO hopts
+      FROM relay.deliveries d LEFT JOIN relay.handlers h ON h.id = d.handler_id WHERE d.id = relay_extend.id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'delivery % does not exist', relay_extend.id USING ERRCODE = 'no_data_found',
+            DETAIL = 'It was acked or dead-lettered already, or never existed.';
+    END IF;
+    ms := coalesce(ms, relay._option_ms(hopts, 'lease', 30000));
+    PERFORM relay._hold_leases(ARRAY[relay_extend.id], ARRAY[relay_extend.lease], false, false);
+    until := clock_timestamp() + ms * interval '1 millisecond';
+    UPDATE relay.leases l SET lease_until = until WHERE l.delivery_id = relay_extend.id;
+    RETURN until;
+END
+$$;
