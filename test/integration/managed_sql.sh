@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# The managed SQL edition (docs/managed.md) on a cluster that has no relaybus
+# at all: a copy of the system PostgreSQL with every relaybus file left out,
+# nothing preloaded. A database owner that is not a superuser (CREATEROLE, as
+# rds_superuser) installs build/relaybus-managed--VERSION.sql with psql -f;
+# then the pg_regress suites of test/sql run against it with the extension's
+# expected files, and the guarantees are checked with concurrent sessions.
+#
+# Uses its own cluster (not the one run_all.sh gives the other scripts).
+# RELAYBUS_MANAGED_REGRESS="publish handlers" runs only those regress files.
+# lib.sh wants a cluster named; this script starts its own and points PGHOST
+# and PGPORT at it before the first query.
+export PGHOST=${PGHOST:-/nonexistent} PGPORT=${PGPORT:-1}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+ROOT=$RELAYBUS_ROOT
+VERSION=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$ROOT/relaybus.control")
+SCRIPT=$ROOT/build/relaybus-managed--$VERSION.sql
+SYS_PG_CONFIG=$PG_CONFIG
+MAJOR=$("$SYS_PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+CLUSTER=$TMP/cluster
+OWNER=relay_owner
+DB=managed
+
+stop_cluster() { [[ -d "$CLUSTER" ]] && PG_CONFIG=$TREE_PG_CONFIG bash "$ROOT/test/cluster.sh" destroy "$CLUSTER" >/dev/null 2>&1; }
+trap 'stop_cluster; cleanup' EXIT
+trap 'stop_cluster; cleanup; echo "$TEST_NAME: interrupted"; echo "$PASSED passed, $((FAILED + 1)) failed"; exit 1' INT TERM
+
+# ---------------------------------------------------------------- the script
+log "building the managed script"
+make -s -C "$ROOT" managed >/dev/null || die "make managed failed"
+check "the managed script names no library, C function or extension" \
+    bash -c "! grep -nE \"MODULE_PATHNAME|LANGUAGE C\\b|CREATE EXTENSION|pg_extension_config_dump\" '$SCRIPT' | grep -v ':\s*--'"
+
+# ---------------------------------------------------------------- a PostgreSQL without relaybus
+# PostgreSQL's binaries are relocatable (scripts/pg-tree.sh): a copy of the
+# system's lib and share directories, every relaybus file left out.
+log "copying PostgreSQL $MAJOR without relaybus"
+libdir=$(dirname "$("$SYS_PG_CONFIG" --bindir)")
+sharedir=$("$SYS_PG_CONFIG" --sharedir)
+TREE=$TMP/pg
+mkdir -p "$TREE$libdir" "$TREE$sharedir"
+(cd "$libdir" && tar cf - --exclude='relaybus*' .) | (cd "$TREE$libdir" && tar xf -) || die "copy of $libdir failed"
+(cd "$sharedir" && tar cf - --exclude='relaybus*' .) | (cd "$TREE$sharedir" && tar xf -) || die "copy of $sharedir failed"
+chmod -R a+rX "$TMP"
+TREE_PG_CONFIG=$TREE$libdir/bin/pg_config
+check_eq "no relaybus file in the cluster's lib and share directories" "" \
+    "$(find "$TREE" -name 'relaybus*' | head -3)"
+
+RELAYBUS_PRELOAD='' PG_CONFIG=$TREE_PG_CONFIG bash "$ROOT/test/cluster.sh" start "$CLUSTER" >/dev/null \
+    || die "cluster did not start"
+# shellcheck disable=SC1091
+source "$CLUSTER/env"
+PATH="$TREE$libdir/bin:$PATH"
+su_sql() { psql -X -q -At -v ON_ERROR_STOP=1 -U postgres "$@" </dev/null; }
+own_sql() { psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" "$@" </dev/null; }
+
+check_eq "nothing preloaded" "" "$(su_sql -d postgres -c 'SHOW shared_preload_libraries')"
+check_eq "CREATE EXTENSION relaybus is impossible here (not available)" "0A000" \
+    "$(su_sql -d postgres -c "DO \$\$ BEGIN CREATE EXTENSION relaybus; EXCEPTION WHEN OTHERS THEN RAISE NOTICE '%', SQLSTATE; END \$\$" 2>&1 | sed -n 's/^NOTICE: *//p')"
+
+# The owner: CREATEROLE, not a superuser, owns its database (as on RDS).
+su_sql -d postgres -c "CREATE ROLE $OWNER LOGIN CREATEROLE" -c "CREATE DATABASE $DB OWNER $OWNER" \
+    || die "could not create the owner"
+check_eq "the owner is not a superuser" "f|t" \
+    "$(su_sql -d postgres -c "SELECT rolsuper, rolcreaterole FROM pg_roles WHERE rolname = '$OWNER'")"
+
+# ---------------------------------------------------------------- install
+log "installing as $OWNER"
+out=$(psql -X -q -1 -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" -f "$SCRIPT" 2>&1 </dev/null)
+rc=$?
+if ((rc == 0)); then pass "psql -1 -f installs as $OWNER"; else fail "psql -1 -f installs as $OWNER" "$out"; die "install failed"; fi
+check_eq "no C function in schema relay or beside it" "0" \
+    "$(own_sql -c "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                   WHERE (n.nspname = 'relay' OR p.proname LIKE 'relay\_%')
+                     AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'c')")"
+check_eq "no extension in the database" "0" "$(own_sql -c "SELECT count(*) FROM pg_extension WHERE extname = 'relaybus'")"
+check_eq "the four roles exist" "4" \
+    "$(own_sql -c "SELECT count(*) FROM pg_roles WHERE rolname IN ('relay_publisher','relay_consumer','relay_admin','relay_monitor')")"
+check_eq "PUBLIC may execute no relaybus function" "0" \
+    "$(own_sql -c "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                   WHERE (n.nspname = 'relay' OR p.proname LIKE 'relay\_%') AND has_function_privilege('public', p.oid, 'EXECUTE')")"
+out=$(psql -X -q -1 -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" -f "$SCRIPT" 2>&1 </dev/null)
+rc=$?
+check "a second install fails (schema relay exists) and changes nothing" \
+    test "$rc" != 0 -a -n "$(grep 'already exists' <<<"$out")" -a "$(own_sql -c 'SELECT count(*) FROM relay.handlers')" = 0
+
+# Another owner without CREATEROLE, the roles being there already: the
+# install grants what it needs and creates no role.
+su_sql -d postgres -c "CREATE ROLE plain_owner LOGIN" -c "CREATE DATABASE plain OWNER plain_owner" >/dev/null
+out=$(psql -X -q -1 -v ON_ERROR_STOP=1 -U plain_owner -d plain -f "$SCRIPT" 2>&1 </dev/null)
+rc=$?
+if ((rc == 0)); then pass "an owner without CREATEROLE installs once the roles exist"; else fail "an owner without CREATEROLE installs once the roles exist" "$out"; fi
+# ... and on a cluster without them, is refused with one clear error.
+su_sql -d postgres -c "CREATE ROLE bare_owner LOGIN" -c "CREATE DATABASE bare OWNER bare_owner" >/dev/null
+su_sql -d postgres -c "ALTER ROLE relay_monitor RENAME TO relay_monitor_aside" >/dev/null
+out=$(psql -X -q -1 -v ON_ERROR_STOP=1 -U bare_owner -d bare -f "$SCRIPT" 2>&1 </dev/null)
+rc=$?
+su_sql -d postgres -c "ALTER ROLE relay_monitor_aside RENAME TO relay_monitor" >/dev/null
+check "an owner without CREATEROLE and a missing role: 42501, nothing installed" \
+    test "$rc" != 0 -a -n "$(grep 'roles {relay_monitor} do not exist and bare_owner may not create them' <<<"$out")" \
+         -a "$(psql -X -At -U bare_owner -d bare -c "SELECT count(*) FROM pg_namespace WHERE nspname = 'relay'" </dev/null)" = 0
+
+# ---------------------------------------------------------------- pg_regress
+# The suites of test/sql with the extension's expected files. Their one
+# extension-only statement (CREATE EXTENSION IF NOT EXISTS relaybus, a no-op
+# where it is installed) is left out of both input and expected output
+# (docs/managed.md, "Tests").
+log "pg_regress against the managed edition"
+REG=$TMP/regress
+mkdir -p "$REG/sql" "$REG/expected" "$REG/out"
+tests=()
+for f in "$ROOT"/test/sql/*.sql; do
+    name=$(basename "$f" .sql)
+    if [[ -n "${RELAYBUS_MANAGED_REGRESS:-}" && " $RELAYBUS_MANAGED_REGRESS " != *" $name "* ]]; then continue; fi
+    sed '/^CREATE EXTENSION IF NOT EXISTS relaybus;$/d' "$f" >"$REG/sql/$name.sql"
+    sed '/^CREATE EXTENSION IF NOT EXISTS relaybus;$/d' "$ROOT/test/expected/$name.out" >"$REG/expected/$name.out"
+    tests+=("$name")
+done
+chmod -R a+rwX "$REG"
+PG_REGRESS=$(dirname "$("$SYS_PG_CONFIG" --pgxs)")/../test/regress/pg_regress
+# cwd: the repository root, as under make installcheck (test files read
+# test/vectors/... relative to it).
+(cd "$ROOT" && "$PG_REGRESS" --use-existing --dbname="$DB" --user="$OWNER" --host="$PGHOST" --port="$PGPORT" \
+    --bindir="$TREE$libdir/bin" --inputdir="$REG" --outputdir="$REG/out" "${tests[@]}") >"$REG/log" 2>&1
+for name in "${tests[@]}"; do
+    # PostgreSQL 15: "test NAME ... ok"; 16 and later: "ok N - NAME" (TAP).
+    if grep -Eq "^test ${name} +\.\.\. ok|^ok +[0-9]+ +[-+] +${name} " "$REG/log"; then
+        pass "regress/$name on the managed edition"
+    else
+        fail "regress/$name on the managed edition" "$(grep -E "$name" "$REG/log" | head -3)"
+    fi
+done
+if [[ -s "$REG/out/regression.diffs" ]]; then
+    head -c 20000 "$REG/out/regression.diffs"
+fi
+
+# ---------------------------------------------------------------- guarantees
+log "guarantees"
+own_sql -c "SELECT relay_create_handler('g_pull', 'pull')" -c "SELECT relay_route('g.#', 'g_pull')" >/dev/null \
+    || fail "guarantee fixtures"
+
+# A rolled-back publish leaves nothing: no delivery, no seq, no dedupe key.
+own_sql -c "BEGIN" -c "SELECT relay_publish('g.rb', '{}', 'g-rb', dedupe_key => 'g-rb-d')" -c "ROLLBACK" >/dev/null
+check_eq "a rolled-back publish leaves nothing" "0|0|0" \
+    "$(own_sql -c "SELECT (SELECT count(*) FROM relay.deliveries WHERE key = 'g-rb'),
+                          (SELECT count(*) FROM relay.key_seqs WHERE key = 'g-rb'),
+                          (SELECT count(*) FROM relay.dedupe WHERE key = 'g-rb-d')")"
+
+# Concurrent publishers of one key: seq gapless and in commit order (event id
+# order is commit order within a key). Each session publishes in
+# transactions that sleep while holding the key.
+log "concurrent publishers of one key"
+own_sql -c "CREATE TABLE g_commits (n bigserial PRIMARY KEY, event_id bigint)" >/dev/null
+pids=()
+for s in 1 2 3 4; do
+    (for i in $(seq 1 25); do
+        echo "BEGIN; SELECT relay_publish('g.seq', jsonb_build_object('s', $s, 'i', $i), 'g-hot') AS e \\gset"
+        echo "SELECT pg_sleep(random() * 0.005);"
+        echo "INSERT INTO g_commits (event_id) VALUES (:e); COMMIT;"
+     done) | psql -X -q -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" >/dev/null 2>"$TMP/pub$s.err" &
+    pids+=($!)
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+check "four sessions published 100 events on one key" test "$rc" = 0
+check_eq "seq of the key is 1..100 without gaps" "100|1|100|100" \
+    "$(own_sql -c "SELECT count(*), min(seq), max(seq), count(DISTINCT seq) FROM relay.deliveries WHERE key = 'g-hot'")"
+check_eq "seq order is commit order (and event id order)" "0" \
+    "$(own_sql -c "SELECT count(*) FROM (SELECT d.seq, row_number() OVER (ORDER BY c.n) AS commit_rank,
+                                               row_number() OVER (ORDER BY d.event_id) AS id_rank
+                                          FROM g_commits c JOIN relay.deliveries d ON d.event_id = c.event_id) x
+                    WHERE seq <> commit_rank OR seq <> id_rank")"
+
+# A claim's lease fences a second claimer; a wrong or expired lease token is
+# refused with 55P03 and changes nothing.
+log "leases"
+own_sql -c "SELECT relay_create_handler('g_lease', 'pull')" -c "SELECT relay_route('l.one', 'g_lease')" \
+    -c "SELECT relay_publish('l.one', '{\"n\": 1}', 'g-l')" >/dev/null
+claim=$(own_sql -c "SELECT id || ' ' || lease FROM relay_claim('g_lease', 10, lease => '2s')")
+read -r lid ltok <<<"$claim"
+check "the first claim takes the delivery" test -n "$lid"
+check_eq "a second claimer gets nothing while the lease holds" "0" \
+    "$(own_sql -c "SELECT count(*) FROM relay_claim('g_lease', 10)")"
+wrong=$(own_sql -c "SELECT gen_random_uuid()")
+state() { own_sql -c "SELECT md5(string_agg(d::text, ',')) FROM relay.deliveries d WHERE d.handler_id = (SELECT id FROM relay.handlers WHERE name = 'g_lease')"; }
+before=$(state)
+check_eq "an ack with a wrong token is refused with 55P03" "55P03" \
+    "$(own_sql -c "DO \$\$ BEGIN PERFORM relay_ack(ARRAY[$lid]::bigint[], ARRAY['$wrong']::uuid[]); EXCEPTION WHEN OTHERS THEN RAISE NOTICE '%', SQLSTATE; END \$\$" 2>&1 | sed -n 's/^NOTICE: *//p')"
+check_eq "the refused ack changed nothing" "$before" "$(state)"
+sleep 2.2
+check_eq "an ack with the expired token is refused with 55P03" "55P03 lease of delivery $lid is not held: it expired" \
+    "$(own_sql -c "DO \$\$ BEGIN PERFORM relay_ack(ARRAY[$lid]::bigint[], ARRAY['$ltok']::uuid[]); EXCEPTION WHEN OTHERS THEN RAISE NOTICE '% %', SQLSTATE, SQLERRM; END \$\$" 2>&1 | sed -n 's/^NOTICE: *//p')"
+check_eq "the next claim charges the expired lease and does not hand it over" "0|1|lease expired" \
+    "$(own_sql -c "SELECT count(*) FROM relay_claim('g_lease', 10)" \
+               -c "SELECT attempt, last_error FROM relay.deliveries WHERE id = $lid" | paste -sd'|')"
+newtok=$(own_sql -c "UPDATE relay.deliveries SET not_before = now() - interval '1s' WHERE id = $lid" \
+                 -c "SELECT lease FROM relay_claim('g_lease', 10)" 2>&1 | tail -1)
+check_eq "the old token stays refused after a new claim" "55P03" \
+    "$(own_sql -c "DO \$\$ BEGIN PERFORM relay_ack(ARRAY[$lid]::bigint[], ARRAY['$ltok']::uuid[]); EXCEPTION WHEN OTHERS THEN RAISE NOTICE '%', SQLSTATE; END \$\$" 2>&1 | sed -n 's/^NOTICE: *//p')"
+check_eq "the new token acks" "1" "$(own_sql -c "SELECT relay_ack(ARRAY[$lid]::bigint[], ARRAY['$newtok']::uuid[])")"
+
+# An ack in progress holds its lease: a claimer that sees the lease expire
+# meanwhile waits for the ack and finds the delivery gone (no double hand-over).
+own_sql -c "SELECT relay_publish('l.one', '{\"n\": 2}', 'g-l')" >/dev/null
+read -r lid ltok <<<"$(own_sql -c "SELECT id || ' ' || lease FROM relay_claim('g_lease', 10, lease => '1s')")"
+(echo "BEGIN; SELECT relay_ack(ARRAY[$lid]::bigint[], ARRAY['$ltok']::uuid[]); SELECT pg_sleep(2); COMMIT;") \
+    | psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" >"$TMP/ack.out" 2>&1 &
+ackpid=$!
+sleep 1.5
+check_eq "a claim during the ack's transaction hands nothing over" "0" \
+    "$(own_sql -c "SELECT count(*) FROM relay_claim('g_lease', 10)")"
+wait "$ackpid"
+check_eq "the ack completed (1) and nothing was dead-lettered or charged" "1|0" \
+    "$(head -1 "$TMP/ack.out")|$(own_sql -c "SELECT count(*) FROM relay.dead_letters")"
+
+finish
