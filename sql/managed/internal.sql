@@ -187,13 +187,10 @@ BEGIN
     IF auth = '' THEN RETURN 'URL has no host'; END IF;
     IF left(auth, 1) = '[' THEN
         IF strpos(auth, ']') = 0 THEN RETURN 'URL has an unterminated IPv6 address (''['' without '']'')'; END IF;
-        host := substr(auth, 2, strpos(auth, ']') - 2);
-        BEGIN
-            PERFORM host::inet;
-        EXCEPTION WHEN data_exception THEN
+        host := left(auth, strpos(auth, ']'));
+        IF NOT relay._is_ipv6(substr(host, 2, length(host) - 2)) THEN
             RETURN 'URL has an invalid IPv6 address ' || relay._quote(host);
-        END;
-        IF family(host::inet) <> 6 THEN RETURN 'URL has an invalid IPv6 address ' || relay._quote(host); END IF;
+        END IF;
         rest := substr(auth, strpos(auth, ']') + 1);
         IF rest <> '' AND left(rest, 1) <> ':' THEN RETURN 'URL has unexpected text after the IPv6 address'; END IF;
         port := nullif(substr(rest, 2), '');
@@ -202,7 +199,7 @@ BEGIN
         host := split_part(auth, ':', 1);
         port := CASE WHEN strpos(auth, ':') > 0 THEN substr(auth, strpos(auth, ':') + 1) END;
         IF host = '' THEN RETURN 'URL has no host'; END IF;
-        IF octet_length(host) > 253 OR host !~ '^([A-Za-z0-9_-]{1,63}\.)*[A-Za-z0-9_-]{1,63}\.?$' THEN
+        IF NOT relay._is_host_name(host) THEN
             RETURN 'URL has an invalid host ' || relay._quote(host);
         END IF;
     END IF;
@@ -223,25 +220,94 @@ $$;
 CREATE FUNCTION relay._kafka_target_error(target text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    brokers text[];
-    b       text;
+    rest    text;
+    brokers text;
     topic   text;
+    b       text;
+    port    text;
+    n       integer := 0;
 BEGIN
-    IF left(target, 8) <> 'kafka://' THEN RETURN 'target must start with kafka://'; END IF;
-    IF strpos(substr(target, 9), '/') = 0 THEN RETURN 'target has no topic (kafka://host:port/topic)'; END IF;
-    brokers := string_to_array(split_part(substr(target, 9), '/', 1), ',');
-    topic := substr(target, 9 + strpos(substr(target, 9), '/'));
-    IF cardinality(brokers) > 32 THEN RETURN 'target has more than 32 brokers'; END IF;
-    FOREACH b IN ARRAY coalesce(brokers, ARRAY['']) LOOP
-        IF b !~ '^([A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$' OR split_part(b, ':', -1)::integer NOT BETWEEN 1 AND 65535 THEN
-            RETURN 'broker ' || relay._quote(b) || ' is not host:port';
+    IF octet_length(target) > 2048 THEN RETURN 'target is longer than 2048 bytes'; END IF;
+    IF target ~ '[^\x21-\x7e]' THEN RETURN 'target must be ASCII without whitespace or control characters'; END IF;
+    IF left(target, 8) <> 'kafka://' THEN RETURN 'target must be kafka://host:port[,host:port...]/topic'; END IF;
+    rest := substr(target, 9);
+    IF strpos(rest, '/') = 0 THEN RETURN 'a kafka target needs a topic: kafka://host:port/topic'; END IF;
+    brokers := left(rest, strpos(rest, '/') - 1);
+    topic := substr(rest, strpos(rest, '/') + 1);
+    IF brokers = '' THEN RETURN 'a kafka target needs at least one broker: kafka://host:port/topic'; END IF;
+    IF strpos(brokers, '@') > 0 THEN
+        RETURN 'target must not contain credentials (use the producer option''s sasl.* properties)';
+    END IF;
+    FOREACH b IN ARRAY string_to_array(brokers, ',') LOOP
+        IF b = '' THEN RETURN 'target has an empty broker in its list'; END IF;
+        IF left(b, 1) = '[' THEN
+            IF b !~ '^\[[^]]*\]:' THEN RETURN 'broker ' || relay._quote(b) || ' must be [IPv6]:port'; END IF;
+            IF NOT relay._is_ipv6(substring(b FROM '^\[([^]]*)\]')) THEN
+                RETURN 'broker ' || relay._quote(b) || ' has an invalid IPv6 address';
+            END IF;
+            port := substring(b FROM '^\[[^]]*\]:(.*)$');
+        ELSE
+            IF strpos(b, ':') = 0 THEN RETURN 'broker ' || relay._quote(b) || ' needs a port (host:port)'; END IF;
+            port := substring(b FROM ':([^:]*)$');
+            IF NOT relay._is_host_name(left(b, length(b) - length(port) - 1)) THEN
+                RETURN 'broker ' || relay._quote(b) || ' has an invalid host';
+            END IF;
         END IF;
+        IF port !~ '^[0-9]{1,5}$' OR port::integer NOT BETWEEN 1 AND 65535 THEN
+            RETURN 'broker ' || relay._quote(b) || ': port must be a number between 1 and 65535';
+        END IF;
+        n := n + 1;
+        IF n > 32 THEN RETURN 'target names more than 32 brokers'; END IF;
     END LOOP;
-    IF topic !~ '^[A-Za-z0-9._-]{1,249}$' OR topic IN ('.', '..') THEN
-        RETURN 'topic ' || relay._quote(topic) || ' is not a valid Kafka topic';
+    IF topic = '' THEN RETURN 'a kafka target needs a topic: kafka://host:port/topic'; END IF;
+    IF octet_length(topic) > 249 THEN RETURN 'topic is longer than 249 bytes'; END IF;
+    IF topic IN ('.', '..') THEN RETURN 'topic must not be "." or ".."'; END IF;
+    IF topic ~ '[^A-Za-z0-9._-]' THEN
+        RETURN 'topic ' || relay._quote(topic) || ': ' || relay._describe_char(substring(topic FROM '[^A-Za-z0-9._-]'))
+               || ' is not allowed (only A-Z, a-z, 0-9, ''.'', ''_'' and ''-'')';
     END IF;
     RETURN NULL;
 END
+$$;
+
+-- A host name: dot-separated labels of 1 to 63 letters, digits, '-' or '_',
+-- at most 253 bytes in all.
+CREATE FUNCTION relay._is_host_name(host text) RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+    SELECT octet_length(host) BETWEEN 1 AND 253
+       AND host ~ '^[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63})*$'
+$$;
+
+CREATE FUNCTION relay._is_ipv6(addr text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN addr ~ '^[0-9A-Fa-f:.]{2,45}$' AND strpos(addr, ':') > 0 AND family(addr::inet) = 6
+           AND masklen(addr::inet) = 128;
+EXCEPTION WHEN data_exception THEN
+    RETURN false;
+END
+$$;
+
+-- core::validate_kafka_property without librdkafka's own check of the name
+-- and value (docs/managed.md): NULL if accepted, else why not.
+CREATE FUNCTION relay._kafka_property_error(name text, value text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE
+        WHEN octet_length(name) NOT BETWEEN 1 AND 128 THEN 'option "producer": property names are 1 to 128 bytes'
+        WHEN name IN ('bootstrap.servers', 'metadata.broker.list', 'enable.idempotence', 'acks',
+                      'request.required.acks', 'message.timeout.ms', 'delivery.timeout.ms', 'transactional.id',
+                      'transaction.timeout.ms', 'enable.gapless.guarantee', 'max.in.flight.requests.per.connection',
+                      'max.in.flight', 'retries', 'message.send.max.retries', 'dr_cb', 'dr_msg_cb', 'error_cb',
+                      'log_cb', 'log.queue', 'throttle_cb', 'stats_cb', 'background_event_cb', 'opaque',
+                      'default_topic_conf', 'enabled_events', 'client.software.name', 'client.software.version')
+            THEN 'option "producer": property ' || relay._quote(name) || ' is set by relaybus'
+        WHEN name IN ('plugin.library.paths', 'sasl.kerberos.kinit.cmd', 'ssl.engine.location', 'ssl.engine.id',
+                      'ssl.providers', 'oauthbearer_token_refresh_cb', 'ssl_engine_callback_data')
+            THEN 'option "producer": property ' || relay._quote(name)
+                 || ' is not allowed (it loads code or runs a command in the server)'
+        WHEN octet_length(value) > 65536
+            THEN 'option "producer": value of ' || relay._quote(name) || ' is too long or contains NUL'
+    END
 $$;
 
 -- The extension's relay._validate_handler (src/core/handler_config.cpp), with
@@ -404,13 +470,20 @@ BEGIN
                 END LOOP;
             END IF;
         ELSIF opt.key = 'producer' THEN
-            -- The shape only: librdkafka's own checks of each property are the
-            -- extension's (docs/managed.md, "Differences").
-            IF jsonb_typeof(opt.value) <> 'object'
-               OR EXISTS (SELECT 1 FROM jsonb_each(opt.value) e WHERE jsonb_typeof(e.value) <> 'string') THEN
+            -- librdkafka's own checks of each property are the extension's
+            -- alone (docs/managed.md).
+            IF jsonb_typeof(opt.value) <> 'object' THEN
                 why := 'option "producer" must be a JSON object of librdkafka properties with string values';
             ELSIF (SELECT count(*) FROM jsonb_object_keys(opt.value)) > 200 THEN
                 why := 'option "producer" has more than 200 properties';
+            ELSE
+                why := (SELECT CASE WHEN jsonb_typeof(e.value) <> 'string'
+                                    THEN 'option "producer" must be a JSON object of librdkafka properties with string values (property '
+                                         || relay._quote(e.key) || ')'
+                                    ELSE relay._kafka_property_error(e.key, e.value #>> '{}') END
+                          FROM jsonb_each(opt.value) e
+                         WHERE jsonb_typeof(e.value) <> 'string' OR relay._kafka_property_error(e.key, e.value #>> '{}') IS NOT NULL
+                         ORDER BY e.key COLLATE "C" LIMIT 1);
             END IF;
         END IF;
         IF why IS NOT NULL THEN

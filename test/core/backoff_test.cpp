@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 
 namespace relaybus::core {
 namespace {
@@ -47,6 +51,27 @@ TEST(BackoffCeiling, NonPositivePolicyGivesZero) {
   EXPECT_EQ(backoff_ceiling_ms({0, 1000}, 3), 0);
   EXPECT_EQ(backoff_ceiling_ms({-5, 1000}, 3), 0);
   EXPECT_EQ(backoff_ceiling_ms({1000, -1}, 3), 0);
+}
+
+// test/vectors/backoff.tsv: the table the managed SQL edition's port
+// (relay._backoff_ceiling_ms, test/integration/managed_sql.sh) is held to.
+TEST(BackoffCeiling, SharedVectors) {
+  const char* env = std::getenv("RELAYBUS_VECTORS_DIR");
+  const std::string path = std::string(env && *env ? env : "test/vectors") + "/backoff.tsv";
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good()) << "cannot open " << path << " (set RELAYBUS_VECTORS_DIR)";
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  ASSERT_EQ(line, "base_ms\tmax_ms\tattempt\tceiling_ms");
+  int rows = 0;
+  while (std::getline(in, line)) {
+    long long base = 0, max = 0, ceiling = 0;
+    int attempt = 0;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%lld\t%lld\t%d\t%lld", &base, &max, &attempt, &ceiling), 4) << line;
+    EXPECT_EQ(backoff_ceiling_ms({base, max}, attempt), ceiling) << line;
+    ++rows;
+  }
+  EXPECT_GE(rows, 20);
 }
 
 TEST(BackoffDelay, FullJitterIsRandomModuloCeilingPlusOne) {
