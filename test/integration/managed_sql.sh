@@ -135,6 +135,41 @@ if [[ -s "$REG/out/regression.diffs" ]]; then
     head -c 20000 "$REG/out/regression.diffs"
 fi
 
+# ---------------------------------------------------------------- shared vectors
+# The tables the core's unit tests and the extension are held to.
+log "shared vectors"
+check_eq "lane_of: every row of test/vectors/lane_hash.tsv" "0" \
+    "$(own_sql -c "CREATE TEMP TABLE v (key text, hash text, lane integer)" \
+               -c "\\copy v FROM '$ROOT/test/vectors/lane_hash.tsv' WITH (FORMAT csv, DELIMITER E'\\t', HEADER, QUOTE E'\\x01', FORCE_NOT_NULL (key))" \
+               -c "SELECT count(*) FROM v WHERE relay.lane_of(key) <> lane")"
+check_eq "backoff ceiling: every row of test/vectors/backoff.tsv" "0" \
+    "$(own_sql -c "CREATE TEMP TABLE v (base bigint, max bigint, attempt integer, ceiling bigint)" \
+               -c "\\copy v FROM '$ROOT/test/vectors/backoff.tsv' WITH (FORMAT csv, DELIMITER E'\\t', HEADER)" \
+               -c "SELECT count(*) FROM v WHERE relay._backoff_ceiling_ms(base, max, attempt) <> ceiling")"
+# Routes: as test/integration/routes.sh does for the extension, both orders.
+source "$INTEG_DIR/routes_lib.sh"
+for order in forward reverse; do
+    rdb=routes_$order
+    su_sql -d postgres -c "CREATE DATABASE $rdb OWNER $OWNER" >/dev/null
+    psql -X -q -1 -v ON_ERROR_STOP=1 -U "$OWNER" -d "$rdb" -f "$SCRIPT" >/dev/null 2>&1 </dev/null \
+        || fail "install into $rdb"
+    {
+        routes_handlers | awk '{ printf "SELECT relay_create_handler(%c%s%c, %cpull%c);\n", 39, $1, 39, 39, 39 }'
+        routes_in_order $order | awk -F'\t' '{
+            printf "SELECT relay_route(%c%s%c, %c%s%c, %s);\n", 39, $2, 39, 39, $1, 39,
+                ($3 == "-" ? "NULL" : sprintf("%c%s%c", 39, $3, 39)) }'
+        routes_topics | awk '{ for (n = 1; n <= 2; n++) printf "SELECT relay_publish(%c%s%c, %c{\"n\": %d}%c);\n", 39, $1, 39, 39, n, 39 }'
+    } >"$TMP/routes.sql"
+    check "routes of test/vectors/routes.tsv created and published ($order)" \
+        psql -X -q -v ON_ERROR_STOP=1 -U "$OWNER" -d "$rdb" -f "$TMP/routes.sql" </dev/null
+    psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$rdb" </dev/null -c "
+        SELECT d.payload->>'n', d.topic,
+               string_agg(h.name || '=' || coalesce(d.wire_topic, '-'), ' ' ORDER BY h.name COLLATE \"C\")
+          FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
+         GROUP BY 1, 2" | tr '|' '\t' >"$TMP/got"
+    routes_compare "$order" "$TMP/got"
+done
+
 # ---------------------------------------------------------------- guarantees
 log "guarantees"
 own_sql -c "SELECT relay_create_handler('g_pull', 'pull')" -c "SELECT relay_route('g.#', 'g_pull')" >/dev/null \
