@@ -5,14 +5,25 @@
 
 -- Leases: the extension keeps them in shared memory; here a row per leased
 -- delivery. UNLOGGED: like shared memory, a crash forgets them (a restart
--- charges nothing), and taking one writes no WAL.
+-- charges nothing), and taking one writes no WAL. A completion (ack, nack)
+-- sets completed_by to its transaction and keeps the row locked: the lease is
+-- that transaction's until it ends, as in the extension; once it committed
+-- the row is no lease (a claim removes it), and if it aborted the mark is
+-- gone with it.
 CREATE UNLOGGED TABLE relay.leases (
-    delivery_id  bigint PRIMARY KEY,
-    handler_id   integer NOT NULL,
-    token        uuid NOT NULL,
-    lease_until  timestamptz NOT NULL,
-    owner_pid    integer NOT NULL            -- the session that took it (the id-only forms)
+    delivery_id   bigint PRIMARY KEY,
+    handler_id    integer NOT NULL,
+    token         uuid NOT NULL,
+    lease_until   timestamptz NOT NULL,
+    owner_pid     integer NOT NULL,           -- the session that took it (the id-only forms)
+    completed_by  xid8
 );
+
+-- Whether a lease row is a lease now (see relay.leases).
+CREATE FUNCTION relay._is_lease(completed_by xid8) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT completed_by IS NULL OR completed_by = pg_current_xact_id_if_assigned()
+$$;
 
 -- A relaybus setting: the value a session, a role or the database set, else
 -- the extension's default. Without the library relaybus.* settings are
@@ -564,6 +575,7 @@ CREATE FUNCTION relay._leases(OUT delivery_id bigint, OUT handler_id integer,
                               OUT lease_until timestamptz, OUT owner_pid integer)
 RETURNS SETOF record LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT l.delivery_id, l.handler_id, l.lease_until, l.owner_pid FROM relay.leases l
+     WHERE relay._is_lease(l.completed_by)
 $$;
 
 -- No background workers in this edition.

@@ -1,9 +1,10 @@
 -- Pull consumers (PL/pgSQL) --------------------------------------------------------
 -- Leases are rows of relay.leases (see there) and receipts as in the extension
 -- (docs/consumers.md): relay_claim returns each lease's token, relay_ack /
--- relay_nack / relay_extend name it. A completion locks the lease row and
--- keeps it locked to the end of its transaction, so a claimer that would
--- charge the lease as expired waits for it and finds the delivery gone.
+-- relay_nack / relay_extend name it. A completion marks the lease row with
+-- its transaction and keeps it locked to the end of it, so a claimer that
+-- would charge the lease as expired waits for it, and finds the delivery gone
+-- (an ack) or the lease ended (a nack) once it committed.
 
 CREATE FUNCTION relay._refuse_in_recovery(fn text) RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -61,11 +62,13 @@ BEGIN
 END
 $$;
 
--- Checks and locks the leases of ids (sorted, distinct) for a completion;
--- tokens[i] NULL: the id-only form (a lease this session took). Raises P0002
--- for a delivery that is gone (before any lease error, when missing_first),
--- else 55P03 for the first lease not held.
-CREATE FUNCTION relay._hold_leases(ids bigint[], tokens uuid[], missing_first boolean, missing_detail boolean)
+-- Checks and locks the leases of ids for a completion (mark: and marks them
+-- as this transaction's, see relay.leases); tokens[i] NULL: the id-only form
+-- (a lease this session took). Raises P0002 for a delivery that is gone
+-- (before any lease error, when missing_first), else 55P03 for the first
+-- lease not held, in id order.
+CREATE FUNCTION relay._hold_leases(ids bigint[], tokens uuid[], missing_first boolean, missing_detail boolean,
+                                   mark boolean)
 RETURNS void LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l       record;
@@ -73,7 +76,7 @@ DECLARE
     detail  text;
     gone    bigint;
 BEGIN
-    FOR l IN SELECT t.i, t.id, t.token, x.token AS held, x.lease_until, x.owner_pid,
+    FOR l IN SELECT t.i, t.id, t.token, x.token AS held, x.lease_until, x.owner_pid, x.completed_by,
                     (x.delivery_id IS NULL AND EXISTS (SELECT 1 FROM relay.leases y WHERE y.delivery_id = t.id)) AS locked
                FROM unnest(ids, tokens) WITH ORDINALITY AS t(id, token, i)
                LEFT JOIN LATERAL (SELECT * FROM relay.leases z WHERE z.delivery_id = t.id
@@ -86,9 +89,15 @@ BEGIN
             detail := CASE WHEN l.token IS NOT NULL
                            THEN 'The lease token does not match the current lease (stale or forged), or another transaction is completing it.'
                            ELSE 'Another transaction is completing it.' END;
-        ELSIF l.held IS NULL THEN
+        ELSIF l.held IS NULL OR NOT relay._is_lease(l.completed_by) THEN
             reason := 'no lease';
             detail := 'Nobody holds it: it was never handed over, or it was completed, or the server restarted.';
+        ELSIF l.completed_by IS NOT NULL THEN
+            -- This transaction completed it already: the lease is its own.
+            IF l.token IS NOT NULL AND l.token <> l.held THEN
+                reason := 'another holder';
+                detail := 'The lease token does not match the current lease (stale or forged), or another transaction is completing it.';
+            END IF;
         ELSIF l.lease_until <= clock_timestamp() THEN
             reason := 'it expired';
             detail := 'The lease ran out; the next claimer counts that as a failed attempt and hands it over again.';
@@ -121,6 +130,10 @@ BEGIN
                 USING ERRCODE = 'lock_not_available', DETAIL = detail || ' Nothing was changed.';
         END IF;
     END LOOP;
+    IF mark THEN
+        UPDATE relay.leases z SET completed_by = pg_current_xact_id()
+         WHERE z.delivery_id = ANY (ids) AND z.completed_by IS NULL;
+    END IF;
 END
 $$;
 
@@ -136,10 +149,16 @@ DECLARE
     aging    bigint := relay._setting('priority_aging', 'ms', 10000, 0, 2147483647);
     scan     bigint := relay._setting('claim_scan_limit', '', 10000, 100, 1000000);
     charged  bigint[];
-    c        record;
+    g_cls    integer[];
+    g_eff    integer[];
+    g_ready  timestamptz[];
+    g_ids    text[];
+    g_key    text[];
+    heads    integer[] := ARRAY[NULL, NULL, NULL, NULL]::integer[];
+    best     integer;
+    did      bigint;
     taken    bigint[] := '{}';
     tokens   uuid[] := '{}';
-    broken   text[] := '{}';
     t        uuid;
 BEGIN
     PERFORM relay._refuse_in_recovery('relay_claim');
@@ -178,10 +197,18 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Leases that ran out are charged a failed attempt, once: the charge
-    -- removes the lease (a completion in progress holds its row: waited for).
+    -- A row this transaction completed is no lease to its own claims (they
+    -- may take the delivery again, as the extension's do); other sessions
+    -- see it leased until the completion commits. Rows of completions that
+    -- committed are no leases: removed. Leases that
+    -- ran out are charged a failed attempt, once: the charge removes the
+    -- lease (a completion in progress holds its row: waited for, and skipped
+    -- once it committed).
+    DELETE FROM relay.leases l
+     WHERE l.handler_id = h.id AND l.completed_by IS NOT NULL AND NOT relay._is_lease(l.completed_by);
     WITH expired AS (
-        DELETE FROM relay.leases l WHERE l.handler_id = h.id AND l.lease_until <= clock_timestamp()
+        DELETE FROM relay.leases l
+         WHERE l.handler_id = h.id AND l.lease_until <= clock_timestamp() AND l.completed_by IS NULL
         RETURNING l.delivery_id
     )
     SELECT array_agg(e.delivery_id) INTO charged FROM expired e;
@@ -190,15 +217,19 @@ BEGIN
     END IF;
 
     until := clock_timestamp() + lease_ms * interval '1 millisecond';
-    -- core::plan_claim's rules: the oldest rows of each priority class; a key
-    -- is handed over from its head (no earlier seq left), up to per_key rows
-    -- in a run that stops at the first row not ready or leased; groups (a key,
-    -- or an unkeyed row) by aged priority, then id (docs/managed.md: the
-    -- planner breaks ties between classes by ready time).
-    FOR c IN
+    -- core::plan_claim's rules. A group is a key's run (from its head: no
+    -- earlier seq left; up to per_key rows, stopping at the first row not
+    -- ready or leased) or an unkeyed row, in the stream of its first row's
+    -- priority class; the streams (id order, the oldest scan rows of each
+    -- class) are merged by aged priority, then ready time, then id.
+    SELECT array_agg(g.cls ORDER BY g.cls, g.gid), array_agg(g.eff ORDER BY g.cls, g.gid),
+           array_agg(g.ready ORDER BY g.cls, g.gid), array_agg(g.ids::text ORDER BY g.cls, g.gid),
+           array_agg(g.gkey ORDER BY g.cls, g.gid)
+      INTO g_cls, g_eff, g_ready, g_ids, g_key
+      FROM (
         WITH win AS (
             SELECT * FROM (SELECT d.id, d.key, d.seq, d.priority, d.not_before FROM relay.deliveries d
-                            WHERE d.handler_id = h.id AND d.priority = 3 ORDER BY d.priority, d.id LIMIT scan) p3
+                            WHERE d.handler_id = h.id AND d.priority >= 3 ORDER BY d.priority, d.id LIMIT scan) p3
             UNION ALL
             SELECT * FROM (SELECT d.id, d.key, d.seq, d.priority, d.not_before FROM relay.deliveries d
                             WHERE d.handler_id = h.id AND d.priority = 2 ORDER BY d.priority, d.id LIMIT scan) p2
@@ -210,42 +241,65 @@ BEGIN
                             WHERE d.handler_id = h.id AND d.priority <= 0 ORDER BY d.priority, d.id LIMIT scan) p0
         ), rows AS (
             SELECT w.*,
-                   least(3, w.priority + CASE WHEN aging > 0 THEN greatest(0, floor(
+                   least(3, greatest(0, w.priority) + CASE WHEN aging > 0 THEN greatest(0, floor(
                        extract(epoch FROM clock_timestamp() - w.not_before) * 1000 / aging))::integer ELSE 0 END) AS eff,
                    (w.not_before <= clock_timestamp()
-                    AND NOT EXISTS (SELECT 1 FROM relay.leases l WHERE l.delivery_id = w.id)
+                    AND NOT EXISTS (SELECT 1 FROM relay.leases l
+                                     WHERE l.delivery_id = w.id AND l.completed_by IS NULL)
                     AND w.id <> ALL (coalesce(charged, '{}'))) AS ok,
                    CASE WHEN w.key IS NULL THEN 1
                         ELSE row_number() OVER (PARTITION BY w.key ORDER BY w.seq) END AS pos
               FROM win w
         ), runs AS (
-            SELECT r.*,
-                   bool_and(r.ok) OVER (PARTITION BY coalesce(r.key, '#' || r.id) ORDER BY r.pos) AS run_ok,
-                   first_value(r.eff) OVER g AS g_eff, first_value(r.id) OVER g AS g_id
+            SELECT r.*, bool_and(r.ok) OVER (PARTITION BY coalesce(r.key, '#' || r.id) ORDER BY r.pos) AS run_ok
               FROM rows r
-            WINDOW g AS (PARTITION BY coalesce(r.key, '#' || r.id) ORDER BY r.pos)
         )
-        SELECT u.id, u.key, u.pos FROM runs u
+        SELECT min(u.id) AS gid, u.key AS gkey,
+               (array_agg(least(3, greatest(0, u.priority)) ORDER BY u.pos))[1] AS cls,
+               (array_agg(u.eff ORDER BY u.pos))[1] AS eff,
+               (array_agg(u.not_before ORDER BY u.pos))[1] AS ready,
+               array_agg(u.id ORDER BY u.pos) AS ids
+          FROM runs u
          WHERE u.run_ok AND u.pos <= per_key
            AND (u.key IS NULL
                 OR (SELECT count(*) FROM relay.deliveries e
                      WHERE e.handler_id = h.id AND e.key = u.key AND e.seq < u.seq) = u.pos - 1)
-         ORDER BY u.g_eff DESC, u.g_id, u.pos
-         LIMIT max_rows
+         GROUP BY coalesce(u.key, '#' || u.id), u.key
+      ) g;
+
+    -- The merge: each class's stream starts at its first group.
+    FOR i IN 1 .. coalesce(cardinality(g_cls), 0) LOOP
+        IF heads[g_cls[i] + 1] IS NULL THEN
+            heads[g_cls[i] + 1] := i;
+        END IF;
+    END LOOP;
     LOOP
+        best := NULL;
+        FOR c IN 1 .. 4 LOOP
+            CONTINUE WHEN heads[c] IS NULL OR heads[c] > cardinality(g_cls) OR g_cls[heads[c]] <> c - 1;
+            IF best IS NULL OR g_eff[heads[c]] > g_eff[best]
+               OR (g_eff[heads[c]] = g_eff[best] AND (g_ready[heads[c]] < g_ready[best]
+                   OR (g_ready[heads[c]] = g_ready[best] AND heads[c] < best))) THEN
+                best := heads[c];
+            END IF;
+        END LOOP;
+        EXIT WHEN best IS NULL OR cardinality(taken) >= max_rows;
+        heads[g_cls[best] + 1] := best + 1;
         -- A concurrent claimer's lease (not visible above) wins: this row is
         -- skipped, and so is the rest of its key's run.
-        CONTINUE WHEN c.key IS NOT NULL AND c.key = ANY (broken);
-        t := gen_random_uuid();
-        INSERT INTO relay.leases AS l (delivery_id, handler_id, token, lease_until, owner_pid)
-        VALUES (c.id, h.id, t, until, pg_backend_pid())
-        ON CONFLICT (delivery_id) DO NOTHING;
-        IF FOUND THEN
-            taken := taken || c.id;
+        FOREACH did IN ARRAY g_ids[best]::bigint[] LOOP
+            EXIT WHEN cardinality(taken) >= max_rows;
+            t := gen_random_uuid();
+            INSERT INTO relay.leases AS l (delivery_id, handler_id, token, lease_until, owner_pid)
+            VALUES (did, h.id, t, until, pg_backend_pid())
+            ON CONFLICT (delivery_id) DO UPDATE
+               SET token = excluded.token, lease_until = excluded.lease_until, owner_pid = excluded.owner_pid,
+                   completed_by = NULL
+             WHERE l.completed_by IS NOT NULL;
+            EXIT WHEN NOT FOUND;
+            taken := taken || did;
             tokens := tokens || t;
-        ELSIF c.key IS NOT NULL THEN
-            broken := broken || c.key;
-        END IF;
+        END LOOP;
     END LOOP;
 
     -- Read again after leasing: a row completed meanwhile is left out (and
@@ -305,7 +359,7 @@ BEGIN
     tokens := coalesce(ARRAY(SELECT x FROM unnest(relay_ack.leases) WITH ORDINALITY AS t(x, o) ORDER BY o),
                        array_fill(NULL::uuid, ARRAY[n]));
     PERFORM relay._hold_leases(ARRAY(SELECT x FROM unnest(relay_ack.ids) WITH ORDINALITY AS t(x, o) ORDER BY o),
-                               tokens, true, true);
+                               tokens, true, true, true);
     -- Held, yet gone: cancelled while leased (relay_cancel refuses that only
     -- for leases it sees).
     missing := (SELECT min(x) FROM unnest(relay_ack.ids) AS x
@@ -317,7 +371,6 @@ BEGIN
     END IF;
     DELETE FROM relay.deliveries d WHERE d.id = ANY (relay_ack.ids);
     GET DIAGNOSTICS done = ROW_COUNT;
-    DELETE FROM relay.leases l WHERE l.delivery_id = ANY (relay_ack.ids);
     RETURN done;
 END
 $$;
@@ -342,12 +395,11 @@ BEGIN
             RAISE EXCEPTION 'retry_in must be at most 366 days' USING ERRCODE = 'invalid_parameter_value';
         END IF;
     END IF;
-    PERFORM relay._hold_leases(ARRAY[relay_nack.id], ARRAY[relay_nack.lease], true, false);
+    PERFORM relay._hold_leases(ARRAY[relay_nack.id], ARRAY[relay_nack.lease], true, false, true);
     SELECT f.outcome INTO result FROM relay._fail(ARRAY[relay_nack.id], relay_nack.error, retry_ms) f;
     IF result IS NULL THEN
         RAISE EXCEPTION 'delivery % does not exist', relay_nack.id USING ERRCODE = 'no_data_found';
     END IF;
-    DELETE FROM relay.leases l WHERE l.delivery_id = relay_nack.id;
     RETURN result;
 END
 $$;
@@ -376,7 +428,7 @@ BEGIN
             DETAIL = 'It was acked or dead-lettered already, or never existed.';
     END IF;
     ms := coalesce(ms, relay._option_ms(hopts, 'lease', 30000));
-    PERFORM relay._hold_leases(ARRAY[relay_extend.id], ARRAY[relay_extend.lease], false, false);
+    PERFORM relay._hold_leases(ARRAY[relay_extend.id], ARRAY[relay_extend.lease], false, false, false);
     until := clock_timestamp() + ms * interval '1 millisecond';
     UPDATE relay.leases l SET lease_until = until WHERE l.delivery_id = relay_extend.id;
     RETURN until;
