@@ -202,13 +202,19 @@ BEGIN
     -- see it leased until the completion commits. Rows of completions that
     -- committed are no leases: removed. Leases that
     -- ran out are charged a failed attempt, once: the charge removes the
-    -- lease (a completion in progress holds its row: waited for, and skipped
-    -- once it committed).
+    -- lease. A row a completion in progress holds is skipped, never waited
+    -- for: that lease is taken, as in the extension.
     DELETE FROM relay.leases l
-     WHERE l.handler_id = h.id AND l.completed_by IS NOT NULL AND NOT relay._is_lease(l.completed_by);
+     WHERE l.delivery_id IN (SELECT z.delivery_id FROM relay.leases z
+                              WHERE z.handler_id = h.id AND z.completed_by IS NOT NULL
+                                AND NOT relay._is_lease(z.completed_by)
+                                FOR UPDATE SKIP LOCKED);
     WITH expired AS (
         DELETE FROM relay.leases l
-         WHERE l.handler_id = h.id AND l.lease_until <= clock_timestamp() AND l.completed_by IS NULL
+         WHERE l.delivery_id IN (SELECT z.delivery_id FROM relay.leases z
+                                  WHERE z.handler_id = h.id AND z.lease_until <= clock_timestamp()
+                                    AND z.completed_by IS NULL
+                                    FOR UPDATE SKIP LOCKED)
         RETURNING l.delivery_id
     )
     SELECT array_agg(e.delivery_id) INTO charged FROM expired e;
@@ -285,10 +291,13 @@ BEGIN
         END LOOP;
         EXIT WHEN best IS NULL OR cardinality(taken) >= max_rows;
         heads[g_cls[best] + 1] := best + 1;
-        -- A concurrent claimer's lease (not visible above) wins: this row is
-        -- skipped, and so is the rest of its key's run.
+        -- A lease row is seen by others once its claim commits; until then the
+        -- claim holds the delivery's row lock, and another claimer skips the
+        -- row (never waits for it), and the rest of its key's run.
         FOREACH did IN ARRAY g_ids[best]::bigint[] LOOP
             EXIT WHEN cardinality(taken) >= max_rows;
+            PERFORM 1 FROM relay.deliveries d WHERE d.id = did FOR NO KEY UPDATE SKIP LOCKED;
+            EXIT WHEN NOT FOUND;
             t := gen_random_uuid();
             INSERT INTO relay.leases AS l (delivery_id, handler_id, token, lease_until, owner_pid)
             VALUES (did, h.id, t, until, pg_backend_pid())
