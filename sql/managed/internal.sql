@@ -141,6 +141,40 @@ BEGIN
 END
 $$;
 
+-- A topic (pattern: a route pattern, wildcards allowed) or its error.
+CREATE FUNCTION relay._check_topic(t text, pattern boolean) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    why text;
+BEGIN
+    IF t IS NULL THEN
+        RAISE EXCEPTION 'topic must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    why := relay._topic_error(t, pattern);
+    IF why IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid topic %"%"', CASE WHEN pattern THEN 'pattern ' ELSE '' END, t
+            USING ERRCODE = 'invalid_parameter_value', DETAIL = why,
+                  HINT = CASE WHEN pattern THEN 'Use dot-separated segments; ''*'' matches one segment, ''#'' any number.'
+                              ELSE 'A topic is dot-separated segments of letters, digits, ''_'' and ''-'', such as order.created.' END;
+    END IF;
+END
+$$;
+
+-- An integer argument between lo and hi (22023 otherwise, NULL included).
+CREATE FUNCTION relay._check_between(what text, v integer, lo integer, hi integer, hint text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF v IS NULL OR v NOT BETWEEN lo AND hi THEN
+        IF v IS NULL OR hint IS NULL THEN
+            RAISE EXCEPTION '% must be between % and %, not %', what, lo, hi, coalesce(v::text, 'NULL')
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        RAISE EXCEPTION '% must be between % and %, not %', what, lo, hi, v
+            USING ERRCODE = 'invalid_parameter_value', HINT = hint;
+    END IF;
+END
+$$;
+
 -- A route pattern as a regular expression over '.' || topic: '*' one segment,
 -- '#' zero or more (core::topic_matches).
 CREATE FUNCTION relay._pattern_regex(pattern text) RETURNS text
@@ -544,15 +578,7 @@ RETURNS void LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     why text;
 BEGIN
-    IF pattern IS NULL THEN
-        RAISE EXCEPTION 'topic must not be NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    why := relay._topic_error(pattern, true);
-    IF why IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid topic pattern "%"', pattern
-            USING ERRCODE = 'invalid_parameter_value', DETAIL = why,
-                  HINT = 'Use dot-separated segments; ''*'' matches one segment, ''#'' any number.';
-    END IF;
+    PERFORM relay._check_topic(pattern, true);
     why := relay._topic_error(wire_name, false);
     IF why IS NOT NULL THEN
         RAISE EXCEPTION 'invalid wire name "%"', wire_name

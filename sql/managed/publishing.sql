@@ -10,33 +10,16 @@
 CREATE FUNCTION relay._check_publish(fn text, topic text, headers jsonb, priority integer,
                                      not_before timestamptz)
 RETURNS void LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    why text;
 BEGIN
     IF current_setting('transaction_read_only')::boolean THEN
         RAISE EXCEPTION 'cannot execute %() in a read-only transaction', fn
             USING ERRCODE = 'read_only_sql_transaction';
     END IF;
-    IF topic IS NULL THEN
-        RAISE EXCEPTION 'topic must not be NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    why := relay._topic_error(topic, false);
-    IF why IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid topic "%"', topic
-            USING ERRCODE = 'invalid_parameter_value', DETAIL = why,
-                  HINT = 'A topic is dot-separated segments of letters, digits, ''_'' and ''-'', such as order.created.';
-    END IF;
+    PERFORM relay._check_topic(topic, false);
     IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
         RAISE EXCEPTION 'headers must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF priority IS NULL THEN
-        RAISE EXCEPTION 'priority must be between 0 and 3, not NULL' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF priority NOT BETWEEN 0 AND 3 THEN
-        RAISE EXCEPTION 'priority must be between 0 and 3, not %', priority
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = '0 is the lowest class and 3 the highest; the default is 1.';
-    END IF;
+    PERFORM relay._check_between('priority', priority, 0, 3, '0 is the lowest class and 3 the highest; the default is 1.');
     IF not_before IN ('infinity', '-infinity') THEN
         RAISE EXCEPTION 'not_before must be a finite time' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -190,6 +173,33 @@ BEGIN
 END
 $$;
 
+-- A batch's keys or dedupe_keys (what: 'key' or 'dedupe_key'), subscripts
+-- from 1, checked against payloads' count n and element by element.
+CREATE FUNCTION relay._batch_keys(what text, keys text[], n integer)
+RETURNS text[] LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    k text[];
+BEGIN
+    IF keys IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF array_ndims(keys) > 1 THEN
+        RAISE EXCEPTION '%s must be a one-dimensional array', what USING ERRCODE = 'array_subscript_error';
+    END IF;
+    k := ARRAY(SELECT x FROM unnest(keys) WITH ORDINALITY AS t(x, o) ORDER BY o);
+    IF cardinality(k) <> n THEN
+        RAISE EXCEPTION '%s must have as many elements as payloads', what
+            USING ERRCODE = 'array_subscript_error', DETAIL = n || ' payloads, ' || cardinality(k) || ' ' || what || 's.';
+    END IF;
+    FOR i IN 1 .. n LOOP
+        IF k[i] IS NOT NULL THEN
+            PERFORM relay._check_key(what, k[i], i);
+        END IF;
+    END LOOP;
+    RETURN k;
+END
+$$;
+
 CREATE FUNCTION relay_publish_batch(topic text, payloads jsonb[], keys text[] DEFAULT NULL,
                                     headers jsonb DEFAULT NULL, priority integer DEFAULT 1,
                                     not_before timestamptz DEFAULT NULL, dedupe_keys text[] DEFAULT NULL)
@@ -225,23 +235,7 @@ BEGIN
         END IF;
         PERFORM relay._check_payload(p[i], i);
     END LOOP;
-    IF keys IS NOT NULL THEN
-        IF array_ndims(keys) > 1 THEN
-            RAISE EXCEPTION 'keys must be a one-dimensional array' USING ERRCODE = 'array_subscript_error';
-        END IF;
-        k := ARRAY(SELECT x FROM unnest(keys) WITH ORDINALITY AS t(x, o) ORDER BY o);
-        IF cardinality(k) <> n THEN
-            RAISE EXCEPTION 'keys must have as many elements as payloads'
-                USING ERRCODE = 'array_subscript_error', DETAIL = n || ' payloads, ' || cardinality(k) || ' keys.';
-        END IF;
-        FOR i IN 1 .. n LOOP
-            IF k[i] IS NOT NULL THEN
-                PERFORM relay._check_key('key', k[i], i);
-            END IF;
-        END LOOP;
-    ELSE
-        k := array_fill(NULL::text, ARRAY[n]);
-    END IF;
+    k := coalesce(relay._batch_keys('key', keys, n), array_fill(NULL::text, ARRAY[n]));
     IF n = 0 THEN
         RETURN '{}'::bigint[];
     END IF;
@@ -249,19 +243,7 @@ BEGIN
     ids := array_fill(NULL::bigint, ARRAY[n]);
     kept := ARRAY(SELECT generate_series(1, n));
     IF dedupe_keys IS NOT NULL THEN
-        IF array_ndims(dedupe_keys) > 1 THEN
-            RAISE EXCEPTION 'dedupe_keys must be a one-dimensional array' USING ERRCODE = 'array_subscript_error';
-        END IF;
-        dk := ARRAY(SELECT x FROM unnest(dedupe_keys) WITH ORDINALITY AS t(x, o) ORDER BY o);
-        IF cardinality(dk) <> n THEN
-            RAISE EXCEPTION 'dedupe_keys must have as many elements as payloads'
-                USING ERRCODE = 'array_subscript_error', DETAIL = n || ' payloads, ' || cardinality(dk) || ' dedupe_keys.';
-        END IF;
-        FOR i IN 1 .. n LOOP
-            IF dk[i] IS NOT NULL THEN
-                PERFORM relay._check_key('dedupe_key', dk[i], i);
-            END IF;
-        END LOOP;
+        dk := relay._batch_keys('dedupe_key', dedupe_keys, n);
         -- The keys' locks in hash order, so two batches never deadlock on them.
         PERFORM pg_advisory_xact_lock(h.h)
            FROM (SELECT DISTINCT hashtextextended(x, 4) AS h FROM unnest(dk) AS x WHERE x IS NOT NULL ORDER BY 1) h;

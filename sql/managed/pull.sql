@@ -17,6 +17,31 @@ BEGIN
 END
 $$;
 
+-- What every completion checks first: the server and the id.
+CREATE FUNCTION relay._check_completion(fn text, id bigint) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM relay._refuse_in_recovery(fn);
+    IF id IS NULL THEN
+        RAISE EXCEPTION 'id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+END
+$$;
+
+-- A lease length given as an interval (what: the argument's name), in ms:
+-- NULL for NULL, else 1 second to 1 day.
+CREATE FUNCTION relay._lease_ms(what text, i interval) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ms bigint := round(extract(epoch FROM i) * 1000);
+BEGIN
+    IF ms NOT BETWEEN 1000 AND 86400000 THEN
+        RAISE EXCEPTION '% must be between 1 second and 1 day', what USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN ms;
+END
+$$;
+
 -- A handler option (as given, validated) as milliseconds, or the default.
 CREATE FUNCTION relay._option_ms(options jsonb, name text, fallback bigint) RETURNS bigint
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -165,16 +190,9 @@ BEGIN
     IF handler_name IS NULL THEN
         RAISE EXCEPTION 'handler must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF max_rows IS NULL THEN
-        RAISE EXCEPTION 'max must be between 1 and 10000, not NULL' USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF max_rows NOT BETWEEN 1 AND 10000 THEN
-        RAISE EXCEPTION 'max must be between 1 and 10000, not %', max_rows USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM relay._check_between('max', max_rows, 1, 10000, NULL);
     per_key := coalesce(per_key, 1);
-    IF per_key NOT BETWEEN 1 AND 10000 THEN
-        RAISE EXCEPTION 'per_key must be between 1 and 10000, not %', per_key USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM relay._check_between('per_key', per_key, 1, 10000, NULL);
     SELECT * INTO h FROM relay.handlers x WHERE x.name = handler_name;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'handler "%" does not exist', handler_name USING ERRCODE = 'undefined_object';
@@ -186,13 +204,7 @@ BEGIN
                                 THEN 'It is a fire-and-forget notify handler: its deliveries complete when sent.'
                                 ELSE 'It is a ' || h.kind || ' handler; its deliveries are handed over by the background workers.' END;
     END IF;
-    lease_ms := relay._option_ms(h.options, 'lease', 30000);
-    IF lease_for IS NOT NULL THEN
-        lease_ms := round(extract(epoch FROM lease_for) * 1000);
-        IF lease_ms NOT BETWEEN 1000 AND 86400000 THEN
-            RAISE EXCEPTION 'lease must be between 1 second and 1 day' USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-    END IF;
+    lease_ms := coalesce(relay._lease_ms('lease', lease_for), relay._option_ms(h.options, 'lease', 30000));
     IF h.paused THEN
         RETURN;
     END IF;
@@ -391,10 +403,7 @@ DECLARE
     retry_ms bigint;
     result   text;
 BEGIN
-    PERFORM relay._refuse_in_recovery('relay_nack');
-    IF relay_nack.id IS NULL THEN
-        RAISE EXCEPTION 'id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
+    PERFORM relay._check_completion('relay_nack', relay_nack.id);
     IF relay_nack.retry_in IS NOT NULL THEN
         retry_ms := round(extract(epoch FROM relay_nack.retry_in) * 1000);
         IF retry_ms < 0 THEN
@@ -420,16 +429,8 @@ DECLARE
     hopts jsonb;
     until timestamptz;
 BEGIN
-    PERFORM relay._refuse_in_recovery('relay_extend');
-    IF relay_extend.id IS NULL THEN
-        RAISE EXCEPTION 'id must not be NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF relay_extend.extend_by IS NOT NULL THEN
-        ms := round(extract(epoch FROM relay_extend.extend_by) * 1000);
-        IF ms NOT BETWEEN 1000 AND 86400000 THEN
-            RAISE EXCEPTION 'extend_by must be between 1 second and 1 day' USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-    END IF;
+    PERFORM relay._check_completion('relay_extend', relay_extend.id);
+    ms := relay._lease_ms('extend_by', relay_extend.extend_by);
     SELECT coalesce(h.options, '{}') INTO hopts
       FROM relay.deliveries d LEFT JOIN relay.handlers h ON h.id = d.handler_id WHERE d.id = relay_extend.id;
     IF NOT FOUND THEN

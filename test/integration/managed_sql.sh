@@ -101,6 +101,27 @@ check "an owner without CREATEROLE and a missing role: 42501, nothing installed"
     test "$rc" != 0 -a -n "$(grep 'roles {relay_monitor} do not exist and bare_owner may not create them' <<<"$out")" \
          -a "$(psql -X -At -U bare_owner -d bare -c "SELECT count(*) FROM pg_namespace WHERE nspname = 'relay'" </dev/null)" = 0
 
+# ---------------------------------------------------------------- suite helpers
+# without_extension SRC DST: SRC without its CREATE EXTENSION IF NOT EXISTS
+# relaybus lines (a no-op where the extension is installed; see below).
+without_extension() { sed '/^ *CREATE EXTENSION IF NOT EXISTS relaybus;$/d' "$1" >"$2"; }
+# run_suite_tool TOOL DIR NAMES...: pg_regress or pg_isolation_regress against
+# the managed database, inputs in DIR, results in DIR/out, log in DIR/log. From
+# the repository root, as under make installcheck (test files read
+# test/vectors/... relative to it).
+run_suite_tool() {
+    local tool=$1 dir=$2
+    shift 2
+    (cd "$ROOT" && "$tool" --use-existing --dbname="$DB" --user="$OWNER" --host="$PGHOST" --port="$PGPORT" \
+        --bindir="$TREE$libdir/bin" --inputdir="$dir" --outputdir="$dir/out" "$@") >"$dir/log" 2>&1
+}
+# suite_ok LOG NAME: the tool passed NAME (15: "test NAME ... ok"; 16 and
+# later: "ok N - NAME", TAP).
+suite_ok() { grep -Eq "^test $2 +\.\.\. ok|^ok +[0-9]+ +[-+] +$2 " "$1"; }
+# suite_diff DIR NAME: NAME's part of DIR/out/regression.diffs.
+suite_diff() { awk -v f="/$2.out" '/^diff /{keep = index($0, f) > 0} keep' "$1/out/regression.diffs"; }
+show_diffs() { [[ -s "$1/out/regression.diffs" ]] && head -c 20000 "$1/out/regression.diffs"; }
+
 # ---------------------------------------------------------------- pg_regress
 # The suites of test/sql with the extension's expected files. Their one
 # extension-only statement (CREATE EXTENSION IF NOT EXISTS relaybus, a no-op
@@ -113,27 +134,21 @@ tests=()
 for f in "$ROOT"/test/sql/*.sql; do
     name=$(basename "$f" .sql)
     if [[ -n "${RELAYBUS_MANAGED_REGRESS:-}" && " $RELAYBUS_MANAGED_REGRESS " != *" $name "* ]]; then continue; fi
-    sed '/^CREATE EXTENSION IF NOT EXISTS relaybus;$/d' "$f" >"$REG/sql/$name.sql"
-    sed '/^CREATE EXTENSION IF NOT EXISTS relaybus;$/d' "$ROOT/test/expected/$name.out" >"$REG/expected/$name.out"
+    without_extension "$f" "$REG/sql/$name.sql"
+    without_extension "$ROOT/test/expected/$name.out" "$REG/expected/$name.out"
     tests+=("$name")
 done
 chmod -R a+rwX "$REG"
 PG_REGRESS=$(dirname "$("$SYS_PG_CONFIG" --pgxs)")/../test/regress/pg_regress
-# cwd: the repository root, as under make installcheck (test files read
-# test/vectors/... relative to it).
-(cd "$ROOT" && "$PG_REGRESS" --use-existing --dbname="$DB" --user="$OWNER" --host="$PGHOST" --port="$PGPORT" \
-    --bindir="$TREE$libdir/bin" --inputdir="$REG" --outputdir="$REG/out" "${tests[@]}") >"$REG/log" 2>&1
+run_suite_tool "$PG_REGRESS" "$REG" "${tests[@]}"
 for name in "${tests[@]}"; do
-    # PostgreSQL 15: "test NAME ... ok"; 16 and later: "ok N - NAME" (TAP).
-    if grep -Eq "^test ${name} +\.\.\. ok|^ok +[0-9]+ +[-+] +${name} " "$REG/log"; then
+    if suite_ok "$REG/log" "$name"; then
         pass "regress/$name on the managed edition"
     else
         fail "regress/$name on the managed edition" "$(grep -E "$name" "$REG/log" | head -3)"
     fi
 done
-if [[ -s "$REG/out/regression.diffs" ]]; then
-    head -c 20000 "$REG/out/regression.diffs"
-fi
+show_diffs "$REG"
 
 # ---------------------------------------------------------------- isolation
 # The isolation specs of test/isolation with their expected files, the setup's
@@ -149,23 +164,21 @@ specs=()
 for f in "$ROOT"/test/isolation/specs/*.spec; do
     name=$(basename "$f" .spec)
     case $name in drop_extension_race | if_not_exists_claim) continue ;; esac
-    sed '/^ *CREATE EXTENSION IF NOT EXISTS relaybus;$/d' "$f" >"$ISO/specs/$name.spec"
-    sed '/^ *CREATE EXTENSION IF NOT EXISTS relaybus;$/d' "$ROOT/test/isolation/expected/$name.out" >"$ISO/expected/$name.out"
+    without_extension "$f" "$ISO/specs/$name.spec"
+    without_extension "$ROOT/test/isolation/expected/$name.out" "$ISO/expected/$name.out"
     specs+=("$name")
 done
 chmod -R a+rwX "$ISO"
 # A step the specs expect to finish but that waits is cancelled after 60 s
 # (PostgreSQL's default: 300), so such a failure costs one minute.
-(cd "$ROOT" && PGISOLATIONTIMEOUT=60 timeout 900 "$(dirname "$PG_REGRESS")/../isolation/pg_isolation_regress" --use-existing --dbname="$DB" \
-    --user="$OWNER" --host="$PGHOST" --port="$PGPORT" --bindir="$TREE$libdir/bin" \
-    --inputdir="$ISO" --outputdir="$ISO/out" "${specs[@]}") >"$ISO/log" 2>&1
+PGISOLATIONTIMEOUT=60 run_suite_tool "$(dirname "$PG_REGRESS")/../isolation/pg_isolation_regress" "$ISO" "${specs[@]}"
 # publish_seq and dedupe_publish have REPEATABLE READ permutations, where a
 # publisher of a key another transaction committed after its snapshot fails
 # with 40001 here (docs/managed.md, difference 4): accepted when every error
 # their output gains is that one.
 only_40001() {
     local d
-    d=$(awk -v f="/$1.out" '/^diff /{keep = index($0, f) > 0} keep' "$ISO/out/regression.diffs")
+    d=$(suite_diff "$ISO" "$1")
     [[ -n "$d" ]] && ! grep '^+ERROR' <<<"$d" | grep -vq '^+ERROR:  could not serialize access due to concurrent update$'
 }
 # claim_concurrent's last permutation reads relay._leases() while s1's claim
@@ -174,15 +187,14 @@ only_40001() {
 # "leased" t -> f.
 only_open_leases() {
     local d minus plus
-    d=$(awk -v f="/$1.out" '/^diff /{keep = index($0, f) > 0} keep' "$ISO/out/regression.diffs" |
-        grep -E '^[-+]' | grep -vE '^(---|\+\+\+) ')
+    d=$(suite_diff "$ISO" "$1" | grep -E '^[-+]' | grep -vE '^(---|\+\+\+) ')
     minus=$(grep '^-' <<<"$d" | sed 's/^-//')
     plus=$(grep '^+' <<<"$d" | sed 's/^+//')
     [[ -n "$minus" ]] && ! grep -vq '|t *$' <<<"$minus" && ! grep -vq '|f *$' <<<"$plus" &&
         [[ "$(sed 's/|t *$//' <<<"$minus")" == "$(sed 's/|f *$//' <<<"$plus")" ]]
 }
 for name in "${specs[@]}"; do
-    if grep -Eq "^test ${name} +\.\.\. ok|^ok +[0-9]+ +[-+] +${name} " "$ISO/log"; then
+    if suite_ok "$ISO/log" "$name"; then
         pass "isolation/$name on the managed edition"
     elif [[ $name == publish_seq || $name == dedupe_publish ]] && only_40001 "$name"; then
         pass "isolation/$name on the managed edition (named exception: 40001 under REPEATABLE READ)"
@@ -192,9 +204,7 @@ for name in "${specs[@]}"; do
         fail "isolation/$name on the managed edition" "$(grep -E "$name" "$ISO/log" | head -3)"
     fi
 done
-if [[ -s "$ISO/out/regression.diffs" ]]; then
-    head -c 20000 "$ISO/out/regression.diffs"
-fi
+show_diffs "$ISO"
 
 # ---------------------------------------------------------------- pgTAP
 # Every test/pgtap file against the managed edition, in a database of its own
@@ -217,7 +227,7 @@ psql -X -q -1 -v ON_ERROR_STOP=1 -U "$OWNER" -d tap -f "$SCRIPT" >/dev/null 2>&1
 su_sql -d tap -c "CREATE EXTENSION pgtap" >/dev/null || fail "CREATE EXTENSION pgtap"
 for f in "$ROOT"/test/pgtap/*.sql; do
     name=$(basename "$f")
-    sed '/^CREATE EXTENSION IF NOT EXISTS relaybus;$/d' "$f" >"$TMP/$name"
+    without_extension "$f" "$TMP/$name"
     (cd "$ROOT" && psql -X -q -At -U postgres -d tap -f "$TMP/$name" </dev/null >"$TMP/$name.tap" 2>&1)
     plan=$(sed -n 's/^1\.\.\([0-9][0-9]*\)$/\1/p' "$TMP/$name.tap" | head -1)
     ran=$(grep -cE '^(not )?ok [0-9]+' "$TMP/$name.tap")
