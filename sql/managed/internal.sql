@@ -21,7 +21,7 @@ CREATE UNLOGGED TABLE relay.leases (
 
 -- Whether a lease row is a lease now (see relay.leases).
 CREATE FUNCTION relay._is_lease(completed_by xid8) RETURNS boolean
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql STABLE AS $$
     SELECT completed_by IS NULL OR completed_by = pg_current_xact_id_if_assigned()
 $$;
 
@@ -30,7 +30,7 @@ $$;
 -- placeholders (plain text), so the unit the extension's GUC has is applied
 -- here: unit 's' and 'ms' take a number or an interval, 'B' a number or a size.
 CREATE FUNCTION relay._setting(name text, unit text, fallback bigint, lo bigint, hi bigint)
-RETURNS bigint LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+RETURNS bigint LANGUAGE plpgsql STABLE AS $$
 DECLARE
     raw text := current_setting('relaybus.' || _setting.name, true);
     v   numeric;
@@ -62,7 +62,7 @@ $$;
 
 -- core::format_duration_ms: the largest of d, h, min, s, ms that divides exactly.
 CREATE FUNCTION relay._format_ms(ms bigint) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT CASE WHEN ms = 0 THEN '0s'
                 WHEN ms % 86400000 = 0 THEN (ms / 86400000) || 'd'
                 WHEN ms % 3600000 = 0 THEN (ms / 3600000) || 'h'
@@ -76,7 +76,7 @@ $$;
 -- months, years and negative values are refused as the core refuses them.
 -- NULL: not a duration.
 CREATE FUNCTION relay._duration_ms(t text) RETURNS bigint
-LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE STRICT AS $$
 DECLARE
     i interval;
 BEGIN
@@ -100,7 +100,7 @@ $$;
 -- core::text::quote: "..." with '"' and '\' escaped, control bytes as '?',
 -- cut after 40 bytes (not inside a character) with "...".
 CREATE FUNCTION relay._quote(s text) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT '"' || regexp_replace(replace(replace(c.head, '\', '\\'), '"', '\"'), '[\x01-\x1f\x7f]', '?', 'g')
            || CASE WHEN octet_length(s) > 40 THEN '...' ELSE '' END || '"'
       FROM (SELECT left(s, (SELECT max(n) FROM generate_series(0, 40) AS n
@@ -109,7 +109,7 @@ $$;
 
 -- core::text::describe_char for the first character of c.
 CREATE FUNCTION relay._describe_char(c text) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT CASE WHEN ascii(c) BETWEEN 33 AND 126 THEN 'character ''' || left(c, 1) || ''''
                 WHEN c LIKE ' %' THEN 'a space'
                 ELSE 'byte 0x' || upper(lpad(to_hex(get_byte(convert_to(left(c, 1), 'UTF8'), 0)), 2, '0')) END
@@ -117,7 +117,7 @@ $$;
 
 -- core::is_valid_topic / is_valid_pattern: NULL if valid, else why not.
 CREATE FUNCTION relay._topic_error(s text, wildcards boolean) RETURNS text
-LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE STRICT AS $$
 DECLARE
     seg text;
     n   integer := 0;
@@ -143,7 +143,7 @@ $$;
 
 -- A topic (pattern: a route pattern, wildcards allowed) or its error.
 CREATE FUNCTION relay._check_topic(t text, pattern boolean) RETURNS void
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     why text;
 BEGIN
@@ -162,7 +162,7 @@ $$;
 
 -- An integer argument between lo and hi (22023 otherwise, NULL included).
 CREATE FUNCTION relay._check_between(what text, v integer, lo integer, hi integer, hint text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF v IS NULL OR v NOT BETWEEN lo AND hi THEN
         IF v IS NULL OR hint IS NULL THEN
@@ -178,7 +178,7 @@ $$;
 -- A route pattern as a regular expression over '.' || topic: '*' one segment,
 -- '#' zero or more (core::topic_matches).
 CREATE FUNCTION relay._pattern_regex(pattern text) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT '^' || string_agg(CASE seg WHEN '*' THEN '\.[^.]+' WHEN '#' THEN '(\.[^.]+)*'
                                   ELSE '\.' || seg END, '' ORDER BY i) || '$'
       FROM unnest(string_to_array(pattern, '.')) WITH ORDINALITY AS t(seg, i)
@@ -186,7 +186,7 @@ $$;
 
 -- core::pattern_specificity: 0 for an exact topic, else 1 + '*'s + 100 * '#'s.
 CREATE FUNCTION relay._pattern_specificity(pattern text) RETURNS integer
-LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT CASE WHEN pattern !~ '[*#]' THEN 0
                 ELSE 1 + count(*) FILTER (WHERE seg = '*') + 100 * count(*) FILTER (WHERE seg = '#') END
       FROM unnest(string_to_array(pattern, '.')) AS seg
@@ -196,7 +196,7 @@ $$;
 -- specific matching route of each (docs/sql-api.md, relay_route).
 CREATE FUNCTION relay._routes_for(topic text, OUT handler_id integer, OUT wire_name text,
                                   OUT kind text)
-RETURNS SETOF record LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+RETURNS SETOF record LANGUAGE sql STABLE AS $$
     SELECT DISTINCT ON (r.handler_id) r.handler_id, r.wire_name, h.kind
       FROM relay.routes r JOIN relay.handlers h ON h.id = r.handler_id
      WHERE r.pattern = _routes_for.topic
@@ -206,7 +206,7 @@ $$;
 
 -- core::validate_target for an http URL: NULL if valid, else why not.
 CREATE FUNCTION relay._url_error(url text) RETURNS text
-LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE STRICT AS $$
 DECLARE
     sep    integer;
     rest   text;
@@ -263,7 +263,7 @@ $$;
 -- core::parse_kafka_target: kafka://host:port[,host:port...]/topic. NULL if
 -- valid, else why not.
 CREATE FUNCTION relay._kafka_target_error(target text) RETURNS text
-LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE STRICT AS $$
 DECLARE
     rest    text;
     brokers text;
@@ -318,13 +318,13 @@ $$;
 -- A host name: dot-separated labels of 1 to 63 letters, digits, '-' or '_',
 -- at most 253 bytes in all.
 CREATE FUNCTION relay._is_host_name(host text) RETURNS boolean
-LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT octet_length(host) BETWEEN 1 AND 253
        AND host ~ '^[A-Za-z0-9_-]{1,63}(\.[A-Za-z0-9_-]{1,63})*$'
 $$;
 
 CREATE FUNCTION relay._is_ipv6(addr text) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE STRICT AS $$
 BEGIN
     RETURN addr ~ '^[0-9A-Fa-f:.]{2,45}$' AND strpos(addr, ':') > 0 AND family(addr::inet) = 6
            AND masklen(addr::inet) = 128;
@@ -336,7 +336,7 @@ $$;
 -- core::validate_kafka_property without librdkafka's own check of the name
 -- and value (docs/managed.md): NULL if accepted, else why not.
 CREATE FUNCTION relay._kafka_property_error(name text, value text) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT CASE
         WHEN octet_length(name) NOT BETWEEN 1 AND 128 THEN 'option "producer": property names are 1 to 128 bytes'
         WHEN name IN ('bootstrap.servers', 'metadata.broker.list', 'enable.idempotence', 'acks',
@@ -359,7 +359,7 @@ $$;
 -- the same messages and SQLSTATEs; test/vectors/handler_options.tsv is the
 -- table both are tested against.
 CREATE FUNCTION relay._validate_handler(name text, kind text, target text, options jsonb)
-RETURNS jsonb LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     why      text;
     opt      record;
@@ -556,7 +556,7 @@ $$;
 
 -- core::describe_value of a non-string JSON value: its text, cut at 40 bytes.
 CREATE FUNCTION relay._json_excerpt(v jsonb) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT CASE WHEN jsonb_typeof(v) = 'string' THEN relay._quote(v #>> '{}')
                 WHEN octet_length(v::text) > 40 THEN left(v::text, 40) || '...'
                 ELSE v::text END
@@ -564,7 +564,7 @@ $$;
 
 -- Strict base64 (core::base64_decode): NULL if not base64.
 CREATE FUNCTION relay._base64(t text) RETURNS bytea
-LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE STRICT AS $$
 BEGIN
     IF t !~ '^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$' THEN
         RETURN NULL;
@@ -574,7 +574,7 @@ END
 $$;
 
 CREATE FUNCTION relay._validate_route(pattern text, wire_name text)
-RETURNS void LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
     why text;
 BEGIN
@@ -590,7 +590,7 @@ $$;
 -- A catalog change can make deliveries ready that no publish announces (a
 -- resumed handler, a new route): agents listening on relaybus reload.
 CREATE FUNCTION relay._catalog_changed() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('relaybus', 'catalog');
     RETURN NULL;
@@ -630,7 +630,7 @@ $$;
 -- a product and of an xor depend only on the low 6 bits of their operands, so
 -- the hash is carried mod 64: 37 is the offset basis mod 64, 51 the prime's.
 CREATE FUNCTION relay.lane_of(key text) RETURNS integer
-LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
 DECLARE
     b bytea := convert_to(key, getdatabaseencoding());
     h integer := 37;
@@ -672,7 +672,7 @@ $$;
 -- core::backoff_ceiling_ms: min(max_ms, base_ms * 2^(attempt-1)), attempt < 1
 -- counting as 1, never negative.
 CREATE FUNCTION relay._backoff_ceiling_ms(base_ms bigint, max_ms bigint, attempt integer) RETURNS bigint
-LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT greatest(0, least(max_ms, (greatest(base_ms, 0)::numeric * power(2::numeric, least(greatest(attempt, 1) - 1, 80)))))::bigint
 $$;
 

@@ -9,7 +9,7 @@
 -- Checks shared by relay_publish and relay_publish_batch (publish_args.cpp).
 CREATE FUNCTION relay._check_publish(fn text, topic text, headers jsonb, priority integer,
                                      not_before timestamptz)
-RETURNS void LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+RETURNS void LANGUAGE plpgsql STABLE AS $$
 BEGIN
     IF current_setting('transaction_read_only')::boolean THEN
         RAISE EXCEPTION 'cannot execute %() in a read-only transaction', fn
@@ -29,7 +29,7 @@ $$;
 -- A payload's size as the extension measures it (the jsonb value, without its
 -- header); element: its position in a batch, or NULL.
 CREATE FUNCTION relay._check_payload(payload jsonb, element integer)
-RETURNS void LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
     lim  bigint := relay._setting('max_payload_bytes', 'B', 1048576, 1, 1073741823);
     size bigint := pg_column_size(payload) - 4;
@@ -44,7 +44,7 @@ $$;
 
 -- An ordering key (what = 'key') or a dedupe key (what = 'dedupe_key').
 CREATE FUNCTION relay._check_key(what text, key text, element integer)
-RETURNS void LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
     lim integer := relay._setting('max_key_bytes', 'B', 512, 1, 2048);
     len integer := octet_length(key);
@@ -71,7 +71,7 @@ $$;
 -- ids. Nothing is written and no counter moves when no route matches.
 CREATE FUNCTION relay._publish_rows(topic text, payloads jsonb[], keys text[], headers jsonb,
                                     priority integer, not_before timestamptz)
-RETURNS bigint[] LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+RETURNS bigint[] LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     hids  integer[];
     wires text[];
@@ -127,12 +127,12 @@ $$;
 -- Under the dedupe key's transaction lock (its holder before this one has
 -- ended): the event a live row names, if any.
 CREATE FUNCTION relay._dedupe_find(key text) RETURNS bigint
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql VOLATILE AS $$
     SELECT d.event_id FROM relay.dedupe d WHERE d.key = _dedupe_find.key AND d.expires_at > now()
 $$;
 
 CREATE FUNCTION relay._dedupe_record(key text, event_id bigint) RETURNS void
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql VOLATILE AS $$
     INSERT INTO relay.dedupe AS d (key, event_id, expires_at)
     VALUES (_dedupe_record.key, _dedupe_record.event_id,
             now() + relay._setting('dedupe_window', 's', 86400, 1, 2147483647) * interval '1 second')
@@ -176,7 +176,7 @@ $$;
 -- A batch's keys or dedupe_keys (what: 'key' or 'dedupe_key'), subscripts
 -- from 1, checked against payloads' count n and element by element.
 CREATE FUNCTION relay._batch_keys(what text, keys text[], n integer)
-RETURNS text[] LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+RETURNS text[] LANGUAGE plpgsql STABLE AS $$
 DECLARE
     k text[];
 BEGIN

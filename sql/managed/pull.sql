@@ -7,7 +7,7 @@
 -- (an ack) or the lease ended (a nack) once it committed.
 
 CREATE FUNCTION relay._refuse_in_recovery(fn text) RETURNS void
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
     IF pg_is_in_recovery() THEN
         RAISE EXCEPTION 'cannot execute %() on a server in recovery', fn
@@ -19,7 +19,7 @@ $$;
 
 -- What every completion checks first: the server and the id.
 CREATE FUNCTION relay._check_completion(fn text, id bigint) RETURNS void
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
     PERFORM relay._refuse_in_recovery(fn);
     IF id IS NULL THEN
@@ -31,7 +31,7 @@ $$;
 -- A lease length given as an interval (what: the argument's name), in ms:
 -- NULL for NULL, else 1 second to 1 day.
 CREATE FUNCTION relay._lease_ms(what text, i interval) RETURNS bigint
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     ms bigint := round(extract(epoch FROM i) * 1000);
 BEGIN
@@ -44,7 +44,7 @@ $$;
 
 -- A handler option (as given, validated) as milliseconds, or the default.
 CREATE FUNCTION relay._option_ms(options jsonb, name text, fallback bigint) RETURNS bigint
-LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql IMMUTABLE AS $$
     SELECT coalesce(relay._duration_ms(options ->> name), fallback)
 $$;
 
@@ -52,7 +52,7 @@ $$;
 -- max_attempts, else ready again after retry_ms (NULL: the handler's backoff
 -- with full jitter). Returns (id, 'retry' | 'dead') for the rows still there.
 CREATE FUNCTION relay._fail(ids bigint[], error text, retry_ms bigint, OUT id bigint, OUT outcome text)
-RETURNS SETOF record LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+RETURNS SETOF record LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     d   record;
     ms  bigint;
@@ -94,7 +94,7 @@ $$;
 -- lease not held, in id order.
 CREATE FUNCTION relay._hold_leases(ids bigint[], tokens uuid[], missing_first boolean, missing_detail boolean,
                                    mark boolean)
-RETURNS void LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+RETURNS void LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     l       record;
     reason  text;
@@ -166,7 +166,7 @@ CREATE FUNCTION relay._claim(handler_name text, max_rows integer, lease_for inte
 RETURNS TABLE (id bigint, event_id bigint, topic text, key text, seq bigint, payload jsonb,
                headers jsonb, attempt integer, priority integer, published_at timestamptz,
                lease_until timestamptz, lease uuid)
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     h        relay.handlers;
     lease_ms bigint;
