@@ -290,7 +290,7 @@ HandOver hand_over(const std::vector<int64_t>& chosen, const std::vector<bool>& 
   for (const Out& o : outs) h.rows.push_back(o.row);
   for (size_t i = 0; i < chosen.size(); i++)
     if (i < got.size() && got[i] && !kept.count(chosen[i])) {
-      h.give_back.push_back(chosen[i]);
+      h.give_back.push_back(i);
       auto it = row_of.find(chosen[i]);
       h.give_back_row.push_back(it == row_of.end() ? -1 : static_cast<long>(it->second));
     }

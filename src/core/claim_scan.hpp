@@ -182,9 +182,9 @@ struct HandOver {
   // Indices into the fetched rows, in hand-over order: keys in the order they
   // were chosen, each key by seq.
   std::vector<size_t> rows;
-  // Leased but not handed over, in plan order, with the index of their
-  // fetched row (-1: gone).
-  std::vector<int64_t> give_back;
+  // Leased but not handed over, as indices into chosen (plan order), with
+  // the index of their fetched row (-1: gone).
+  std::vector<size_t> give_back;
   std::vector<long> give_back_row;
 };
 

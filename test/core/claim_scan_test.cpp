@@ -357,7 +357,7 @@ TEST(HandOver, KeysInChosenOrderEachBySeqAndFencedKeysGiveBack) {
   std::vector<int64_t> ids;
   for (size_t r : h.rows) ids.push_back(fetched[r].id);
   EXPECT_EQ(ids, (Ids{3, 4, 1}));  // m lost its head's lease: its follower goes back
-  EXPECT_EQ(h.give_back, (Ids{8}));
+  EXPECT_EQ(h.give_back, (std::vector<size_t>{4}));
   EXPECT_EQ(h.give_back_row, (std::vector<long>{4}));
 }
 
@@ -367,7 +367,7 @@ TEST(HandOver, GoneRowsAreLeftOutAndInvalidOnesGoBack) {
   const std::vector<FetchedRow> fetched = {{2, true, "k", 5, false}, {3, true, "k", 6, true}};
   const HandOver h = hand_over(chosen, got, fetched);
   EXPECT_TRUE(h.rows.empty());
-  EXPECT_EQ(h.give_back, (Ids{1, 2, 3}));
+  EXPECT_EQ(h.give_back, (std::vector<size_t>{0, 1, 2}));
   EXPECT_EQ(h.give_back_row, (std::vector<long>{-1, 0, 1}));
 }
 
