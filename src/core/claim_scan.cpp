@@ -34,6 +34,14 @@ void ClaimScan::start_pass() {
   window_ = *hinted_ > 0 ? std::min(*hinted_, cap_)
                          : std::max(64, std::min(cfg_.limits.max * 4, cfg_.scan_limit / 4));
   heads_added_ = more_keys_ = false;
+  if (cfg_.oldest_first > 0 && !hint_->deep && !oldest_asked_) {
+    oldest_asked_ = true;
+    read_ = ScanRead{};
+    read_.kind = ScanReadKind::Oldest;
+    read_.window = cfg_.oldest_first;
+    read_.at_floor = at_floor_;
+    return;
+  }
   ask_window();
 }
 
@@ -47,42 +55,25 @@ void ClaimScan::ask_window() {
 
 void ClaimScan::feed(std::vector<ScanRow> rows) {
   switch (read_.kind) {
-    case ScanReadKind::Window: {
-      rows_ = std::move(rows);
-      nwindow_ = rows_.size();
-      std::array<int, kClasses> per_class{};
-      for (const auto& r : rows_)
-        if (r.priority >= 0 && r.priority < kClasses) per_class[r.priority]++;
-      for (int p = 0; p < kClasses; p++) truncated_[p] = per_class[p] >= window_;
-      if (at_floor_) {
-        result_.first.fill(-1);
-        result_.highest.fill(-1);
-        for (const auto& r : rows_) {
-          const int p = clamp_class(r.priority);
-          if (result_.first[p] < 0 || r.id < result_.first[p]) result_.first[p] = r.id;
-          result_.highest[p] = std::max(result_.highest[p], r.id);
-        }
-      }
-      // From the frontier: the keys that may be blocked below it, not read yet.
-      std::vector<std::string> fresh;
-      if (!at_floor_)
-        for (const auto& r : rows_) {
-          if (probed_keys_.size() >= kProbeKeys) break;
-          if (!r.has_key || !r.key_below) continue;
-          if (std::find(probed_keys_.begin(), probed_keys_.end(), r.key) != probed_keys_.end()) continue;
-          probed_keys_.push_back(r.key);
-          fresh.push_back(r.key);
-        }
-      if (!fresh.empty()) {
-        read_ = ScanRead{};
-        read_.kind = ScanReadKind::HeadsOfKeys;
-        read_.per_key = cfg_.limits.per_key;
-        read_.keys = std::move(fresh);
+    case ScanReadKind::Oldest:
+      if (static_cast<int>(rows.size()) >= read_.window) {
+        // Deeper than one read: the head of a higher class may lie far
+        // behind these rows, so each class's own window is read.
+        hint_->deep = true;
+        oldest_ = std::move(rows);
+        ask_window();
         return;
       }
+      // Every row of every class is here.
+      hint_->deep = false;
+      rows_ = std::move(rows);
+      nwindow_ = rows_.size();
+      truncated_.fill(false);
       after_probe();
       return;
-    }
+    case ScanReadKind::Window:
+      feed_window(std::move(rows));
+      return;
     case ScanReadKind::HeadsOfKeys:
       for (auto& r : rows) probed_.push_back(std::move(r));
       probed_any_ = true;
@@ -100,16 +91,80 @@ void ClaimScan::feed(std::vector<ScanRow> rows) {
       after_heads();
       return;
     }
+    case ScanReadKind::EarlierKeys:
     case ScanReadKind::Done:
       return;
   }
 }
 
+void ClaimScan::feed_window(std::vector<ScanRow> rows) {
+  rows_ = std::move(rows);
+  nwindow_ = rows_.size();
+  std::array<int, kClasses> per_class{};
+  for (const auto& r : rows_)
+    if (r.priority >= 0 && r.priority < kClasses) per_class[r.priority]++;
+  for (int p = 0; p < kClasses; p++) truncated_[p] = per_class[p] >= window_;
+  if (cfg_.oldest_first > 0)
+    hint_->deep = std::find(truncated_.begin(), truncated_.end(), true) != truncated_.end();
+  // A class's rows in the oldest read are a prefix of the class: merged,
+  // the class is still a prefix.
+  if (!oldest_.empty()) {
+    std::unordered_set<int64_t> have;
+    for (const auto& r : rows_) have.insert(r.id);
+    for (const auto& r : oldest_)
+      if (have.insert(r.id).second) rows_.push_back(r);
+    nwindow_ = rows_.size();
+    merged_oldest_ = true;
+  }
+  if (at_floor_) {
+    result_.first.fill(-1);
+    result_.highest.fill(-1);
+    for (const auto& r : rows_) {
+      const int p = clamp_class(r.priority);
+      if (result_.first[p] < 0 || r.id < result_.first[p]) result_.first[p] = r.id;
+      result_.highest[p] = std::max(result_.highest[p], r.id);
+    }
+  }
+  // From the frontier: the keys that may be blocked below it, not read yet.
+  std::vector<std::string> fresh;
+  if (!at_floor_)
+    for (const auto& r : rows_) {
+      if (probed_keys_.size() >= kProbeKeys) break;
+      if (!r.has_key || !r.key_below) continue;
+      if (std::find(probed_keys_.begin(), probed_keys_.end(), r.key) != probed_keys_.end()) continue;
+      probed_keys_.push_back(r.key);
+      fresh.push_back(r.key);
+    }
+  if (!fresh.empty()) {
+    read_ = ScanRead{};
+    read_.kind = ScanReadKind::HeadsOfKeys;
+    read_.per_key = cfg_.limits.per_key;
+    read_.keys = std::move(fresh);
+    return;
+  }
+  after_probe();
+}
+
 void ClaimScan::plan() {
+  plan_ids_.assign(rows_.size(), 0);
+  for (size_t i = 0; i < rows_.size(); i++) plan_ids_[i] = rows_[i].id;
+  if (!cfg_.ids_follow_seq) {
+    std::map<std::string, std::vector<size_t>> by_key;
+    for (size_t i = 0; i < rows_.size(); i++)
+      if (rows_[i].has_key) by_key[rows_[i].key].push_back(i);
+    for (auto& [key, members] : by_key) {
+      std::vector<int64_t> ids;
+      for (size_t i : members) ids.push_back(rows_[i].id);
+      std::sort(ids.begin(), ids.end());
+      std::sort(members.begin(), members.end(), [&](size_t a, size_t b) { return rows_[a].seq < rows_[b].seq; });
+      for (size_t k = 0; k < members.size(); k++) plan_ids_[members[k]] = ids[k];
+    }
+  }
   std::array<std::vector<ClaimRow>, kClasses> streams;
-  for (const auto& r : rows_) {
+  for (size_t i = 0; i < rows_.size(); i++) {
+    const ScanRow& r = rows_[i];
     ClaimRow c;
-    c.id = r.id;
+    c.id = plan_ids_[i];
     c.priority = clamp_class(r.priority);
     c.has_key = r.has_key;
     if (r.has_key) c.key = r.key;
@@ -118,7 +173,7 @@ void ClaimScan::plan() {
     streams[c.priority].push_back(std::move(c));
   }
   // A window is in id order per class; rows added to it are not.
-  if (rows_.size() > nwindow_)
+  if (rows_.size() > nwindow_ || merged_oldest_ || !cfg_.ids_follow_seq)
     for (auto& s : streams)
       std::sort(s.begin(), s.end(), [](const ClaimRow& a, const ClaimRow& b) { return a.id < b.id; });
   plan_ = plan_claim(streams, truncated_, cfg_.limits, cfg_.now_ms, cfg_.aging_ms);
@@ -144,7 +199,7 @@ void ClaimScan::after_probe() {
   }
   // Hot keys: behind a key's first per_key rows its run is of no use to this
   // claim, and a wider window would mostly read more of it.
-  if (!heads_added_ && plan_.distinct_keys > 0 && plan_.keyed_rows >= 4 * plan_.distinct_keys) {
+  if (cfg_.key_walk && !heads_added_ && plan_.distinct_keys > 0 && plan_.keyed_rows >= 4 * plan_.distinct_keys) {
     read_ = ScanRead{};
     read_.kind = ScanReadKind::KeyHeads;
     read_.max_keys = std::max(64, 2 * max);
@@ -183,7 +238,7 @@ void ClaimScan::end_pass() {
   // Nothing more ahead of the frontier: look behind it too. (Short because
   // the rows ahead are held by concurrent claimers: not.)
   if (at_floor_ || static_cast<int>(plan_.ids.size()) >= max || !exhausted_) {
-    finish();
+    conclude();
     return;
   }
   at_floor_ = true;
@@ -191,10 +246,70 @@ void ClaimScan::end_pass() {
   start_pass();
 }
 
+const ScanRow* ClaimScan::row_of_plan_id(int64_t plan_id) {
+  if (row_of_.empty())
+    for (size_t i = 0; i < rows_.size(); i++) row_of_.emplace(plan_ids_[i], i);
+  auto it = row_of_.find(plan_id);
+  return it == row_of_.end() ? nullptr : &rows_[it->second];
+}
+
+void ClaimScan::conclude() {
+  chosen_ = plan_.ids;
+  const bool cut = std::find(truncated_.begin(), truncated_.end(), true) != truncated_.end();
+  if (cfg_.fence_in_fetch || !cut || chosen_.empty()) {
+    finish();
+    return;
+  }
+  // Asked at every chosen row, a key's own first chosen row would fence its
+  // second: once per key, at its first chosen seq.
+  read_ = ScanRead{};
+  read_.kind = ScanReadKind::EarlierKeys;
+  std::set<std::string> asked;
+  for (int64_t pid : chosen_) {
+    const ScanRow* r = row_of_plan_id(pid);
+    if (r == nullptr || !r->has_key) continue;
+    bool hidden = !cfg_.class_window_in_seq_order;
+    for (int c = 0; c < kClasses && !hidden; c++)
+      hidden = c != clamp_class(r->priority) && truncated_[c];
+    if (hidden && asked.insert(r->key).second) {
+      read_.keys.push_back(r->key);
+      read_.seqs.push_back(r->seq);
+    }
+  }
+  if (read_.keys.empty()) finish();
+}
+
+void ClaimScan::feed_keys(const std::vector<std::string>& earlier_keys) {
+  if (read_.kind != ScanReadKind::EarlierKeys) return;
+  const std::set<std::string> fenced(read_.keys.begin(), read_.keys.end());
+  const std::set<std::string> earlier(earlier_keys.begin(), earlier_keys.end());
+  // A key's seqs are gapless: a later chosen row follows only at the next
+  // seq (a gap may be a pending row outside the rows read).
+  std::map<std::string, int64_t> last_seq;
+  std::vector<CheckedRow> checked;
+  for (int64_t pid : chosen_) {
+    const ScanRow* r = row_of_plan_id(pid);
+    bool valid = true;
+    if (r != nullptr && r->has_key && fenced.count(r->key)) {
+      auto [it, first] = last_seq.emplace(r->key, r->seq);
+      valid = !earlier.count(r->key) && (first || r->seq == it->second + 1);
+      it->second = r->seq;
+    }
+    checked.push_back(CheckedRow{pid, r != nullptr && r->has_key, r != nullptr ? r->key : std::string(), true, valid});
+  }
+  chosen_ = finalize_claim(checked);
+  finish();
+}
+
 void ClaimScan::finish() {
   read_ = ScanRead{};
   hint_->claims++;
-  result_.chosen = plan_.ids;
+  result_.may_have_more = plan_.may_have_more;
+  result_.chosen.clear();
+  for (int64_t pid : chosen_) {
+    const ScanRow* r = cfg_.ids_follow_seq ? nullptr : row_of_plan_id(pid);
+    result_.chosen.push_back(r != nullptr ? r->id : pid);
+  }
   result_.heads_added = heads_added_;
   result_.at_floor = at_floor_;
   result_.from = from_;

@@ -22,16 +22,27 @@
 //    rows, the key walk may have stopped early, or on every 16th claim of the
 //    handler (the unkeyed probe: unkeyed rows behind hot runs wait a few
 //    claims at most).
+//  - A store with a cheap read of the oldest rows of all classes
+//    (oldest_first) starts with it while the handler's backlog is shallow
+//    (its last claim's windows all came back complete): one read instead of
+//    one per class, and when it comes back short it holds every row.
 //  - From the frontier: the window's keys that the store marks as possibly
 //    blocked below it (ScanRow::key_below) get their first rows read too (up
 //    to 64 keys per claim), so a follower never passes for its key's head.
 //    Nothing more ahead of the frontier and still short: scan again from the
 //    floor.
+//  - A store whose fetch after leasing is not the fence (fence_in_fetch
+//    false) is asked, when a window was cut short, which chosen keys have an
+//    earlier seq pending outside the rows read (once per key, at its first
+//    chosen seq); those keys are dropped, and a key's later chosen rows
+//    follow only while their seqs are consecutive (a gap may be a pending
+//    row outside the rows read).
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/claim_planner.hpp"
@@ -45,6 +56,7 @@ struct ScanRow {
   bool has_key = false;
   std::string key;
   int64_t ready_at_ms = 0;
+  int64_t seq = 0;  // read only by stores whose ids need not follow seq (ids_follow_seq false) or that fence here
   // Blocks its key and is not taken: held by another claimer, or its lease
   // ran out without completion (expired: this claim charges it).
   bool leased = false;
@@ -61,12 +73,17 @@ struct ClaimScanHint {
   int window = 0;        // 0 = none
   int window_front = 0;  // 0 = none
   uint32_t claims = 0;
+  // With oldest_first: the last claim found a window full, so the next one
+  // reads the class windows without the read of the oldest rows first.
+  bool deep = false;
 };
 
 enum class ScanReadKind {
   Window,       // up to `window` rows per class, ascending id, from `from` (each class)
   KeyHeads,     // the first per_key rows (by seq) of up to max_keys keys (walking the key index)
   HeadsOfKeys,  // the first per_key rows (by seq) of each of `keys`
+  Oldest,       // the oldest `window` rows of all classes together, ascending id
+  EarlierKeys,  // which of `keys` have a row pending at a seq below `seqs[i]` (answered with feed_keys)
   Done,
 };
 
@@ -77,7 +94,8 @@ struct ScanRead {
   bool at_floor = false;  // Window: it starts at the floor (the store notes its snapshot for the floor's rule)
   int max_keys = 0;       // KeyHeads
   int per_key = 0;        // KeyHeads, HeadsOfKeys
-  std::vector<std::string> keys;  // HeadsOfKeys
+  std::vector<std::string> keys;  // HeadsOfKeys, EarlierKeys
+  std::vector<int64_t> seqs;      // EarlierKeys
 };
 
 struct ClaimScanConfig {
@@ -90,10 +108,28 @@ struct ClaimScanConfig {
   bool from_frontier = false;
   std::array<int64_t, 4> frontier{};
   std::array<int64_t, 4> floor{};
-  // Capability: the store's key walk (KeyHeads) also passes keys this claim
-  // cannot take (other lanes), so a walk that returned fewer keys than asked
-  // does not prove every key was seen.
+  // What the store can read and how it orders rows (docs/architecture.md,
+  // "Claim scan"):
+  // It walks its key index (KeyHeads); without, a window full of hot keys'
+  // runs is widened like any other (FerretDB has no index-ordered walk).
+  bool key_walk = true;
+  // Its key walk also passes keys this claim cannot take (other lanes), so a
+  // walk that returned fewer keys than asked does not prove every key was seen.
   bool key_walk_filtered = false;
+  // Rows of a first read of the oldest rows of all classes (Oldest), 0 = it
+  // has no such read that is cheaper than its class windows.
+  int oldest_first = 0;
+  // Its fetch after leasing checks every chosen row against its key's
+  // earlier rows (PostgreSQL); else the scan asks EarlierKeys itself.
+  bool fence_in_fetch = true;
+  // A key's rows in one class window come in seq order with no earlier seq
+  // of the key behind them (FerretDB's insertion order): only another
+  // class's cut window can hide an earlier seq.
+  bool class_window_in_seq_order = false;
+  // A key's ids ascend with its seqs; else (two publishers on a MongoDB
+  // without transactions) each key's ids are dealt to its rows in seq order
+  // for the plan, since seq is the truth for order.
+  bool ids_follow_seq = true;
 };
 
 // A taken or held keyed row the frontier may move past while a later row of
@@ -105,7 +141,8 @@ struct PassedRow {
 };
 
 struct ClaimScanResult {
-  std::vector<int64_t> chosen;  // plan order, at most max
+  std::vector<int64_t> chosen;  // hand-over order (keys as first chosen, each by seq), at most max
+  bool may_have_more = false;   // short, and a window was cut: a wider read could find more
   bool heads_added = false;     // the last pass read key heads
   bool at_floor = false;        // the last window scan started at the floor
   std::array<int64_t, 4> from{};  // where the last window scan started
@@ -132,6 +169,8 @@ class ClaimScan {
   // The rows of the read next() asked for (any order within a class is fine:
   // rows are planned in id order).
   void feed(std::vector<ScanRow> rows);
+  // The answer to EarlierKeys: the keys that have an earlier seq pending.
+  void feed_keys(const std::vector<std::string>& earlier);
   // Once next() is Done.
   const ClaimScanResult& result() const { return result_; }
 
@@ -141,8 +180,11 @@ class ClaimScan {
   void after_probe();
   void after_heads();
   void end_pass();
+  void conclude();
+  const ScanRow* row_of_plan_id(int64_t plan_id);
   void finish();
   void plan();
+  void feed_window(std::vector<ScanRow> rows);
 
   ClaimScanConfig cfg_;
   ClaimScanHint* hint_;
@@ -163,7 +205,13 @@ class ClaimScan {
   std::vector<ScanRow> probed_;
   std::vector<std::string> probed_keys_;
   bool probed_any_ = false;
+  std::vector<ScanRow> oldest_;  // a full Oldest read, merged into the class windows
+  bool oldest_asked_ = false;
+  bool merged_oldest_ = false;
+  std::vector<int64_t> chosen_;  // plan ids, after the fence
   ClaimPlan plan_;
+  std::vector<int64_t> plan_ids_;  // per row of rows_: its id for the plan (ids_follow_seq false)
+  std::unordered_map<int64_t, size_t> row_of_;  // plan id -> row of rows_, once the plan is final
   int64_t rows_needed_ = 0;
   bool exhausted_ = false;
 };

@@ -1,32 +1,35 @@
 // The sidecar's one claim of a handler's ready deliveries from the lanes this
 // instance holds (docs/mongo.md, "Dispatch", steps 1 and 2): the dispatcher
 // claims for its http and kafka handlers with it, the pull API for a
-// consumer's request. It reads the windows, dead-letters malformed documents,
-// plans with core::plan_claim, fences keys that may have an earlier seq
-// outside the rows read, and returns the chosen deliveries in hand-over order.
+// consumer's request. It performs the reads the core claim scan
+// (core/claim_scan.hpp) asks for with its Store, dead-letters malformed
+// documents, and returns the chosen deliveries in hand-over order.
 // What follows the claim is the caller's: the dispatcher's receipts and
 // pipeline queue, the pull API's leases and JSON.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "core/claim_planner.hpp"
+#include "core/claim_scan.hpp"
 #include "mongo/config.hpp"
 #include "mongo/metrics.hpp"
 #include "mongo/store.hpp"
 
 namespace relaybus::mongo {
 
-// Rows one window reads: scan_window, else 4 x batch_size, at least 64.
+// Rows one read of the oldest rows of all classes takes: scan_window, else
+// 4 x batch_size, at least 64.
 int claim_window_rows(const Config& cfg);
 
 struct ClaimAsk {
   std::vector<int> lanes;  // the leased lanes to read
-  int window = 64;         // claim_window_rows
+  int window = 64;  // claim_window_rows
   core::ClaimLimits limits;
   int64_t aging_ms = 0;  // priority_aging
   int64_t now_ms = 0;
@@ -58,10 +61,10 @@ class LaneClaimer {
   Store& store_;
   Metrics& metrics_;
   bool bound_read_ = false;
-  // Handlers whose last claim found a class window full: the next claim reads
-  // the class windows without the single window first. A dropped handler's
-  // entry costs one claim that reads the class windows and clears it.
-  std::set<std::string> deep_;
+  // Per handler, what the claim scan remembers between claims (its window
+  // sizes, and whether the backlog was deep). A dropped handler's entry stays
+  // (a few bytes); a handler created again under its name starts from it.
+  std::map<std::string, core::ClaimScanHint> hints_;
   std::set<int64_t> warned_malformed_;  // logged once per document
 };
 

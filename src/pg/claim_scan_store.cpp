@@ -70,13 +70,18 @@ void scan_next(ClaimScanState* s, ScanStepData* out) {
     *out = ScanStepData{};
     char err[kErrLen];
     bool ok = run_core(
-        [&](std::string*) {
+        [&](std::string* why) {
             const core::ScanRead& rd = s->impl->scan.next();
             switch (rd.kind) {
                 case core::ScanReadKind::Window: out->kind = ScanStep::Window; break;
                 case core::ScanReadKind::KeyHeads: out->kind = ScanStep::KeyHeads; break;
                 case core::ScanReadKind::HeadsOfKeys: out->kind = ScanStep::HeadsOfKeys; break;
                 case core::ScanReadKind::Done: out->kind = ScanStep::Done; break;
+                case core::ScanReadKind::Oldest:
+                case core::ScanReadKind::EarlierKeys:
+                    // Reads of capabilities this store does not state (claim.cpp's config).
+                    *why = "a read this store does not offer";
+                    return false;
             }
             for (int p = 0; p < 4; p++) out->from[p] = rd.from[p];
             out->window = rd.window;

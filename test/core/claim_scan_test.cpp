@@ -25,6 +25,7 @@ struct Table {
     int64_t ready_at_ms = kNow - 1000;
     bool leased = false;
     bool expired = false;
+    int64_t seq = 0;  // 0: the id
   };
   std::vector<Row> rows;
   std::set<std::string> below;  // keys the store's frontier marks
@@ -44,6 +45,7 @@ struct Table {
     s.has_key = !r.key.empty();
     s.key = r.key;
     s.ready_at_ms = r.ready_at_ms;
+    s.seq = r.seq != 0 ? r.seq : r.id;
     s.leased = r.leased || r.expired;
     s.expired = r.expired;
     s.key_below = window && s.has_key && below.count(r.key) > 0;
@@ -80,6 +82,12 @@ struct Table {
         }
         break;
       }
+      case ScanReadKind::Oldest:
+        for (const auto& r : all)
+          if (static_cast<int>(got.size()) < rd.window) got.push_back(out(r, true));
+        break;
+      case ScanReadKind::EarlierKeys:
+        break;
       case ScanReadKind::HeadsOfKeys:
         for (const auto& k : rd.keys) {
           int n = 0;
@@ -91,6 +99,23 @@ struct Table {
         break;
     }
     return got;
+  }
+  // EarlierKeys: the keys with a row below the given seq.
+  std::vector<std::string> earlier(const ScanRead& rd) {
+    reads.push_back(rd);
+    std::vector<std::string> found;
+    for (size_t i = 0; i < rd.keys.size(); i++)
+      for (const auto& r : rows)
+        if (r.key == rd.keys[i] && (r.seq != 0 ? r.seq : r.id) < rd.seqs[i]) {
+          found.push_back(r.key);
+          break;
+        }
+    return found;
+  }
+  std::vector<int> windows() const {
+    std::vector<int> w;
+    for (const auto& r : reads) w.push_back(r.window);
+    return w;
   }
   int count(ScanReadKind kind) const {
     return static_cast<int>(std::count_if(reads.begin(), reads.end(), [&](const ScanRead& r) { return r.kind == kind; }));
@@ -109,7 +134,10 @@ ClaimScanResult run(Table& t, const ClaimScanConfig& cfg, ClaimScanHint* hint) {
   ClaimScan scan(cfg, hint);
   for (int guard = 0; scan.next().kind != ScanReadKind::Done; guard++) {
     if (guard > 100) throw std::runtime_error("scan does not end");
-    scan.feed(t.perform(scan.next()));
+    if (scan.next().kind == ScanReadKind::EarlierKeys)
+      scan.feed_keys(t.earlier(scan.next()));
+    else
+      scan.feed(t.perform(scan.next()));
   }
   return scan.result();
 }
@@ -120,9 +148,16 @@ Ids range(int64_t from, int64_t to) {
   return v;
 }
 
-TEST(ClaimScan, ColdStartReadsOneWindowOfFourTimesMax) {
+// Unkeyed rows 1..n, the first `held` of them leased by other claimers.
+Table held_backlog(int n, int held) {
   Table t;
-  for (int i = 1; i <= 1000; i++) t.add(i);
+  for (int i = 1; i <= n; i++) t.add(i);
+  for (int i = 1; i <= held; i++) t.at(i).leased = true;
+  return t;
+}
+
+TEST(ClaimScan, ColdStartReadsOneWindowOfFourTimesMax) {
+  Table t = held_backlog(1000, 0);
   ClaimScanHint hint;
   const auto r = run(t, config(10), &hint);
   EXPECT_EQ(r.chosen, range(1, 10));
@@ -134,31 +169,22 @@ TEST(ClaimScan, ColdStartReadsOneWindowOfFourTimesMax) {
 }
 
 TEST(ClaimScan, WidensPastHeldRowsUpToTheLimit) {
-  Table t;
-  for (int i = 1; i <= 1000; i++) t.add(i);
-  for (int i = 1; i <= 200; i++) t.at(i).leased = true;
+  Table t = held_backlog(1000, 200);
   ClaimScanHint hint;
-  const auto r = run(t, config(10), &hint);
-  EXPECT_EQ(r.chosen, range(201, 210));
-  ASSERT_EQ(t.reads.size(), 2u);
-  EXPECT_EQ(t.reads[1].window, 251);  // x4, capped at scan_limit / 4 + 1
+  EXPECT_EQ(run(t, config(10), &hint).chosen, range(201, 210));
+  EXPECT_EQ(t.windows(), (std::vector<int>{64, 251}));  // x4, capped at scan_limit / 4 + 1
   EXPECT_EQ(hint.window, 210 + 210 / 8 + 8);
 
   // The next claim starts at the window the last one needed, and a hinted
   // window that falls short doubles.
   for (int i = 201; i <= 240; i++) t.at(i).leased = true;
   t.reads.clear();
-  const auto r2 = run(t, config(10), &hint);
-  EXPECT_EQ(r2.chosen, range(241, 250));
-  ASSERT_EQ(t.reads.size(), 2u);
-  EXPECT_EQ(t.reads[0].window, 244);
-  EXPECT_EQ(t.reads[1].window, 251);
+  EXPECT_EQ(run(t, config(10), &hint).chosen, range(241, 250));
+  EXPECT_EQ(t.windows(), (std::vector<int>{244, 251}));
 }
 
 TEST(ClaimScan, StopsWideningAtTheScanLimit) {
-  Table t;
-  for (int i = 1; i <= 1000; i++) t.add(i);
-  for (int i = 1; i <= 900; i++) t.at(i).leased = true;
+  Table t = held_backlog(1000, 900);
   ClaimScanHint hint;
   const auto r = run(t, config(10), &hint);
   EXPECT_TRUE(r.chosen.empty());
@@ -335,8 +361,7 @@ TEST(ClaimScan, FrontierStepPassesTakenAndHeldRows) {
 }
 
 TEST(ClaimScan, HintIsPerPassAndShrinksSlowly) {
-  Table t;
-  for (int i = 1; i <= 1000; i++) t.add(i);
+  Table t = held_backlog(1000, 0);
   ClaimScanHint hint;
   hint.window = 200;
   const auto r = run(t, config(10), &hint);
@@ -344,6 +369,128 @@ TEST(ClaimScan, HintIsPerPassAndShrinksSlowly) {
   EXPECT_EQ(t.reads[0].window, 200);
   EXPECT_EQ(hint.window, 200 - 200 / 16);
   EXPECT_EQ(hint.window_front, 0);
+}
+
+// A store like the MongoDB sidecar's: a cheap read of the oldest rows of all
+// classes, no key walk, no fence in its fetch.
+ClaimScanConfig sidecar(int max, int per_key = 1) {
+  ClaimScanConfig c = config(max, per_key);
+  c.scan_limit = 2 * 256;
+  c.oldest_first = 256;
+  c.key_walk = false;
+  c.fence_in_fetch = false;
+  c.ids_follow_seq = false;
+  return c;
+}
+
+TEST(ClaimScanSidecar, ShallowBacklogIsOneReadOfTheOldestRows) {
+  Table t;
+  for (int i = 1; i <= 100; i++) t.add(i, i % 4, i % 3 ? "k" + std::to_string(i % 7) : "");
+  ClaimScanHint hint;
+  const auto r = run(t, sidecar(10), &hint);
+  ASSERT_EQ(t.reads.size(), 1u);  // every row of every class: no window cut, no fence
+  EXPECT_EQ(t.reads[0].kind, ScanReadKind::Oldest);
+  EXPECT_EQ(r.chosen.size(), 10u);
+  EXPECT_FALSE(hint.deep);
+  EXPECT_FALSE(r.may_have_more);
+}
+
+TEST(ClaimScanSidecar, DeepBacklogReadsClassWindowsAndRemembersIt) {
+  Table t;
+  for (int i = 1; i <= 1000; i++) t.add(i, 1);
+  for (int i = 1001; i <= 1010; i++) t.add(i, 3);  // far behind the oldest rows
+  ClaimScanHint hint;
+  auto r = run(t, sidecar(10), &hint);
+  EXPECT_EQ(r.chosen, range(1001, 1010));
+  ASSERT_EQ(t.reads.size(), 2u);
+  EXPECT_EQ(t.reads[0].kind, ScanReadKind::Oldest);
+  EXPECT_EQ(t.reads[1].kind, ScanReadKind::Window);
+  EXPECT_TRUE(hint.deep);
+  for (int i = 1001; i <= 1010; i++) t.at(i).leased = true;
+  t.reads.clear();
+  r = run(t, sidecar(10), &hint);  // straight to the class windows
+  EXPECT_EQ(r.chosen, range(1, 10));
+  ASSERT_EQ(t.reads.size(), 1u);
+  EXPECT_EQ(t.reads[0].kind, ScanReadKind::Window);
+
+  // Once the class windows come back whole, the next claim reads the oldest rows first again.
+  t.rows.resize(5);
+  t.reads.clear();
+  run(t, sidecar(10), &hint);
+  EXPECT_FALSE(hint.deep);
+  t.reads.clear();
+  run(t, sidecar(10), &hint);
+  EXPECT_EQ(t.reads[0].kind, ScanReadKind::Oldest);
+}
+
+TEST(ClaimScanSidecar, WithoutAKeyWalkHotKeysWiden) {
+  Table t;
+  for (int i = 1; i <= 300; i++) t.add(i, 0, "a");
+  for (int i = 301; i <= 310; i++) t.add(i);
+  ClaimScanHint hint;
+  hint.deep = true;
+  hint.claims = 1;
+  const auto r = run(t, sidecar(5), &hint);
+  EXPECT_EQ(t.count(ScanReadKind::KeyHeads), 0);
+  EXPECT_EQ(t.count(ScanReadKind::Window), 2);  // 64, then 129: the store's cap
+  EXPECT_EQ(t.reads[1].window, 129);
+  EXPECT_EQ(r.chosen, (Ids{1}));  // the unkeyed rows lie past the widest window
+}
+
+TEST(ClaimScanSidecar, FenceDropsKeysWithAnEarlierSeqOutsideAndGaps) {
+  Table t;
+  // Class 0 is cut: key "x" has an earlier seq in a row past its window.
+  for (int i = 1; i <= 100; i++) t.add(i, 0, "u" + std::to_string(i));
+  t.add(101, 1, "x");
+  t.at(101).seq = 5;
+  t.add(200, 0, "x");
+  t.at(200).seq = 4;  // pending, not read
+  // Key "y": seqs 1, 2 read, 4 read, 3 pending outside: 4 must not follow 2.
+  t.add(102, 1, "y");
+  t.at(102).seq = 1;
+  t.add(103, 1, "y");
+  t.at(103).seq = 2;
+  t.add(104, 1, "y");
+  t.at(104).seq = 4;
+  ClaimScanHint hint;
+  hint.deep = true;
+  ClaimScanConfig cfg = sidecar(4, 3);
+  cfg.scan_limit = 4 * 64;  // no widening: the cut stays
+  const auto r = run(t, cfg, &hint);
+  ASSERT_EQ(t.count(ScanReadKind::EarlierKeys), 1);
+  const ScanRead& fence = t.reads.back();
+  EXPECT_EQ(fence.keys, (std::vector<std::string>{"x", "y"}));  // once per key, at its first chosen seq
+  EXPECT_EQ(fence.seqs, (std::vector<int64_t>{5, 1}));
+  EXPECT_EQ(r.chosen, (Ids{102, 103}));
+}
+
+TEST(ClaimScanSidecar, InsertionOrderFencesOnlyAcrossCutClasses) {
+  Table t;
+  for (int i = 1; i <= 100; i++) t.add(i, 0, "k");  // class 0 cut
+  t.add(101, 1, "m");
+  t.add(102, 2, "n");
+  ClaimScanHint hint;
+  hint.deep = true;
+  ClaimScanConfig cfg = sidecar(3);
+  cfg.scan_limit = 4 * 64;
+  cfg.class_window_in_seq_order = true;
+  const auto r = run(t, cfg, &hint);
+  ASSERT_EQ(t.count(ScanReadKind::EarlierKeys), 1);
+  // k's earlier seqs come first in its own class's window: not asked.
+  EXPECT_EQ(t.reads.back().keys, (std::vector<std::string>{"n", "m"}));
+  EXPECT_EQ(r.chosen.size(), 3u);
+}
+
+TEST(ClaimScanSidecar, KeyOrderFollowsSeqNotId) {
+  Table t;
+  t.add(5, 0, "k");
+  t.at(5).seq = 2;
+  t.add(7, 0, "k");
+  t.at(7).seq = 1;  // drew a higher id but the lower seq
+  t.add(6);
+  ClaimScanHint hint;
+  const auto r = run(t, sidecar(10, 2), &hint);
+  EXPECT_EQ(r.chosen, (Ids{7, 5, 6}));
 }
 
 TEST(HandOver, KeysInChosenOrderEachBySeqAndFencedKeysGiveBack) {
