@@ -33,6 +33,7 @@ void ClaimScan::start_pass() {
   hinted_ = at_floor_ ? &hint_->window : &hint_->window_front;
   window_ = *hinted_ > 0 ? std::min(*hinted_, cap_)
                          : std::max(64, std::min(cfg_.limits.max * 4, cfg_.scan_limit / 4));
+  if (cfg_.fixed_window > 0) window_ = cfg_.fixed_window;
   heads_added_ = more_keys_ = false;
   if (cfg_.oldest_first > 0 && !hint_->deep && !oldest_asked_) {
     oldest_asked_ = true;
@@ -218,7 +219,7 @@ void ClaimScan::after_heads() {
     end_pass();
     return;
   }
-  if (window_ * 4 >= cfg_.scan_limit) {
+  if (cfg_.fixed_window > 0 || window_ * 4 >= cfg_.scan_limit) {
     end_pass();
     return;
   }

@@ -119,6 +119,11 @@ struct ClaimScanConfig {
   // Rows of a first read of the oldest rows of all classes (Oldest), 0 = it
   // has no such read that is cheaper than its class windows.
   int oldest_first = 0;
+  // Rows of every class window, for a store whose reads are priced per round
+  // trip rather than per row (the sidecar: four finds per window): a window
+  // sized down by the hint saves little there, and each widening costs four
+  // more round trips. 0 = windows sized by the hint and widened.
+  int fixed_window = 0;
   // Its fetch after leasing checks every chosen row against its key's
   // earlier rows (PostgreSQL); else the scan asks EarlierKeys itself.
   bool fence_in_fetch = true;

@@ -19,15 +19,14 @@ LaneClaim LaneClaimer::claim(const std::string& handler, const ClaimAsk& ask) {
     bound_read_ = true;
   }
   // The policy is the core's (core/claim_scan.hpp); this store's reads and
-  // orders are its capabilities. A class window is at most half a window
-  // (four of them cost about one read of the oldest rows).
-  const int class_window = std::max(64, ask.window / 2);
+  // orders are its capabilities. A class window is half a window (four of
+  // them cost about one read of the oldest rows).
   core::ClaimScanConfig cfg;
   cfg.limits = ask.limits;
   cfg.now_ms = ask.now_ms;
   cfg.aging_ms = ask.aging_ms;
-  cfg.scan_limit = 4 * class_window;
   cfg.oldest_first = ask.window;
+  cfg.fixed_window = std::max(64, ask.window / 2);
   cfg.key_walk = false;
   cfg.fence_in_fetch = false;
   cfg.class_window_in_seq_order = store_.is_ferretdb();

@@ -231,10 +231,16 @@ TEST(ClaimScan, UnkeyedRowsBehindHotRunsAreProbedEverySixteenthClaim) {
   EXPECT_EQ(t.count(ScanReadKind::KeyHeads), 1);  // once per pass, kept for the wider window
 }
 
-TEST(ClaimScan, ShortKeyWalkWithLaneFilterKeepsWidening) {
+// Key "a"'s run of `run` rows (ids 1..run), then `unkeyed` unkeyed rows.
+Table hot_run(int run, int unkeyed) {
   Table t;
-  for (int i = 1; i <= 200; i++) t.add(i, 0, "a");
-  for (int i = 201; i <= 205; i++) t.add(i);
+  for (int i = 1; i <= run; i++) t.add(i, 0, "a");
+  for (int i = run + 1; i <= run + unkeyed; i++) t.add(i);
+  return t;
+}
+
+TEST(ClaimScan, ShortKeyWalkWithLaneFilterKeepsWidening) {
+  Table t = hot_run(200, 5);
   ClaimScanHint hint;
   hint.claims = 1;
   ClaimScanConfig cfg = config(10);
@@ -375,8 +381,8 @@ TEST(ClaimScan, HintIsPerPassAndShrinksSlowly) {
 // classes, no key walk, no fence in its fetch.
 ClaimScanConfig sidecar(int max, int per_key = 1) {
   ClaimScanConfig c = config(max, per_key);
-  c.scan_limit = 2 * 256;
   c.oldest_first = 256;
+  c.fixed_window = 128;
   c.key_walk = false;
   c.fence_in_fetch = false;
   c.ids_follow_seq = false;
@@ -423,18 +429,29 @@ TEST(ClaimScanSidecar, DeepBacklogReadsClassWindowsAndRemembersIt) {
   EXPECT_EQ(t.reads[0].kind, ScanReadKind::Oldest);
 }
 
-TEST(ClaimScanSidecar, WithoutAKeyWalkHotKeysWiden) {
-  Table t;
-  for (int i = 1; i <= 300; i++) t.add(i, 0, "a");
-  for (int i = 301; i <= 310; i++) t.add(i);
+TEST(ClaimScan, WithoutAKeyWalkHotKeysWiden) {
+  Table t = hot_run(300, 10);
+  ClaimScanHint hint;
+  hint.claims = 1;
+  ClaimScanConfig cfg = config(5);
+  cfg.scan_limit = 512;
+  cfg.key_walk = false;
+  const auto r = run(t, cfg, &hint);
+  EXPECT_EQ(t.count(ScanReadKind::KeyHeads), 0);
+  EXPECT_EQ(t.windows(), (std::vector<int>{64, 129}));  // up to the cap
+  EXPECT_EQ(r.chosen, (Ids{1}));  // the unkeyed rows lie past the widest window
+}
+
+TEST(ClaimScanSidecar, FixedWindowsAreNeitherSizedByTheHintNorWidened) {
+  Table t = hot_run(300, 10);
   ClaimScanHint hint;
   hint.deep = true;
-  hint.claims = 1;
+  hint.window = 20;
   const auto r = run(t, sidecar(5), &hint);
-  EXPECT_EQ(t.count(ScanReadKind::KeyHeads), 0);
-  EXPECT_EQ(t.count(ScanReadKind::Window), 2);  // 64, then 129: the store's cap
-  EXPECT_EQ(t.reads[1].window, 129);
-  EXPECT_EQ(r.chosen, (Ids{1}));  // the unkeyed rows lie past the widest window
+  EXPECT_EQ(t.count(ScanReadKind::Window), 1);
+  EXPECT_EQ(t.reads[0].window, 128);
+  EXPECT_EQ(r.chosen, (Ids{1}));
+  EXPECT_TRUE(r.may_have_more);
 }
 
 TEST(ClaimScanSidecar, FenceDropsKeysWithAnEarlierSeqOutsideAndGaps) {
@@ -455,7 +472,7 @@ TEST(ClaimScanSidecar, FenceDropsKeysWithAnEarlierSeqOutsideAndGaps) {
   ClaimScanHint hint;
   hint.deep = true;
   ClaimScanConfig cfg = sidecar(4, 3);
-  cfg.scan_limit = 4 * 64;  // no widening: the cut stays
+  cfg.fixed_window = 64;
   const auto r = run(t, cfg, &hint);
   ASSERT_EQ(t.count(ScanReadKind::EarlierKeys), 1);
   const ScanRead& fence = t.reads.back();
@@ -472,7 +489,7 @@ TEST(ClaimScanSidecar, InsertionOrderFencesOnlyAcrossCutClasses) {
   ClaimScanHint hint;
   hint.deep = true;
   ClaimScanConfig cfg = sidecar(3);
-  cfg.scan_limit = 4 * 64;
+  cfg.fixed_window = 64;
   cfg.class_window_in_seq_order = true;
   const auto r = run(t, cfg, &hint);
   ASSERT_EQ(t.count(ScanReadKind::EarlierKeys), 1);
