@@ -79,7 +79,7 @@ $(MANAGED_SQL): sql/relaybus.sql $(wildcard sql/managed/*.sql) scripts/managed-s
 # Header dependencies (-MMD), so an incremental build never mixes old and new layouts.
 -include $(OBJS:.o=.d)
 
-.PHONY: test test-matrix demo deps core-test mongo managed
+.PHONY: test test-matrix demo deps core-test mongo managed format format-check
 # relaybus-mongo, the MongoDB sidecar (src/core + src/mongo, libmongoc): not part of PGXS.
 mongo:
 	$(MAKE) -C src/mongo
@@ -97,3 +97,15 @@ demo:
 	@bash scripts/demo.sh || kill -PIPE $$PPID
 core-test:
 	$(MAKE) -C test/core check
+
+# Every C++ file in the one style of .clang-format (Google's, 120 columns), as
+# clang-format 14 (Debian 12's) writes it; another major may place a few
+# lines differently. `format` rewrites, `format-check` only says which differ.
+CLANG_FORMAT ?= $(firstword $(shell command -v clang-format-14 clang-format 2>/dev/null))
+CXX_SOURCES = $(shell git ls-files '*.cpp' '*.hpp' '*.h')
+format:
+	$(if $(CLANG_FORMAT),,$(error clang-format not found: apt-get install clang-format-14))
+	$(CLANG_FORMAT) -i $(CXX_SOURCES)
+format-check:
+	$(if $(CLANG_FORMAT),,$(error clang-format not found: apt-get install clang-format-14))
+	$(CLANG_FORMAT) --dry-run --Werror $(CXX_SOURCES)

@@ -10,22 +10,22 @@
 namespace bench {
 
 class NginxReceiver {
-public:
-    // Starts nginx with a private prefix under dir on a free loopback port; throws on failure.
-    void start(const std::string& dir);
-    void stop();
-    bool running() const { return pid_ > 0; }
-    int port() const { return port_; }
-    int pid() const { return pid_; }
-    std::string url() const;           // http://127.0.0.1:<port>/hook
-    std::string log_path() const { return dir_ + "/logs/requests.log"; }
-    void truncate_log();               // before a sample (flushes first)
-    void flush_log();                  // SIGUSR1: nginx reopens its logs, which writes the buffers out
+ public:
+  // Starts nginx with a private prefix under dir on a free loopback port; throws on failure.
+  void start(const std::string& dir);
+  void stop();
+  bool running() const { return pid_ > 0; }
+  int port() const { return port_; }
+  int pid() const { return pid_; }
+  std::string url() const;  // http://127.0.0.1:<port>/hook
+  std::string log_path() const { return dir_ + "/logs/requests.log"; }
+  void truncate_log();  // before a sample (flushes first)
+  void flush_log();     // SIGUSR1: nginx reopens its logs, which writes the buffers out
 
-private:
-    std::string dir_;
-    int port_ = 0;
-    int pid_ = 0;
+ private:
+  std::string dir_;
+  int port_ = 0;
+  int pid_ = 0;
 };
 
 // Where the run's receiver keeps its prefix (set once by the harness).

@@ -66,8 +66,7 @@ int month_number(std::string_view s) {
 
 bool is_day_name(std::string_view s, bool long_form) {
   static constexpr const char* kShort[] = {"mon", "tue", "wed", "thu", "fri", "sat", "sun"};
-  static constexpr const char* kLong[] = {"monday", "tuesday",  "wednesday", "thursday",
-                                          "friday", "saturday", "sunday"};
+  static constexpr const char* kLong[] = {"monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"};
   for (int i = 0; i < 7; ++i)
     if (text::iequals(s, long_form ? kLong[i] : kShort[i])) return true;
   return false;
@@ -87,13 +86,12 @@ bool parse_time(std::string_view s, size_t pos, DateTime* dt) {
 
 // Sun, 06 Nov 1994 08:49:37 GMT
 bool parse_imf_fixdate(std::string_view s, DateTime* dt) {
-  if (s.size() != 29 || s[3] != ',' || s[4] != ' ' || s[7] != ' ' || s[11] != ' ' ||
-      s[16] != ' ' || s[25] != ' ' || s.substr(26) != "GMT")
+  if (s.size() != 29 || s[3] != ',' || s[4] != ' ' || s[7] != ' ' || s[11] != ' ' || s[16] != ' ' || s[25] != ' ' ||
+      s.substr(26) != "GMT")
     return false;
   int year = 0;
   if (!is_day_name(s.substr(0, 3), false) || !fixed_digits(s, 5, 2, &dt->day) ||
-      (dt->month = month_number(s.substr(8, 3))) == 0 || !fixed_digits(s, 12, 4, &year) ||
-      !parse_time(s, 17, dt))
+      (dt->month = month_number(s.substr(8, 3))) == 0 || !fixed_digits(s, 12, 4, &year) || !parse_time(s, 17, dt))
     return false;
   dt->year = year;
   return true;
@@ -104,8 +102,8 @@ bool parse_rfc850(std::string_view s, int64_t now_year, DateTime* dt) {
   const size_t comma = s.find(',');
   if (comma == std::string_view::npos || !is_day_name(s.substr(0, comma), true)) return false;
   const std::string_view r = s.substr(comma);
-  if (r.size() != 24 || r[1] != ' ' || r[4] != '-' || r[8] != '-' || r[11] != ' ' ||
-      r[20] != ' ' || r.substr(21) != "GMT")
+  if (r.size() != 24 || r[1] != ' ' || r[4] != '-' || r[8] != '-' || r[11] != ' ' || r[20] != ' ' ||
+      r.substr(21) != "GMT")
     return false;
   int yy = 0;
   if (!fixed_digits(r, 2, 2, &dt->day) || (dt->month = month_number(r.substr(5, 3))) == 0 ||
@@ -123,8 +121,7 @@ bool parse_rfc850(std::string_view s, int64_t now_year, DateTime* dt) {
 bool parse_asctime(std::string_view s, DateTime* dt) {
   if (s.size() != 24 || s[3] != ' ' || s[7] != ' ' || s[10] != ' ' || s[19] != ' ') return false;
   int year = 0;
-  if (!is_day_name(s.substr(0, 3), false) || (dt->month = month_number(s.substr(4, 3))) == 0)
-    return false;
+  if (!is_day_name(s.substr(0, 3), false) || (dt->month = month_number(s.substr(4, 3))) == 0) return false;
   if (s[8] == ' ') {
     if (!fixed_digits(s, 9, 1, &dt->day)) return false;
   } else if (!fixed_digits(s, 8, 2, &dt->day)) {
@@ -140,8 +137,7 @@ bool valid_date_time(const DateTime& dt) {
   // 4-digit, which also keeps the ms arithmetic far from overflow (an RFC 850
   // year derived from an absurd "now" falls outside and is refused).
   return dt.year >= 0 && dt.year <= 9999 && dt.month >= 1 && dt.month <= 12 && dt.day >= 1 &&
-         dt.day <= days_in_month(dt.year, dt.month) && dt.hour <= 23 && dt.minute <= 59 &&
-         dt.second <= 60;
+         dt.day <= days_in_month(dt.year, dt.month) && dt.hour <= 23 && dt.minute <= 59 && dt.second <= 60;
 }
 
 }  // namespace
@@ -194,13 +190,11 @@ int64_t retry_after_ms(std::string_view header_value, int64_t now_epoch_ms) {
   int64_t now_days = now_epoch_ms / 86400000;
   if (now_epoch_ms % 86400000 < 0) --now_days;
   DateTime dt;
-  if (!parse_imf_fixdate(s, &dt) && !parse_rfc850(s, year_from_days(now_days), &dt) &&
-      !parse_asctime(s, &dt))
+  if (!parse_imf_fixdate(s, &dt) && !parse_rfc850(s, year_from_days(now_days), &dt) && !parse_asctime(s, &dt))
     return -1;
   if (!valid_date_time(dt)) return -1;
-  const int64_t at_ms =
-      ((days_from_civil(dt.year, dt.month, dt.day) * 24 + dt.hour) * 60 + dt.minute) * 60000 +
-      int64_t{dt.second} * 1000;
+  const int64_t at_ms = ((days_from_civil(dt.year, dt.month, dt.day) * 24 + dt.hour) * 60 + dt.minute) * 60000 +
+                        int64_t{dt.second} * 1000;
   if (at_ms <= now_epoch_ms) return 0;
   // at_ms is within years 0..9999, so only an absurdly negative "now" overflows.
   if (now_epoch_ms < 0 && at_ms > kMax + now_epoch_ms) return kMax;

@@ -20,8 +20,7 @@ int effective_priority(const ClaimRow& r, int64_t now_ms, int64_t aging_ms) {
   if (aging_ms <= 0 || r.ready_at_ms >= now_ms) return base;
   // now - ready_at can exceed INT64_MAX for extreme inputs: saturate.
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  const int64_t age =
-      (r.ready_at_ms < 0 && now_ms > kMax + r.ready_at_ms) ? kMax : now_ms - r.ready_at_ms;
+  const int64_t age = (r.ready_at_ms < 0 && now_ms > kMax + r.ready_at_ms) ? kMax : now_ms - r.ready_at_ms;
   const int64_t bonus = age / aging_ms;
   return bonus >= kTopClass - base ? kTopClass : base + static_cast<int>(bonus);
 }
@@ -45,9 +44,8 @@ bool goes_before(const ClaimRow& a, int a_eff, const ClaimRow& b, int b_eff) {
 
 }  // namespace
 
-ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams,
-                     const std::array<bool, 4>& truncated, const ClaimLimits& lim,
-                     int64_t now_ms, int64_t aging_ms) {
+ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams, const std::array<bool, 4>& truncated,
+                     const ClaimLimits& lim, int64_t now_ms, int64_t aging_ms) {
   ClaimPlan plan;
   const int max = lim.max;
   const int per_key = lim.per_key < 1 ? 1 : lim.per_key;
@@ -192,8 +190,7 @@ ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams,
     while (chosen < max && k->chosen < per_key && !k->pending.empty()) {
       const Place& next = place_of.at(*k->pending.begin());
       const ClaimRow& n = *next.row;
-      if (n.ready_at_ms > now_ms || n.leased ||
-          effective_priority(n, now_ms, aging_ms) < best_eff)
+      if (n.ready_at_ms > now_ms || n.leased || effective_priority(n, now_ms, aging_ms) < best_eff)
         break;  // left to the merge, which blocks the key or takes it in turn
       taken_early.insert(n.id);
       depth[next.stream] = std::max(depth[next.stream], next.index + 1);

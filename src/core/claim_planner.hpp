@@ -63,8 +63,7 @@ struct ClaimPlan {
 // Stops when max rows are chosen or all streams are consumed. An id seen a
 // second time is ignored. max < 1 chooses nothing; per_key < 1 counts as 1.
 ClaimPlan plan_claim(const std::array<std::vector<ClaimRow>, 4>& streams_by_priority,
-                     const std::array<bool, 4>& truncated, const ClaimLimits& lim,
-                     int64_t now_ms, int64_t aging_ms);
+                     const std::array<bool, 4>& truncated, const ClaimLimits& lim, int64_t now_ms, int64_t aging_ms);
 
 // After the caller leases the chosen ids and re-reads them with a fresh
 // snapshot: present = the row still exists (absent rows were completed

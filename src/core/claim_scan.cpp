@@ -31,8 +31,7 @@ ClaimScan::ClaimScan(const ClaimScanConfig& cfg, ClaimScanHint* hint) : cfg_(cfg
 
 void ClaimScan::start_pass() {
   hinted_ = at_floor_ ? &hint_->window : &hint_->window_front;
-  window_ = *hinted_ > 0 ? std::min(*hinted_, cap_)
-                         : std::max(64, std::min(cfg_.limits.max * 4, cfg_.scan_limit / 4));
+  window_ = *hinted_ > 0 ? std::min(*hinted_, cap_) : std::max(64, std::min(cfg_.limits.max * 4, cfg_.scan_limit / 4));
   if (cfg_.fixed_window > 0) window_ = cfg_.fixed_window;
   heads_added_ = more_keys_ = false;
   if (cfg_.oldest_first > 0 && !hint_->deep && !oldest_asked_) {
@@ -105,8 +104,7 @@ void ClaimScan::feed_window(std::vector<ScanRow> rows) {
   for (const auto& r : rows_)
     if (r.priority >= 0 && r.priority < kClasses) per_class[r.priority]++;
   for (int p = 0; p < kClasses; p++) truncated_[p] = per_class[p] >= window_;
-  if (cfg_.oldest_first > 0)
-    hint_->deep = std::find(truncated_.begin(), truncated_.end(), true) != truncated_.end();
+  if (cfg_.oldest_first > 0) hint_->deep = std::find(truncated_.begin(), truncated_.end(), true) != truncated_.end();
   // A class's rows in the oldest read are a prefix of the class: merged,
   // the class is still a prefix.
   if (!oldest_.empty()) {
@@ -270,8 +268,7 @@ void ClaimScan::conclude() {
     const ScanRow* r = row_of_plan_id(pid);
     if (r == nullptr || !r->has_key) continue;
     bool hidden = !cfg_.class_window_in_seq_order;
-    for (int c = 0; c < kClasses && !hidden; c++)
-      hidden = c != clamp_class(r->priority) && truncated_[c];
+    for (int c = 0; c < kClasses && !hidden; c++) hidden = c != clamp_class(r->priority) && truncated_[c];
     if (hidden && asked.insert(r->key).second) {
       read_.keys.push_back(r->key);
       read_.seqs.push_back(r->seq);

@@ -91,9 +91,9 @@ struct ScanRead {
   ScanReadKind kind = ScanReadKind::Done;
   std::array<int64_t, 4> from{};  // Window: per class the first id; all 0 = from the very start
   int window = 0;
-  bool at_floor = false;  // Window: it starts at the floor (the store notes its snapshot for the floor's rule)
-  int max_keys = 0;       // KeyHeads
-  int per_key = 0;        // KeyHeads, HeadsOfKeys
+  bool at_floor = false;          // Window: it starts at the floor (the store notes its snapshot for the floor's rule)
+  int max_keys = 0;               // KeyHeads
+  int per_key = 0;                // KeyHeads, HeadsOfKeys
   std::vector<std::string> keys;  // HeadsOfKeys, EarlierKeys
   std::vector<int64_t> seqs;      // EarlierKeys
 };
@@ -101,7 +101,7 @@ struct ScanRead {
 struct ClaimScanConfig {
   ClaimLimits limits;
   int64_t now_ms = 0;
-  int64_t aging_ms = 0;  // priority aging (plan_claim)
+  int64_t aging_ms = 0;   // priority aging (plan_claim)
   int scan_limit = 1000;  // the widest window, all classes together (relay.claim_scan_limit)
   // A store that keeps a frontier for this handler and has a valid one: start
   // there, else at floor.
@@ -146,10 +146,10 @@ struct PassedRow {
 };
 
 struct ClaimScanResult {
-  std::vector<int64_t> chosen;  // hand-over order (keys as first chosen, each by seq), at most max
-  bool may_have_more = false;   // short, and a window was cut: a wider read could find more
-  bool heads_added = false;     // the last pass read key heads
-  bool at_floor = false;        // the last window scan started at the floor
+  std::vector<int64_t> chosen;    // hand-over order (keys as first chosen, each by seq), at most max
+  bool may_have_more = false;     // short, and a window was cut: a wider read could find more
+  bool heads_added = false;       // the last pass read key heads
+  bool at_floor = false;          // the last window scan started at the floor
   std::array<int64_t, 4> from{};  // where the last window scan started
   // Of the last floor scan's window, per class: the first and highest id
   // (-1: none), for the floor's rule.
@@ -215,7 +215,7 @@ class ClaimScan {
   bool merged_oldest_ = false;
   std::vector<int64_t> chosen_;  // plan ids, after the fence
   ClaimPlan plan_;
-  std::vector<int64_t> plan_ids_;  // per row of rows_: its id for the plan (ids_follow_seq false)
+  std::vector<int64_t> plan_ids_;               // per row of rows_: its id for the plan (ids_follow_seq false)
   std::unordered_map<int64_t, size_t> row_of_;  // plan id -> row of rows_, once the plan is final
   int64_t rows_needed_ = 0;
   bool exhausted_ = false;

@@ -150,8 +150,7 @@ void DeliveryPipeline::finish(const Sent& sent, const HttpResult& result, int64_
   // A failure of a request sent before the breaker last opened says nothing
   // new about the endpoint: it neither reopens the breaker nor grows its
   // backoff, however late it comes back (only the probe's does).
-  const bool stale_failure =
-      result.outcome != HttpOutcome::Success && b.is_open() && sent.sent_ms < opened_at_ms_[key];
+  const bool stale_failure = result.outcome != HttpOutcome::Success && b.is_open() && sent.sent_ms < opened_at_ms_[key];
   if (!stale_failure) {
     const int64_t open_until = b.open_until_ms();
     b.record(result, sent.handler->options, now_ms);
@@ -230,8 +229,7 @@ int64_t DeliveryPipeline::next_probe_ms(int64_t now_ms) const {
   int64_t next = -1;
   for (const auto& kv : breakers_) {
     const CircuitBreaker& b = kv.second;
-    if (b.is_open() && b.open_until_ms() >= now_ms && (next < 0 || b.open_until_ms() < next))
-      next = b.open_until_ms();
+    if (b.is_open() && b.open_until_ms() >= now_ms && (next < 0 || b.open_until_ms() < next)) next = b.open_until_ms();
   }
   return next;
 }

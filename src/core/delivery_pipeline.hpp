@@ -62,7 +62,7 @@ struct PipelineHandler {
 struct ClaimedDelivery {
   WebhookMessage message;  // message.attempt: this attempt, 1 = the first
   Receipt receipt;
-  int64_t published = 0;   // the store's publish time, handed back in the Completion (latency)
+  int64_t published = 0;  // the store's publish time, handed back in the Completion (latency)
 };
 
 enum class CompletionOutcome { Delivered, Retry, Dead };
@@ -75,10 +75,10 @@ struct Completion {
   int handler_key = 0;
   std::string handler;  // PipelineHandler::name
   CompletionOutcome outcome = CompletionOutcome::Delivered;
-  int64_t retry_in_ms = 0;  // Retry: from now (Retry-After, clamped, or the backoff)
-  std::string error;        // Retry / Dead: what happened ("HTTP 500", "timeout after ...")
-  int status = 0;           // HTTP status; 0 = none
-  int64_t published = 0;    // ClaimedDelivery::published
+  int64_t retry_in_ms = 0;            // Retry: from now (Retry-After, clamped, or the backoff)
+  std::string error;                  // Retry / Dead: what happened ("HTTP 500", "timeout after ...")
+  int status = 0;                     // HTTP status; 0 = none
+  int64_t published = 0;              // ClaimedDelivery::published
   int64_t breaker_open_until_ms = 0;  // the handler's breaker after this result; 0 = closed
 };
 
@@ -87,8 +87,7 @@ struct Completion {
 // (attempt >= max_attempts) is Dead; anything else is Retry after the
 // Retry-After the engine clamped (clamp_retry_after_ms, again here so that
 // any sink's value is bounded) or the handler's backoff with full jitter.
-Completion classify_result(const PipelineHandler& handler, const HttpResult& result, int attempt,
-                           uint64_t random64);
+Completion classify_result(const PipelineHandler& handler, const HttpResult& result, int attempt, uint64_t random64);
 
 // Where requests go: the HTTP engine today, a Kafka producer later. Results
 // come back tagged with the delivery id (HttpResult::tag).
@@ -118,8 +117,7 @@ class HttpSink final : public DeliverySink {
   bool can_submit(int key) const override { return engine_.can_submit(key); }
   size_t in_flight() const override { return engine_.in_flight(); }
   size_t in_flight(int key) const override { return engine_.in_flight(key); }
-  bool submit(const PipelineHandler& handler, const WebhookMessage& message, int64_t now_ms,
-              std::string* why) override;
+  bool submit(const PipelineHandler& handler, const WebhookMessage& message, int64_t now_ms, std::string* why) override;
   std::vector<HttpResult> take_results() override { return engine_.take_results(); }
   void cancel_all() override { engine_.cancel_all(); }
   // A run of submits shares one signal-blocking section (HttpEngine::Batch).

@@ -24,15 +24,32 @@ struct UnitName {
 };
 
 constexpr UnitName kUnits[] = {
-    {"ms", 1}, {"msec", 1}, {"msecs", 1}, {"millisecond", 1}, {"milliseconds", 1},
-    {"s", kMsPerSecond}, {"sec", kMsPerSecond}, {"secs", kMsPerSecond},
-    {"second", kMsPerSecond}, {"seconds", kMsPerSecond},
-    {"m", kMsPerMinute}, {"min", kMsPerMinute}, {"mins", kMsPerMinute},
-    {"minute", kMsPerMinute}, {"minutes", kMsPerMinute},
-    {"h", kMsPerHour}, {"hr", kMsPerHour}, {"hrs", kMsPerHour},
-    {"hour", kMsPerHour}, {"hours", kMsPerHour},
-    {"d", kMsPerDay}, {"day", kMsPerDay}, {"days", kMsPerDay},
-    {"w", 7 * kMsPerDay}, {"week", 7 * kMsPerDay}, {"weeks", 7 * kMsPerDay},
+    {"ms", 1},
+    {"msec", 1},
+    {"msecs", 1},
+    {"millisecond", 1},
+    {"milliseconds", 1},
+    {"s", kMsPerSecond},
+    {"sec", kMsPerSecond},
+    {"secs", kMsPerSecond},
+    {"second", kMsPerSecond},
+    {"seconds", kMsPerSecond},
+    {"m", kMsPerMinute},
+    {"min", kMsPerMinute},
+    {"mins", kMsPerMinute},
+    {"minute", kMsPerMinute},
+    {"minutes", kMsPerMinute},
+    {"h", kMsPerHour},
+    {"hr", kMsPerHour},
+    {"hrs", kMsPerHour},
+    {"hour", kMsPerHour},
+    {"hours", kMsPerHour},
+    {"d", kMsPerDay},
+    {"day", kMsPerDay},
+    {"days", kMsPerDay},
+    {"w", 7 * kMsPerDay},
+    {"week", 7 * kMsPerDay},
+    {"weeks", 7 * kMsPerDay},
 };
 
 int64_t unit_ms(std::string_view name) {
@@ -158,8 +175,8 @@ std::optional<int64_t> parse_duration_ms(std::string_view input, std::string* wh
       }
       if (pos < s.size() && s[pos] == ':') {
         ++pos;
-        if (pos >= s.size() || !is_digit(s[pos]) || !read_int(s, &pos, &seconds, &nd) ||
-            nd > 2 || !read_fraction(s, &pos, &frac9)) {
+        if (pos >= s.size() || !is_digit(s[pos]) || !read_int(s, &pos, &seconds, &nd) || nd > 2 ||
+            !read_fraction(s, &pos, &frac9)) {
           set_why(why, "expected h:mm:ss at " + quote(s.substr(num_start)));
           return std::nullopt;
         }
@@ -172,8 +189,7 @@ std::optional<int64_t> parse_duration_ms(std::string_view input, std::string* wh
         set_why(why, "seconds must be below 60 (got " + quote(s) + ")");
         return std::nullopt;
       }
-      if (!add_scaled(&total, whole, 0, kMsPerHour) ||
-          !add_scaled(&total, minutes, 0, kMsPerMinute) ||
+      if (!add_scaled(&total, whole, 0, kMsPerHour) || !add_scaled(&total, minutes, 0, kMsPerMinute) ||
           !add_scaled(&total, seconds, frac9, kMsPerSecond))
         return too_large();
       continue;
@@ -206,8 +222,7 @@ std::optional<int64_t> parse_duration_ms(std::string_view input, std::string* wh
     } else {
       ms_per_unit = unit_ms(unit);
       if (ms_per_unit == 0) {
-        set_why(why, "unknown unit " + quote(unit) +
-                         " (use ms, s, min, h or d)");
+        set_why(why, "unknown unit " + quote(unit) + " (use ms, s, min, h or d)");
         return std::nullopt;
       }
     }
@@ -228,10 +243,11 @@ std::string format_duration_ms(int64_t ms) {
     uint64_t ms;
     const char* suffix;
   };
-  static constexpr Unit kOrder[] = {
-      {static_cast<uint64_t>(kMsPerDay), "d"},   {static_cast<uint64_t>(kMsPerHour), "h"},
-      {static_cast<uint64_t>(kMsPerMinute), "min"}, {static_cast<uint64_t>(kMsPerSecond), "s"},
-      {1, "ms"}};
+  static constexpr Unit kOrder[] = {{static_cast<uint64_t>(kMsPerDay), "d"},
+                                    {static_cast<uint64_t>(kMsPerHour), "h"},
+                                    {static_cast<uint64_t>(kMsPerMinute), "min"},
+                                    {static_cast<uint64_t>(kMsPerSecond), "s"},
+                                    {1, "ms"}};
   for (const auto& u : kOrder) {
     if (v % u.ms == 0) return (neg ? "-" : "") + std::to_string(v / u.ms) + u.suffix;
   }

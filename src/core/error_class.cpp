@@ -20,8 +20,7 @@ ErrorCause classify_error(std::string_view sqlstate, std::string_view message) n
   if (!is_sqlstate(sqlstate)) return ErrorCause::Unknown;
   const std::string_view cls = sqlstate.substr(0, 2);
   if (cls == "54") {
-    return message.find(kNotifyQueueFull) != std::string_view::npos ? ErrorCause::Environment
-                                                                     : ErrorCause::Delivery;
+    return message.find(kNotifyQueueFull) != std::string_view::npos ? ErrorCause::Environment : ErrorCause::Delivery;
   }
   // Data: invalid values, constraint violations, a subquery's cardinality.
   if (cls == "21" || cls == "22" || cls == "23") return ErrorCause::Delivery;

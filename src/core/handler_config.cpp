@@ -41,8 +41,21 @@ bool is_hex(char c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' 
 bool is_tchar(char c) {
   if (is_alpha(c) || is_digit(c)) return true;
   switch (c) {
-    case '!': case '#': case '$': case '%': case '&': case '\'': case '*': case '+':
-    case '-': case '.': case '^': case '_': case '`': case '|': case '~':
+    case '!':
+    case '#':
+    case '$':
+    case '%':
+    case '&':
+    case '\'':
+    case '*':
+    case '+':
+    case '-':
+    case '.':
+    case '^':
+    case '_':
+    case '`':
+    case '|':
+    case '~':
       return true;
     default:
       return false;
@@ -98,15 +111,13 @@ bool get_int(const json& v, int64_t lo, int64_t hi, int64_t* out) {
   }
   if (v.is_number_unsigned()) {
     const auto x = v.get<uint64_t>();
-    if (hi < 0 || x > static_cast<uint64_t>(hi) || (lo > 0 && x < static_cast<uint64_t>(lo)))
-      return false;
+    if (hi < 0 || x > static_cast<uint64_t>(hi) || (lo > 0 && x < static_cast<uint64_t>(lo))) return false;
     *out = static_cast<int64_t>(x);
     return true;
   }
   if (v.is_number_float()) {
     const double d = v.get<double>();
-    if (!std::isfinite(d) || d != std::floor(d) || d < static_cast<double>(lo) ||
-        d > static_cast<double>(hi))
+    if (!std::isfinite(d) || d != std::floor(d) || d < static_cast<double>(lo) || d > static_cast<double>(hi))
       return false;
     *out = static_cast<int64_t>(d);
     return true;
@@ -114,27 +125,25 @@ bool get_int(const json& v, int64_t lo, int64_t hi, int64_t* out) {
   return false;
 }
 
-bool parse_int_option(const char* name, const json& v, int64_t lo, int64_t hi, int64_t* out,
-                      std::string* why) {
+bool parse_int_option(const char* name, const json& v, int64_t lo, int64_t hi, int64_t* out, std::string* why) {
   if (get_int(v, lo, hi, out)) return true;
-  set_why(why, std::string("option \"") + name + "\" must be an integer between " +
-                   std::to_string(lo) + " and " + std::to_string(hi));
+  set_why(why, std::string("option \"") + name + "\" must be an integer between " + std::to_string(lo) + " and " +
+                   std::to_string(hi));
   return false;
 }
 
-bool parse_interval_option(const char* name, const char* example, const json& v, int64_t lo,
-                           int64_t hi, int64_t* out, std::string* why) {
+bool parse_interval_option(const char* name, const char* example, const json& v, int64_t lo, int64_t hi, int64_t* out,
+                           std::string* why) {
   std::optional<int64_t> ms;
   if (v.is_string()) ms = parse_duration_ms(v.get_ref<const std::string&>(), nullptr);
   if (!ms) {
-    set_why(why, std::string("option \"") + name + "\" must be an interval such as '" + example +
-                     "' (got " + describe_value(v) + ")");
+    set_why(why, std::string("option \"") + name + "\" must be an interval such as '" + example + "' (got " +
+                     describe_value(v) + ")");
     return false;
   }
   if (*ms < lo || *ms > hi) {
-    set_why(why, std::string("option \"") + name + "\" must be between " +
-                     format_duration_ms(lo) + " and " + format_duration_ms(hi) + " (got " +
-                     describe_value(v) + ")");
+    set_why(why, std::string("option \"") + name + "\" must be between " + format_duration_ms(lo) + " and " +
+                     format_duration_ms(hi) + " (got " + describe_value(v) + ")");
     return false;
   }
   *out = *ms;
@@ -150,10 +159,8 @@ bool valid_secret(std::string_view s) {
 
 // Never echoes the secret itself into the message: it ends up in server logs.
 bool parse_secret_option(const json& v, std::vector<std::string>* out, std::string* why) {
-  static const std::string kShape =
-      "option \"secret\" must be a string or an array of 1 to 10 strings";
-  static const std::string kFormat =
-      "option \"secret\" must be \"whsec_\" followed by the base64 of 1 to 256 bytes";
+  static const std::string kShape = "option \"secret\" must be a string or an array of 1 to 10 strings";
+  static const std::string kFormat = "option \"secret\" must be \"whsec_\" followed by the base64 of 1 to 256 bytes";
   std::vector<std::string> secrets;
   if (v.is_string()) {
     if (!valid_secret(v.get_ref<const std::string&>())) {
@@ -184,16 +191,15 @@ bool parse_secret_option(const json& v, std::vector<std::string>* out, std::stri
 bool is_reserved_header(std::string_view name) {
   // Set by relaybus itself (signature, framing), so a user value would either
   // be overwritten or break the request.
-  static constexpr const char* kReserved[] = {
-      "webhook-id",     "webhook-timestamp", "webhook-signature", "content-type",
-      "content-length", "host",              "transfer-encoding", "connection"};
+  static constexpr const char* kReserved[] = {"webhook-id",        "webhook-timestamp", "webhook-signature",
+                                              "content-type",      "content-length",    "host",
+                                              "transfer-encoding", "connection"};
   for (const char* r : kReserved)
     if (text::iequals(name, r)) return true;
   return false;
 }
 
-bool parse_headers_option(const json& v, std::vector<std::pair<std::string, std::string>>* out,
-                          std::string* why) {
+bool parse_headers_option(const json& v, std::vector<std::pair<std::string, std::string>>* out, std::string* why) {
   static const std::string kShape = "option \"headers\" must be a JSON object of string values";
   if (!v.is_object()) {
     set_why(why, kShape);
@@ -241,8 +247,8 @@ bool parse_headers_option(const json& v, std::vector<std::pair<std::string, std:
       // CR/LF would let a value inject headers; other controls are invalid
       // field-content (RFC 7230), HTAB excepted.
       if ((c < 0x20 && c != '\t') || c == 0x7f) {
-        set_why(why, "option \"headers\": value of header " + quote(name) +
-                         " contains a control character (" + describe_char(c) + ")");
+        set_why(why, "option \"headers\": value of header " + quote(name) + " contains a control character (" +
+                         describe_char(c) + ")");
         return false;
       }
     }
@@ -252,8 +258,7 @@ bool parse_headers_option(const json& v, std::vector<std::pair<std::string, std:
   return true;
 }
 
-bool parse_producer_option(const json& v, std::vector<std::pair<std::string, std::string>>* out,
-                           std::string* why) {
+bool parse_producer_option(const json& v, std::vector<std::pair<std::string, std::string>>* out, std::string* why) {
   static const std::string kShape =
       "option \"producer\" must be a JSON object of librdkafka properties with string values";
   if (!v.is_object()) {
@@ -261,8 +266,7 @@ bool parse_producer_option(const json& v, std::vector<std::pair<std::string, std
     return false;
   }
   if (v.size() > kMaxProducerProperties) {
-    set_why(why, "option \"producer\" has more than " + std::to_string(kMaxProducerProperties) +
-                     " properties");
+    set_why(why, "option \"producer\" has more than " + std::to_string(kMaxProducerProperties) + " properties");
     return false;
   }
   std::vector<std::pair<std::string, std::string>> props;
@@ -297,8 +301,7 @@ const OptionRule* find_rule(std::string_view name) {
       {"backoff_base", kAll, ""},
       {"backoff_max", kAll, ""},
       {"timeout", kHttp | kKafka, "http and kafka handlers"},
-      {"concurrency", kind_bit(HandlerKind::Notify) | kHttp | kKafka,
-       "notify, http and kafka handlers"},
+      {"concurrency", kind_bit(HandlerKind::Notify) | kHttp | kKafka, "notify, http and kafka handlers"},
       {"secret", kHttp, "http handlers"},
       {"headers", kHttp, "http handlers"},
       {"ack", kind_bit(HandlerKind::Notify), "notify handlers"},
@@ -314,8 +317,7 @@ const OptionRule* find_rule(std::string_view name) {
   return nullptr;
 }
 
-bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOptions* out,
-                        std::string* why) {
+bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOptions* out, std::string* why) {
   const json j = json::parse(json_text.begin(), json_text.end(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
     set_why(why, "options must be a JSON object");
@@ -351,14 +353,13 @@ bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOpt
     } else if (name == "backoff_base") {
       ok = parse_interval_option("backoff_base", "1s", v, 1, kMsPerDay, &o.backoff_base_ms, why);
     } else if (name == "backoff_max") {
-      ok = parse_interval_option("backoff_max", "10min", v, 1, 7 * kMsPerDay, &o.backoff_max_ms,
-                                 why);
+      ok = parse_interval_option("backoff_max", "10min", v, 1, 7 * kMsPerDay, &o.backoff_max_ms, why);
     } else if (name == "timeout") {
       ok = parse_interval_option("timeout", "30s", v, 1, kMsPerHour, &o.timeout_ms, why);
     } else if (name == "lease") {
       ok = parse_interval_option("lease", "30s", v, kMsPerSecond, kMsPerDay, &o.lease_ms, why);
-    } else if (name == "ack" || name == "envelope" || name == "retry_4xx" ||
-               name == "follow_redirects" || name == "inline_payload") {
+    } else if (name == "ack" || name == "envelope" || name == "retry_4xx" || name == "follow_redirects" ||
+               name == "inline_payload") {
       if (v.is_boolean()) {
         bool b = v.get<bool>();
         if (name == "ack") o.ack = b;
@@ -381,8 +382,7 @@ bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOpt
   }
   if (o.backoff_max_ms < o.backoff_base_ms) {
     set_why(why, "option \"backoff_max\" (" + format_duration_ms(o.backoff_max_ms) +
-                     ") must not be less than backoff_base (" +
-                     format_duration_ms(o.backoff_base_ms) + ")");
+                     ") must not be less than backoff_base (" + format_duration_ms(o.backoff_base_ms) + ")");
     return false;
   }
   *out = std::move(o);
@@ -393,10 +393,14 @@ bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOpt
 
 bool parse_handler_kind(std::string_view s, HandlerKind* out, std::string* why) {
   HandlerKind k;
-  if (s == "notify") k = HandlerKind::Notify;
-  else if (s == "http") k = HandlerKind::Http;
-  else if (s == "pull") k = HandlerKind::Pull;
-  else if (s == "kafka") k = HandlerKind::Kafka;
+  if (s == "notify")
+    k = HandlerKind::Notify;
+  else if (s == "http")
+    k = HandlerKind::Http;
+  else if (s == "pull")
+    k = HandlerKind::Pull;
+  else if (s == "kafka")
+    k = HandlerKind::Kafka;
   else {
     set_why(why, "expected notify, http, pull or kafka (got " + quote(s) + ")");
     return false;
@@ -407,10 +411,14 @@ bool parse_handler_kind(std::string_view s, HandlerKind* out, std::string* why) 
 
 const char* handler_kind_name(HandlerKind k) {
   switch (k) {
-    case HandlerKind::Notify: return "notify";
-    case HandlerKind::Http: return "http";
-    case HandlerKind::Pull: return "pull";
-    case HandlerKind::Kafka: return "kafka";
+    case HandlerKind::Notify:
+      return "notify";
+    case HandlerKind::Http:
+      return "http";
+    case HandlerKind::Pull:
+      return "pull";
+    case HandlerKind::Kafka:
+      return "kafka";
   }
   return "unknown";  // only for values cast from out-of-range integers
 }
@@ -426,8 +434,7 @@ bool is_valid_handler_name(std::string_view name, std::string* why) {
   }
   for (char c : name) {
     if (is_lower_alnum(c) || c == '_' || c == '.' || c == '-') continue;
-    set_why(why, describe_char(static_cast<unsigned char>(c)) +
-                     " is not allowed (only a-z, 0-9, '_', '.' and '-')");
+    set_why(why, describe_char(static_cast<unsigned char>(c)) + " is not allowed (only a-z, 0-9, '_', '.' and '-')");
     return false;
   }
   return true;
@@ -448,8 +455,7 @@ bool is_valid_channel(std::string_view channel, std::string* why) {
   }
   for (char c : channel) {
     if (is_alpha(c) || is_digit(c) || c == '_') continue;
-    set_why(why, describe_char(static_cast<unsigned char>(c)) +
-                     " is not allowed (only A-Z, a-z, 0-9 and '_')");
+    set_why(why, describe_char(static_cast<unsigned char>(c)) + " is not allowed (only A-Z, a-z, 0-9 and '_')");
     return false;
   }
   return true;
@@ -489,8 +495,7 @@ bool parse_http_url(std::string_view url, HttpUrl* out, std::string* why) {
   }
   const size_t auth_end = rest.find_first_of("/?");
   const std::string_view authority = rest.substr(0, auth_end);
-  const std::string_view path =
-      auth_end == std::string_view::npos ? std::string_view() : rest.substr(auth_end);
+  const std::string_view path = auth_end == std::string_view::npos ? std::string_view() : rest.substr(auth_end);
   if (authority.find('@') != std::string_view::npos) {
     set_why(why, "URL must not contain user credentials (user:password@)");
     return false;
@@ -563,21 +568,22 @@ bool parse_http_url(std::string_view url, HttpUrl* out, std::string* why) {
         return false;
       }
     } else if (!path_char_ok(c)) {
-      set_why(why, describe_char(static_cast<unsigned char>(c)) +
-                       " is not allowed in a URL (percent-encode it)");
+      set_why(why, describe_char(static_cast<unsigned char>(c)) + " is not allowed in a URL (percent-encode it)");
       return false;
     }
   }
-  if (path.empty()) u.path = "/";
-  else if (path[0] == '?') u.path = "/" + std::string(path);
-  else u.path = std::string(path);
+  if (path.empty())
+    u.path = "/";
+  else if (path[0] == '?')
+    u.path = "/" + std::string(path);
+  else
+    u.path = std::string(path);
 
   if (out) *out = std::move(u);
   return true;
 }
 
-bool validate_target(HandlerKind kind, std::string_view target, bool target_is_null,
-                     std::string* why) {
+bool validate_target(HandlerKind kind, std::string_view target, bool target_is_null, std::string* why) {
   const bool missing = target_is_null || target.empty();
   switch (kind) {
     case HandlerKind::Notify:
@@ -620,8 +626,7 @@ BackoffPolicy HandlerOptions::backoff() const {
   return p;
 }
 
-bool parse_handler_options(HandlerKind kind, std::string_view json_text, HandlerOptions* out,
-                           std::string* why) {
+bool parse_handler_options(HandlerKind kind, std::string_view json_text, HandlerOptions* out, std::string* why) {
   // nlohmann::json may throw (e.g. bad_alloc); none of it may cross the API.
   try {
     HandlerOptions o;
@@ -635,8 +640,7 @@ bool parse_handler_options(HandlerKind kind, std::string_view json_text, Handler
 }
 
 bool check_secret_strength(const HandlerOptions& o, std::string* why) {
-  static const std::string kShort =
-      "option \"secret\" must be a key of at least 24 bytes (Standard Webhooks)";
+  static const std::string kShort = "option \"secret\" must be a key of at least 24 bytes (Standard Webhooks)";
   for (size_t i = 0; i < o.secrets.size(); ++i) {
     std::string key;
     if (base64_decode(std::string_view(o.secrets[i]).substr(kSecretPrefix.size()), &key) &&

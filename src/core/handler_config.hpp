@@ -41,8 +41,7 @@ bool parse_http_url(std::string_view url, HttpUrl* out, std::string* why);
 
 // notify: a valid channel; http: a valid URL; pull: null or empty; kafka:
 // kafka://host:port[,host:port...]/topic (parse_kafka_target).
-bool validate_target(HandlerKind kind, std::string_view target, bool target_is_null,
-                     std::string* why);
+bool validate_target(HandlerKind kind, std::string_view target, bool target_is_null, std::string* why);
 
 struct HandlerOptions {
   int max_attempts = 10;            // 1..1000
@@ -55,17 +54,17 @@ struct HandlerOptions {
   std::vector<std::string> secrets;
   // http only: extra request headers, names as given.
   std::vector<std::pair<std::string, std::string>> headers;
-  bool ack = false;                 // notify only
-  bool inline_payload = true;       // notify only: the payload in the NOTIFY, or only the reference
+  bool ack = false;            // notify only
+  bool inline_payload = true;  // notify only: the payload in the NOTIFY, or only the reference
   // http, kafka: send the envelope (id, topic, key, seq, ...) or just the
   // payload. Default true for http, false for kafka (its headers carry the rest).
   bool envelope = true;
-  bool retry_4xx = false;           // http only: retry 4xx other than 408/429 instead of dead-lettering
-  bool follow_redirects = false;    // http only
+  bool retry_4xx = false;         // http only: retry 4xx other than 408/429 instead of dead-lettering
+  bool follow_redirects = false;  // http only
   // kafka only: librdkafka properties (option "producer"), names as given,
   // each checked by validate_kafka_property.
   std::vector<std::pair<std::string, std::string>> producer;
-  int64_t lease_ms = 30000;         // all; 1s..1d
+  int64_t lease_ms = 30000;  // all; 1s..1d
   // Not an option: set by the host that loads the handler, so a webhook-id is
   // unique across databases (PostgreSQL: "msg_<system identifier>_<database
   // oid>_"; relaybus-mongo: "msg_mongo_<database name>_"). Followed by the delivery id.
@@ -78,8 +77,7 @@ struct HandlerOptions {
 // with a message in *why. A key whose value is null means "the default", so
 // alter can merge the stored options with the new ones and validate the
 // result. *out is written only on success (defaults for absent options).
-bool parse_handler_options(HandlerKind kind, std::string_view json_text, HandlerOptions* out,
-                           std::string* why);
+bool parse_handler_options(HandlerKind kind, std::string_view json_text, HandlerOptions* out, std::string* why);
 
 // Standard Webhooks' minimum: every signing key has at least 24 bytes.
 // Apart from parse_handler_options so that a stored shorter key (0.1.0 took

@@ -37,8 +37,7 @@ int64_t ms_since(Clock::time_point t0) {
 }
 
 int64_t now_epoch_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
@@ -118,8 +117,7 @@ bool valid_header(const std::string& name, const std::string& value, std::string
   }
   for (char c : value) {
     if (c == '\r' || c == '\n' || c == '\0') {
-      text::set_why(why, "value of header " + text::quote(name) +
-                             " contains CR, LF or NUL");
+      text::set_why(why, "value of header " + text::quote(name) + " contains CR, LF or NUL");
       return false;
     }
   }
@@ -147,13 +145,20 @@ std::string url_host(const char* url) {
 
 std::string errno_text(long err) {
   switch (err) {
-    case ECONNREFUSED: return "connection refused";
-    case ECONNRESET: return "connection reset by peer";
-    case EPIPE: return "connection closed by peer";
-    case ENETUNREACH: return "network unreachable";
-    case EHOSTUNREACH: return "host unreachable";
-    case ETIMEDOUT: return "connection timed out";
-    default: return "";
+    case ECONNREFUSED:
+      return "connection refused";
+    case ECONNRESET:
+      return "connection reset by peer";
+    case EPIPE:
+      return "connection closed by peer";
+    case ENETUNREACH:
+      return "network unreachable";
+    case EHOSTUNREACH:
+      return "host unreachable";
+    case ETIMEDOUT:
+      return "connection timed out";
+    default:
+      return "";
   }
 }
 
@@ -161,9 +166,12 @@ std::string errno_text(long err) {
 
 const char* http_outcome_name(HttpOutcome o) {
   switch (o) {
-    case HttpOutcome::Success: return "success";
-    case HttpOutcome::Retry: return "retry";
-    case HttpOutcome::Fail: return "fail";
+    case HttpOutcome::Success:
+      return "success";
+    case HttpOutcome::Retry:
+      return "retry";
+    case HttpOutcome::Fail:
+      return "fail";
   }
   return "?";
 }
@@ -250,8 +258,8 @@ struct HttpEngineCallbacks {
         t->refusal.clear();
       }
       std::string why;
-      if (!address_allowed(&address->addr, static_cast<socklen_t>(address->addrlen),
-                           t->engine->host_of(url), t->engine->options_.allow, &why)) {
+      if (!address_allowed(&address->addr, static_cast<socklen_t>(address->addrlen), t->engine->host_of(url),
+                           t->engine->options_.allow, &why)) {
         ++t->hop_refused;
         if (t->refusal.empty()) t->refusal = std::move(why);
         return CURL_SOCKET_BAD;
@@ -289,8 +297,8 @@ struct HttpEngineCallbacks {
       char* url = nullptr;
       curl_easy_getinfo(t->easy, CURLINFO_EFFECTIVE_URL, &url);
       std::string why;
-      if (address_allowed(reinterpret_cast<sockaddr*>(&ss), len, t->engine->host_of(url),
-                          t->engine->options_.allow, &why))
+      if (address_allowed(reinterpret_cast<sockaddr*>(&ss), len, t->engine->host_of(url), t->engine->options_.allow,
+                          &why))
         return CURL_PREREQFUNC_OK;
       t->reuse_refused = true;
       t->refusal = std::move(why);
@@ -371,8 +379,7 @@ void HttpEngine::socket_changed(int fd, int what) {
     const SocketWant want{fd, what == CURL_POLL_IN || what == CURL_POLL_INOUT,
                           what == CURL_POLL_OUT || what == CURL_POLL_INOUT};
     auto it = sockets_.find(fd);
-    if (it != sockets_.end() && it->second.read == want.read && it->second.write == want.write)
-      return;
+    if (it != sockets_.end() && it->second.read == want.read && it->second.write == want.write) return;
     sockets_[fd] = want;
     ++sockets_generation_;
     watch(fd, &want);
@@ -443,7 +450,6 @@ void HttpEngine::set_handler_limit(int handler_key, int concurrency) {
   }
 }
 
-
 size_t HttpEngine::in_flight(int handler_key) const {
   auto it = running_.find(handler_key);
   return it == running_.end() ? 0 : static_cast<size_t>(it->second);
@@ -461,8 +467,7 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
       return false;
     }
     if (transfers_.size() >= static_cast<size_t>(options_.max_total)) {
-      text::set_why(why, "too many HTTP requests in flight (" + std::to_string(options_.max_total) +
-                             ")");
+      text::set_why(why, "too many HTTP requests in flight (" + std::to_string(options_.max_total) + ")");
       return false;
     }
     if (in_flight(req.handler_key) >= static_cast<size_t>(limit_of(req.handler_key))) {
@@ -487,8 +492,7 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
       const CURLUcode uc = curl_url_set(u, CURLUPART_URL, req.url.c_str(), 0);
       curl_url_cleanup(u);
       if (uc != CURLUE_OK) {
-        text::set_why(why, "URL " + text::quote(req.url, 100) + " is not valid: " +
-                               curl_url_strerror(uc));
+        text::set_why(why, "URL " + text::quote(req.url, 100) + " is not valid: " + curl_url_strerror(uc));
         return false;
       }
       last_valid_url_ = req.url;
@@ -510,8 +514,7 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
       t->headers = n;
     };
     if (!has_content_type) add_header("content-type: application/json");
-    for (const auto& [name, value] : t->req.headers)
-      add_header(value.empty() ? name + ";" : name + ": " + value);
+    for (const auto& [name, value] : t->req.headers) add_header(value.empty() ? name + ";" : name + ": " + value);
     add_header("Expect:");  // no 100-continue round trip for larger bodies
 
     // A finished request's handle if there is one: a new handle costs its
@@ -535,8 +538,7 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
     t->easy = e;
     const HttpRequest& r = t->req;
     const long timeout = static_cast<long>(std::min<int64_t>(r.timeout_ms, LONG_MAX));
-    const long connect_timeout =
-        static_cast<long>(std::min<int64_t>(options_.connect_timeout_ms, timeout));
+    const long connect_timeout = static_cast<long>(std::min<int64_t>(options_.connect_timeout_ms, timeout));
     bool ok = true;
     auto set = [&](CURLcode c) { ok = ok && c == CURLE_OK; };
     if (fresh) {
@@ -548,8 +550,7 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
       set(curl_easy_setopt(e, CURLOPT_POST, 1L));
       set(curl_easy_setopt(e, CURLOPT_USERAGENT, options_.user_agent.c_str()));
       set(curl_easy_setopt(e, CURLOPT_HTTP_VERSION, static_cast<long>(CURL_HTTP_VERSION_2TLS)));
-      set(curl_easy_setopt(e, CURLOPT_DNS_CACHE_TIMEOUT,
-                           static_cast<long>(std::max(0, options_.dns_cache_timeout_s))));
+      set(curl_easy_setopt(e, CURLOPT_DNS_CACHE_TIMEOUT, static_cast<long>(std::max(0, options_.dns_cache_timeout_s))));
 #if LIBCURL_VERSION_NUM >= 0x075700  // 7.87.0
       // A name lookup runs in a thread of libcurl's resolver. Without this, a
       // request that ends (timeout, cancel, the engine's destruction) while its
@@ -616,8 +617,7 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
     }
     if (mc != CURLM_OK) {
       transfers_.erase(raw);
-      text::set_why(why, std::string("libcurl could not start the request: ") +
-                             curl_multi_strerror(mc));
+      text::set_why(why, std::string("libcurl could not start the request: ") + curl_multi_strerror(mc));
       return false;
     }
     ++running_[raw->req.handler_key];
@@ -715,11 +715,20 @@ void HttpEngine::finish_done_transfers() {
       long version = 0;
       curl_easy_getinfo(e, CURLINFO_HTTP_VERSION, &version);
       switch (version) {
-        case CURL_HTTP_VERSION_1_0: r.http_version = 10; break;
-        case CURL_HTTP_VERSION_1_1: r.http_version = 11; break;
-        case CURL_HTTP_VERSION_2_0: r.http_version = 20; break;
-        case CURL_HTTP_VERSION_3: r.http_version = 30; break;
-        default: r.http_version = 0;
+        case CURL_HTTP_VERSION_1_0:
+          r.http_version = 10;
+          break;
+        case CURL_HTTP_VERSION_1_1:
+          r.http_version = 11;
+          break;
+        case CURL_HTTP_VERSION_2_0:
+          r.http_version = 20;
+          break;
+        case CURL_HTTP_VERSION_3:
+          r.http_version = 30;
+          break;
+        default:
+          r.http_version = 0;
       }
       if (r.status == 0) r.http_version = 0;
       long connects = 0;
@@ -734,8 +743,8 @@ void HttpEngine::finish_done_transfers() {
       if (rc == CURLE_OK || (rc == CURLE_WRITE_ERROR && t->cut_off && r.status > 0)) {
         classify_status(&r, t->req.follow_redirects);
         if ((r.status == 429 || r.status == 503) && !t->retry_after.empty())
-          r.retry_after_ms = clamp_retry_after_ms(retry_after_ms(t->retry_after, now_epoch_ms()),
-                                                  t->req.max_retry_after_ms);
+          r.retry_after_ms =
+              clamp_retry_after_ms(retry_after_ms(t->retry_after, now_epoch_ms()), t->req.max_retry_after_ms);
       } else {
         r.outcome = HttpOutcome::Retry;
         r.status = 0;  // no complete HTTP response
@@ -780,8 +789,7 @@ void HttpEngine::finish_done_transfers() {
           case CURLE_RECV_ERROR:
             r.error = errno_text(os_errno);
             if (r.error.empty())
-              r.error = std::string(rc == CURLE_SEND_ERROR ? "send failed: " : "receive failed: ") +
-                        detail;
+              r.error = std::string(rc == CURLE_SEND_ERROR ? "send failed: " : "receive failed: ") + detail;
             break;
           case CURLE_PARTIAL_FILE:
             r.error = "response cut short: " + detail;

@@ -49,7 +49,7 @@ struct HttpResult {
   uint64_t tag = 0;
   int handler_key = 0;
   HttpOutcome outcome = HttpOutcome::Retry;
-  int status = 0;              // final HTTP status; 0 = no HTTP response
+  int status = 0;  // final HTTP status; 0 = no HTTP response
   // Human text, empty on success: "HTTP 500", "timeout after 30000 ms",
   // "connection refused", "address 127.0.0.1 is not allowed (loopback) ...".
   std::string error;
@@ -63,17 +63,17 @@ struct HttpResult {
 };
 
 struct HttpEngineOptions {
-  int max_total = 256;                // global cap of requests in flight (>= 1); also the idle-connection cache size
+  int max_total = 256;  // global cap of requests in flight (>= 1); also the idle-connection cache size
   int64_t connect_timeout_ms = 10000;
   size_t max_response_bytes = 65536;  // kept in HttpResult::body; the rest is read and discarded
   // A response body longer than this is cut off (its connection is closed
   // rather than drained) and the request is classified by its status.
   uint64_t max_drain_bytes = 16u << 20;
-  Allowlist allow;                    // outbound policy
+  Allowlist allow;  // outbound policy
   bool verify_tls = true;
-  std::string ca_file;                // PEM bundle; empty = the system's trust store
-  std::string user_agent;             // empty = "relaybus/<version>"
-  int dns_cache_timeout_s = 60;       // libcurl's DNS cache; 0 = look names up every time
+  std::string ca_file;           // PEM bundle; empty = the system's trust store
+  std::string user_agent;        // empty = "relaybus/<version>"
+  int dns_cache_timeout_s = 60;  // libcurl's DNS cache; 0 = look names up every time
 };
 
 class HttpEngine {

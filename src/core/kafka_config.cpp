@@ -111,8 +111,8 @@ bool valid_topic(std::string_view t, std::string* why) {
 // handler's options, whoever may alter them.
 bool is_forbidden(std::string_view name) {
   static constexpr std::string_view kForbidden[] = {
-      "plugin.library.paths", "sasl.kerberos.kinit.cmd", "ssl.engine.location", "ssl.engine.id",
-      "ssl.providers", "oauthbearer_token_refresh_cb", "ssl_engine_callback_data",
+      "plugin.library.paths", "sasl.kerberos.kinit.cmd",      "ssl.engine.location",      "ssl.engine.id",
+      "ssl.providers",        "oauthbearer_token_refresh_cb", "ssl_engine_callback_data",
   };
   for (auto f : kForbidden)
     if (name == f) return true;
@@ -184,12 +184,33 @@ bool parse_kafka_target(std::string_view target, KafkaTarget* out, std::string* 
 
 bool kafka_property_is_pinned(std::string_view name) {
   static constexpr std::string_view kPinned[] = {
-      "bootstrap.servers", "metadata.broker.list", "enable.idempotence", "acks",
-      "request.required.acks", "message.timeout.ms", "delivery.timeout.ms", "transactional.id",
-      "transaction.timeout.ms", "enable.gapless.guarantee", "max.in.flight.requests.per.connection",
-      "max.in.flight", "retries", "message.send.max.retries", "dr_cb", "dr_msg_cb", "error_cb",
-      "log_cb", "log.queue", "throttle_cb", "stats_cb", "background_event_cb", "opaque",
-      "default_topic_conf", "enabled_events", "client.software.name", "client.software.version",
+      "bootstrap.servers",
+      "metadata.broker.list",
+      "enable.idempotence",
+      "acks",
+      "request.required.acks",
+      "message.timeout.ms",
+      "delivery.timeout.ms",
+      "transactional.id",
+      "transaction.timeout.ms",
+      "enable.gapless.guarantee",
+      "max.in.flight.requests.per.connection",
+      "max.in.flight",
+      "retries",
+      "message.send.max.retries",
+      "dr_cb",
+      "dr_msg_cb",
+      "error_cb",
+      "log_cb",
+      "log.queue",
+      "throttle_cb",
+      "stats_cb",
+      "background_event_cb",
+      "opaque",
+      "default_topic_conf",
+      "enabled_events",
+      "client.software.name",
+      "client.software.version",
   };
   for (auto p : kPinned)
     if (name == p) return true;
@@ -197,9 +218,8 @@ bool kafka_property_is_pinned(std::string_view name) {
 }
 
 bool kafka_property_is_secret(std::string_view name) {
-  return name.find("password") != std::string_view::npos ||
-         name.find("secret") != std::string_view::npos || name == "ssl.key.pem" ||
-         name == "sasl.oauthbearer.config" || name == "ssl.keystore.location" ||
+  return name.find("password") != std::string_view::npos || name.find("secret") != std::string_view::npos ||
+         name == "ssl.key.pem" || name == "sasl.oauthbearer.config" || name == "ssl.keystore.location" ||
          name == "sasl.username";
 }
 

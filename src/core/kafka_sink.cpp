@@ -21,8 +21,8 @@ constexpr size_t kMaxLogLines = 200;
 constexpr int kDestroyFlushMs = 200;
 
 int64_t steady_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 KafkaSink* sink_of(void* opaque) { return static_cast<KafkaSink*>(opaque); }
@@ -251,11 +251,11 @@ bool KafkaSink::submit(const PipelineHandler& h, const WebhookMessage& m, int64_
   pending_[serial] = Pending{static_cast<uint64_t>(m.id), h.key, steady_ms()};
   (void)now_ms;
   in_flight_of_[h.key]++;
-  const rd_kafka_resp_err_t err = rd_kafka_producev(
-      p->rk, RD_KAFKA_V_TOPIC(p->topic.c_str()), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-      RD_KAFKA_V_KEY(m.has_key ? m.key.data() : nullptr, m.has_key ? m.key.size() : 0),
-      RD_KAFKA_V_VALUE(const_cast<char*>(body.data()), body.size()), RD_KAFKA_V_HEADERS(hdrs),
-      RD_KAFKA_V_OPAQUE(reinterpret_cast<void*>(serial)), RD_KAFKA_V_END);
+  const rd_kafka_resp_err_t err =
+      rd_kafka_producev(p->rk, RD_KAFKA_V_TOPIC(p->topic.c_str()), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                        RD_KAFKA_V_KEY(m.has_key ? m.key.data() : nullptr, m.has_key ? m.key.size() : 0),
+                        RD_KAFKA_V_VALUE(const_cast<char*>(body.data()), body.size()), RD_KAFKA_V_HEADERS(hdrs),
+                        RD_KAFKA_V_OPAQUE(reinterpret_cast<void*>(serial)), RD_KAFKA_V_END);
   if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
     rd_kafka_headers_destroy(hdrs);  // not taken over on failure
     // Refused at once (too large for message.max.bytes, local queue full):

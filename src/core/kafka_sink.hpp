@@ -56,8 +56,7 @@ class KafkaSink final : public DeliverySink {
   // true: a message librdkafka refuses at once (too large, queue full) still
   // comes back as a result, and so does one whose producer could not be made
   // (a Retry with librdkafka's reason).
-  bool submit(const PipelineHandler& handler, const WebhookMessage& message, int64_t now_ms,
-              std::string* why) override;
+  bool submit(const PipelineHandler& handler, const WebhookMessage& message, int64_t now_ms, std::string* why) override;
   std::vector<HttpResult> take_results() override;
   // Forgets every message in flight (no result comes for them) and purges them.
   void cancel_all() override;

@@ -24,8 +24,7 @@ int lane_for_key(std::string_view key, int lanes) {
 
 int lane_for_unkeyed(int64_t event_id, int lanes) {
   if (lanes < 1) return 0;
-  return static_cast<int>(static_cast<uint64_t>(event_id) %
-                          static_cast<uint64_t>(lanes));
+  return static_cast<int>(static_cast<uint64_t>(event_id) % static_cast<uint64_t>(lanes));
 }
 
 }  // namespace relaybus::core

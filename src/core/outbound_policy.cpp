@@ -49,8 +49,7 @@ bool prefix_match(const unsigned char* a, const unsigned char* net, int prefix) 
   return (a[full] & mask) == (net[full] & mask);
 }
 
-bool in4(const Addr& a, unsigned char b0, unsigned char b1, unsigned char b2, unsigned char b3,
-         int prefix) {
+bool in4(const Addr& a, unsigned char b0, unsigned char b1, unsigned char b2, unsigned char b3, int prefix) {
   const unsigned char net[4] = {b0, b1, b2, b3};
   return prefix_match(a.b, net, prefix);
 }
@@ -72,10 +71,9 @@ bool embedded_v4(const Addr& a6, Addr* v4) {
     std::memcpy(v4->b, b + at, 4);
     return true;
   };
-  if (all_zero(b, 10) && b[10] == 0xff && b[11] == 0xff) return take(12);  // mapped
-  if (all_zero(b, 8) && b[8] == 0xff && b[9] == 0xff && b[10] == 0 && b[11] == 0)
-    return take(12);  // SIIT translated
-  if (all_zero(b, 12) && !(all_zero(b + 12, 3) && b[15] <= 1)) return take(12);  // compatible
+  if (all_zero(b, 10) && b[10] == 0xff && b[11] == 0xff) return take(12);                           // mapped
+  if (all_zero(b, 8) && b[8] == 0xff && b[9] == 0xff && b[10] == 0 && b[11] == 0) return take(12);  // SIIT translated
+  if (all_zero(b, 12) && !(all_zero(b + 12, 3) && b[15] <= 1)) return take(12);                     // compatible
   static const unsigned char kNat64[12] = {0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0};
   if (std::memcmp(b, kNat64, 12) == 0) return take(12);
   if (b[0] == 0x20 && b[1] == 0x02) return take(2);  // 6to4
@@ -86,8 +84,7 @@ const char* kind_v4(const Addr& a) {
   if (all_zero(a.b, 4)) return "unspecified";
   if (in4(a, 0, 0, 0, 0, 8)) return "reserved";
   if (in4(a, 127, 0, 0, 0, 8)) return "loopback";
-  if (in4(a, 10, 0, 0, 0, 8) || in4(a, 172, 16, 0, 0, 12) || in4(a, 192, 168, 0, 0, 16))
-    return "private";
+  if (in4(a, 10, 0, 0, 0, 8) || in4(a, 172, 16, 0, 0, 12) || in4(a, 192, 168, 0, 0, 16)) return "private";
   if (in4(a, 169, 254, 169, 254, 32)) return "cloud metadata";
   if (in4(a, 168, 63, 129, 16, 32)) return "cloud metadata";  // Azure WireServer
   if (in4(a, 169, 254, 0, 0, 16)) return "link-local";
@@ -106,29 +103,25 @@ const char* kind_v6(const Addr& a) {
   if (all_zero(b, 15) && b[15] == 1) return "loopback";
   Addr v4;
   if (embedded_v4(a, &v4)) return kind_v4(v4);
-  static const unsigned char kEc2[16] = {0xfd, 0, 0x0e, 0xc2, 0, 0, 0, 0,
-                                         0,    0, 0,    0,    0, 0, 0x02, 0x54};
+  static const unsigned char kEc2[16] = {0xfd, 0, 0x0e, 0xc2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x02, 0x54};
   if (std::memcmp(b, kEc2, 16) == 0) return "cloud metadata";
-  if ((b[0] & 0xfe) == 0xfc) return "private";                       // fc00::/7
-  if (b[0] == 0xfe && (b[1] & 0xc0) == 0x80) return "link-local";    // fe80::/10
-  if (b[0] == 0xfe && (b[1] & 0xc0) == 0xc0) return "private";       // fec0::/10 site-local
-  if (b[0] == 0xff) return "multicast";                              // ff00::/8
+  if ((b[0] & 0xfe) == 0xfc) return "private";                     // fc00::/7
+  if (b[0] == 0xfe && (b[1] & 0xc0) == 0x80) return "link-local";  // fe80::/10
+  if (b[0] == 0xfe && (b[1] & 0xc0) == 0xc0) return "private";     // fec0::/10 site-local
+  if (b[0] == 0xff) return "multicast";                            // ff00::/8
   static const unsigned char kNat64Local[6] = {0, 0x64, 0xff, 0x9b, 0, 0x01};
-  if (std::memcmp(b, kNat64Local, 6) == 0) return "private";         // 64:ff9b:1::/48
+  if (std::memcmp(b, kNat64Local, 6) == 0) return "private";  // 64:ff9b:1::/48
   static const unsigned char kDiscard[8] = {0x01, 0, 0, 0, 0, 0, 0, 0};
-  if (std::memcmp(b, kDiscard, 8) == 0) return "reserved";           // 100::/64
+  if (std::memcmp(b, kDiscard, 8) == 0) return "reserved";  // 100::/64
   return nullptr;
 }
 
 const char* kind_of(const Addr& a) { return a.family == AF_INET ? kind_v4(a) : kind_v6(a); }
 
-bool cidr_contains(const Cidr& c, const Addr& a) {
-  return c.family == a.family && prefix_match(a.b, c.addr, c.prefix);
-}
+bool cidr_contains(const Cidr& c, const Addr& a) { return c.family == a.family && prefix_match(a.b, c.addr, c.prefix); }
 
 std::string normalize_host(std::string_view host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   if (!host.empty() && host.back() == '.') host.remove_suffix(1);
   return text::ascii_lower(host);
 }
@@ -219,8 +212,8 @@ int parse_cidr(std::string_view entry, Cidr* out, std::string* why) {
 bool valid_host_name(std::string_view h) {
   if (h.empty() || h.size() > kMaxHostBytes) return false;
   for (char c : h) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '-' || c == '_' || c == '.';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
     if (!ok) return false;
   }
   return h.front() != '.';
@@ -247,8 +240,7 @@ bool parse_allowlist(std::string_view csv, Allowlist* out, std::string* why) {
     std::string_view h = entry;
     if (h.back() == '.') h.remove_suffix(1);
     if (!valid_host_name(h)) {
-      set_why(why, "http allow-list entry " + text::quote(entry) +
-                       " is neither an IP address, a CIDR nor a host name");
+      set_why(why, "http allow-list entry " + text::quote(entry) + " is neither an IP address, a CIDR nor a host name");
       return false;
     }
     result.hosts.push_back(text::ascii_lower(h));
@@ -269,12 +261,12 @@ std::string address_text(const sockaddr* addr, socklen_t len) {
   return addr_text(a);
 }
 
-bool address_allowed(const sockaddr* addr, socklen_t len, std::string_view host,
-                     const Allowlist& allow, std::string* why) {
+bool address_allowed(const sockaddr* addr, socklen_t len, std::string_view host, const Allowlist& allow,
+                     std::string* why) {
   Addr a;
   if (!to_addr(addr, len, &a)) {
-    set_why(why, "address family " + std::to_string(addr ? addr->sa_family : -1) +
-                     " is not allowed (only IPv4 and IPv6)");
+    set_why(why,
+            "address family " + std::to_string(addr ? addr->sa_family : -1) + " is not allowed (only IPv4 and IPv6)");
     return false;
   }
   const char* kind = kind_of(a);
@@ -295,8 +287,7 @@ bool address_allowed(const sockaddr* addr, socklen_t len, std::string_view host,
     const std::string text = addr_text(a);
     std::string msg = "address " + text + " is not allowed (" + kind + ")";
     if (!h.empty() && h != text)
-      msg += " for host " + text::quote(h, 100) +
-             ": add the host or the address to the http allow-list to permit it";
+      msg += " for host " + text::quote(h, 100) + ": add the host or the address to the http allow-list to permit it";
     else
       msg += ": add it to the http allow-list to permit it";
     *why = std::move(msg);

@@ -15,9 +15,9 @@
 namespace relaybus::core {
 
 struct Cidr {
-  int family = 0;                 // AF_INET or AF_INET6
-  unsigned char addr[16] = {};    // network address, host bits cleared (4 bytes for AF_INET)
-  int prefix = 0;                 // 0..32 or 0..128
+  int family = 0;               // AF_INET or AF_INET6
+  unsigned char addr[16] = {};  // network address, host bits cleared (4 bytes for AF_INET)
+  int prefix = 0;               // 0..32 or 0..128
 };
 
 // What the operator opened (relaybus.http_allowlist).
@@ -54,8 +54,8 @@ const char* restricted_address_kind(const sockaddr* addr, socklen_t len);
 // (when not null) reads like "address 127.0.0.1 (loopback) of host
 // \"localhost\" is not allowed: add the host or the address to the http
 // allow-list to permit it".
-bool address_allowed(const sockaddr* addr, socklen_t len, std::string_view host,
-                     const Allowlist& allow, std::string* why);
+bool address_allowed(const sockaddr* addr, socklen_t len, std::string_view host, const Allowlist& allow,
+                     std::string* why);
 
 // Text form of an IPv4/IPv6 socket address (no port), "?" for other families.
 std::string address_text(const sockaddr* addr, socklen_t len);

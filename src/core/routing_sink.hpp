@@ -22,8 +22,7 @@ class RoutingSink final : public DeliverySink {
   bool can_submit(int key) const override { return sink(key).can_submit(key); }
   size_t in_flight() const override { return http_.in_flight() + kafka_.in_flight(); }
   size_t in_flight(int key) const override { return sink(key).in_flight(key); }
-  bool submit(const PipelineHandler& handler, const WebhookMessage& message, int64_t now_ms,
-              std::string* why) override;
+  bool submit(const PipelineHandler& handler, const WebhookMessage& message, int64_t now_ms, std::string* why) override;
   std::vector<HttpResult> take_results() override;
   void cancel_all() override;
   void begin_submits() override;

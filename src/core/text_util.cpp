@@ -43,18 +43,20 @@ std::string quote(std::string_view s, size_t max_bytes) {
   std::string out = "\"";
   for (char ch : s) {
     auto c = static_cast<unsigned char>(ch);
-    if (c < 0x20 || c == 0x7f) out += '?';
-    else if (ch == '"' || ch == '\\') { out += '\\'; out += ch; }
-    else out += ch;
+    if (c < 0x20 || c == 0x7f)
+      out += '?';
+    else if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else
+      out += ch;
   }
   if (cut) out += "...";
   out += '"';
   return out;
 }
 
-bool is_ascii_space(char c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
-}
+bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && is_ascii_space(s.front())) s.remove_prefix(1);

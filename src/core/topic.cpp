@@ -12,8 +12,7 @@ using text::describe_char;
 using text::set_why;
 
 bool is_segment_char(unsigned char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-         (c >= '0' && c <= '9') || c == '_' || c == '-';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
 }
 
 bool validate(std::string_view s, bool allow_wildcards, std::string* why) {
@@ -39,8 +38,8 @@ bool validate(std::string_view s, bool allow_wildcards, std::string* why) {
         auto c = static_cast<unsigned char>(ch);
         if (is_segment_char(c)) continue;
         if (allow_wildcards && (c == '*' || c == '#')) {
-          set_why(why, std::string("wildcard '") + ch + "' must be a whole segment (segment " +
-                           std::to_string(seg_no) + ")");
+          set_why(why, std::string("wildcard '") + ch + "' must be a whole segment (segment " + std::to_string(seg_no) +
+                           ")");
         } else {
           set_why(why, describe_char(c) + " is not allowed");
         }
@@ -69,13 +68,9 @@ std::vector<std::string_view> split_segments(std::string_view s) {
 
 }  // namespace
 
-bool is_valid_topic(std::string_view topic, std::string* why) {
-  return validate(topic, false, why);
-}
+bool is_valid_topic(std::string_view topic, std::string* why) { return validate(topic, false, why); }
 
-bool is_valid_pattern(std::string_view pattern, std::string* why) {
-  return validate(pattern, true, why);
-}
+bool is_valid_pattern(std::string_view pattern, std::string* why) { return validate(pattern, true, why); }
 
 bool topic_matches(std::string_view pattern, std::string_view topic) {
   if (pattern.find_first_of("*#") == std::string_view::npos) return pattern == topic;
@@ -95,8 +90,7 @@ bool topic_matches(std::string_view pattern, std::string_view topic) {
       for (size_t j = 1; j <= top.size(); ++j) next[j] = row[j] || next[j - 1];
     } else {
       next[0] = 0;
-      for (size_t j = 1; j <= top.size(); ++j)
-        next[j] = row[j - 1] && (p == "*" || p == top[j - 1]);
+      for (size_t j = 1; j <= top.size(); ++j) next[j] = row[j - 1] && (p == "*" || p == top[j - 1]);
     }
     row.swap(next);
   }
@@ -106,8 +100,10 @@ bool topic_matches(std::string_view pattern, std::string_view topic) {
 int pattern_specificity(std::string_view pattern) {
   int stars = 0, hashes = 0;
   for (std::string_view seg : split_segments(pattern)) {
-    if (seg == "*") ++stars;
-    else if (seg == "#") ++hashes;
+    if (seg == "*")
+      ++stars;
+    else if (seg == "#")
+      ++hashes;
   }
   if (stars == 0 && hashes == 0) return 0;
   return 1 + stars + 100 * hashes;

@@ -10,9 +10,8 @@
 
 namespace relaybus::core {
 
-HttpRequest make_webhook_request(const HandlerOptions& options, std::string_view target,
-                                 int handler_key, int64_t delivery_id, std::string body,
-                                 int64_t timestamp_s) {
+HttpRequest make_webhook_request(const HandlerOptions& options, std::string_view target, int handler_key,
+                                 int64_t delivery_id, std::string body, int64_t timestamp_s) {
   HttpRequest r;
   r.tag = static_cast<uint64_t>(delivery_id);
   r.handler_key = handler_key;
@@ -25,8 +24,7 @@ HttpRequest make_webhook_request(const HandlerOptions& options, std::string_view
   r.headers.emplace_back("webhook-id", msg_id);
   r.headers.emplace_back("webhook-timestamp", std::to_string(timestamp_s));
   if (!options.secrets.empty())
-    r.headers.emplace_back("webhook-signature",
-                           webhook_signature(options.secrets, msg_id, timestamp_s, r.body));
+    r.headers.emplace_back("webhook-signature", webhook_signature(options.secrets, msg_id, timestamp_s, r.body));
   for (const auto& kv : options.headers) r.headers.push_back(kv);
   return r;
 }
@@ -46,10 +44,10 @@ std::string format_rfc3339_ms(int64_t unix_ms) {
   int64_t m = mp < 10 ? mp + 3 : mp - 9;
   int64_t y = yoe + era * 400 + (m <= 2 ? 1 : 0);
   char buf[96];
-  std::snprintf(buf, sizeof buf, "%04lld-%02lld-%02lldT%02lld:%02lld:%02lld.%03lldZ",
-                static_cast<long long>(y), static_cast<long long>(m), static_cast<long long>(d),
-                static_cast<long long>(ms_of_day / 3600000), static_cast<long long>(ms_of_day / 60000 % 60),
-                static_cast<long long>(ms_of_day / 1000 % 60), static_cast<long long>(ms_of_day % 1000));
+  std::snprintf(buf, sizeof buf, "%04lld-%02lld-%02lldT%02lld:%02lld:%02lld.%03lldZ", static_cast<long long>(y),
+                static_cast<long long>(m), static_cast<long long>(d), static_cast<long long>(ms_of_day / 3600000),
+                static_cast<long long>(ms_of_day / 60000 % 60), static_cast<long long>(ms_of_day / 1000 % 60),
+                static_cast<long long>(ms_of_day % 1000));
   return buf;
 }
 
@@ -72,9 +70,8 @@ void append_json_string(std::string* out, std::string_view s) {
 
 }  // namespace
 
-std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view topic,
-                                  const std::string* key, std::optional<int64_t> seq,
-                                  int64_t published_at_ms, int attempt,
+std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view topic, const std::string* key,
+                                  std::optional<int64_t> seq, int64_t published_at_ms, int attempt,
                                   std::string_view headers_json, std::string_view payload_json) {
   std::string out;
   out.reserve(128 + topic.size() + payload_json.size() + headers_json.size());
@@ -103,14 +100,13 @@ std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view
   return out;
 }
 
-HttpRequest build_webhook_request(const HandlerOptions& options, std::string_view target,
-                                  int handler_key, const WebhookMessage& m, int64_t timestamp_s) {
-  std::string body =
-      options.envelope
-          ? webhook_envelope_json(m.id, m.event_id, m.topic, m.has_key ? &m.key : nullptr,
-                                  m.has_key ? std::optional<int64_t>(m.seq) : std::nullopt,
-                                  m.published_at_ms, m.attempt, m.headers_json, m.payload_json)
-          : m.payload_json;
+HttpRequest build_webhook_request(const HandlerOptions& options, std::string_view target, int handler_key,
+                                  const WebhookMessage& m, int64_t timestamp_s) {
+  std::string body = options.envelope
+                         ? webhook_envelope_json(m.id, m.event_id, m.topic, m.has_key ? &m.key : nullptr,
+                                                 m.has_key ? std::optional<int64_t>(m.seq) : std::nullopt,
+                                                 m.published_at_ms, m.attempt, m.headers_json, m.payload_json)
+                         : m.payload_json;
   return make_webhook_request(options, target, handler_key, m.id, std::move(body), timestamp_s);
 }
 
@@ -119,15 +115,14 @@ bool webhook_failure_is_permanent(const HandlerOptions& options, const HttpResul
   return !(options.retry_4xx && result.status >= 400 && result.status < 500);
 }
 
-FailureDecision decide_failure(const HandlerOptions& options, bool permanent, int attempts_now,
-                               int64_t retry_after_ms, uint64_t random64) {
+FailureDecision decide_failure(const HandlerOptions& options, bool permanent, int attempts_now, int64_t retry_after_ms,
+                               uint64_t random64) {
   FailureDecision d;
   if (permanent || attempts_now >= options.max_attempts) {
     d.dead = true;
     return d;
   }
-  d.retry_in_ms = retry_after_ms >= 0 ? retry_after_ms
-                                      : backoff_delay_ms(options.backoff(), attempts_now, random64);
+  d.retry_in_ms = retry_after_ms >= 0 ? retry_after_ms : backoff_delay_ms(options.backoff(), attempts_now, random64);
   return d;
 }
 

@@ -21,22 +21,21 @@ namespace relaybus::core {
 // across databases), webhook-timestamp (timestamp_s), webhook-signature (when the handler
 // has secrets), then the handler's own headers; timeout and redirects from
 // the options.
-HttpRequest make_webhook_request(const HandlerOptions& options, std::string_view target,
-                                 int handler_key, int64_t delivery_id, std::string body,
-                                 int64_t timestamp_s);
+HttpRequest make_webhook_request(const HandlerOptions& options, std::string_view target, int handler_key,
+                                 int64_t delivery_id, std::string body, int64_t timestamp_s);
 
 // One claimed webhook delivery, as the request of this attempt is made from it.
 struct WebhookMessage {
-  int64_t id = 0;        // the delivery id: webhook-id and the envelope's id
+  int64_t id = 0;  // the delivery id: webhook-id and the envelope's id
   int64_t event_id = 0;
   std::string topic;     // the route's wire name where it has one
   bool has_key = false;  // unkeyed: key and seq are null in the envelope
   std::string key;
   int64_t seq = 0;
   int64_t published_at_ms = 0;  // the event's publish time, Unix ms; <= 0: unknown (null)
-  int attempt = 1;           // this attempt, 1 = the first
-  std::string headers_json;  // JSON text; empty = null
-  std::string payload_json;  // JSON text, inserted as it is
+  int attempt = 1;              // this attempt, 1 = the first
+  std::string headers_json;     // JSON text; empty = null
+  std::string payload_json;     // JSON text, inserted as it is
 };
 
 // THE request of a webhook attempt, for the PostgreSQL dispatchers and
@@ -46,9 +45,8 @@ struct WebhookMessage {
 // sent (the engine starts it at once), not when it was claimed: a request that
 // waited in a queue still carries the time it went out. The same message,
 // options and timestamp give the same bytes on both sides.
-HttpRequest build_webhook_request(const HandlerOptions& options, std::string_view target,
-                                  int handler_key, const WebhookMessage& message,
-                                  int64_t timestamp_s);
+HttpRequest build_webhook_request(const HandlerOptions& options, std::string_view target, int handler_key,
+                                  const WebhookMessage& message, int64_t timestamp_s);
 
 // The envelope {"id","event_id","topic","key","seq","published_at","attempt",
 // "headers","payload"} as compact JSON. topic is the wire name where the route
@@ -58,9 +56,8 @@ HttpRequest build_webhook_request(const HandlerOptions& options, std::string_vie
 // (1 = first). headers_json and payload_json are JSON texts inserted as they
 // are (headers_json empty = null). For callers that do not build it with
 // their database's JSON functions (the PostgreSQL side uses jsonb_build_object).
-std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view topic,
-                                  const std::string* key, std::optional<int64_t> seq,
-                                  int64_t published_at_ms, int attempt,
+std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view topic, const std::string* key,
+                                  std::optional<int64_t> seq, int64_t published_at_ms, int attempt,
                                   std::string_view headers_json, std::string_view payload_json);
 
 // Unix milliseconds as RFC 3339 UTC: "2023-11-14T22:13:20.123Z".
@@ -79,8 +76,8 @@ struct FailureDecision {
   bool dead = false;
   int64_t retry_in_ms = 0;
 };
-FailureDecision decide_failure(const HandlerOptions& options, bool permanent, int attempts_now,
-                               int64_t retry_after_ms, uint64_t random64);
+FailureDecision decide_failure(const HandlerOptions& options, bool permanent, int attempts_now, int64_t retry_after_ms,
+                               uint64_t random64);
 
 // Per-handler circuit breaker: after kThreshold consecutive network-type
 // failures (status 0, 408, 429, 5xx with a retry outcome) the handler gets no

@@ -52,8 +52,7 @@ bool init_state(const std::string& secret, KeyState* s) {
   s->outer.reset(EVP_MD_CTX_new());
   bool ok = s->inner && s->outer && EVP_DigestInit_ex(s->inner.get(), md, nullptr) == 1 &&
             EVP_DigestUpdate(s->inner.get(), ipad, kBlock) == 1 &&
-            EVP_DigestInit_ex(s->outer.get(), md, nullptr) == 1 &&
-            EVP_DigestUpdate(s->outer.get(), opad, kBlock) == 1;
+            EVP_DigestInit_ex(s->outer.get(), md, nullptr) == 1 && EVP_DigestUpdate(s->outer.get(), opad, kBlock) == 1;
   s->usable = ok;
   return ok;
 }
@@ -75,8 +74,8 @@ struct SignerCache {
 thread_local SignerCache cache;
 
 // HMAC(key, "{msg_id}.{timestamp}.{body}") without joining the parts.
-bool sign(const KeyState& s, EVP_MD_CTX* c, std::string_view msg_id, std::string_view ts,
-          std::string_view body, unsigned char* mac, unsigned int* mac_len) {
+bool sign(const KeyState& s, EVP_MD_CTX* c, std::string_view msg_id, std::string_view ts, std::string_view body,
+          unsigned char* mac, unsigned int* mac_len) {
   unsigned char inner[EVP_MAX_MD_SIZE];
   unsigned int inner_len = 0;
   return EVP_MD_CTX_copy_ex(c, s.inner.get()) == 1 && EVP_DigestUpdate(c, msg_id.data(), msg_id.size()) == 1 &&
@@ -91,15 +90,13 @@ bool sign(const KeyState& s, EVP_MD_CTX* c, std::string_view msg_id, std::string
 bool webhook_secret_key(std::string_view whsec_secret, std::string* key) {
   if (whsec_secret.substr(0, kPrefix.size()) != kPrefix) return false;
   std::string decoded;
-  if (!base64_decode(whsec_secret.substr(kPrefix.size()), &decoded) || decoded.empty())
-    return false;
+  if (!base64_decode(whsec_secret.substr(kPrefix.size()), &decoded) || decoded.empty()) return false;
   *key = std::move(decoded);
   return true;
 }
 
-std::string webhook_signature(const std::vector<std::string>& whsec_secrets,
-                              std::string_view msg_id, int64_t timestamp_s,
-                              std::string_view body) {
+std::string webhook_signature(const std::vector<std::string>& whsec_secrets, std::string_view msg_id,
+                              int64_t timestamp_s, std::string_view body) {
   if (!cache.matches(whsec_secrets)) {
     cache.keys.clear();
     cache.keys.resize(whsec_secrets.size());

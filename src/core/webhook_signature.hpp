@@ -23,8 +23,7 @@ bool webhook_secret_key(std::string_view whsec_secret, std::string* key);
 // usable secret the result is empty. Never throws except std::bad_alloc.
 // msg_id should not contain '.' (the scheme joins the parts with dots, so a
 // dotted id could be confused with another id/timestamp split).
-std::string webhook_signature(const std::vector<std::string>& whsec_secrets,
-                              std::string_view msg_id, int64_t timestamp_s,
-                              std::string_view body);
+std::string webhook_signature(const std::vector<std::string>& whsec_secrets, std::string_view msg_id,
+                              int64_t timestamp_s, std::string_view body);
 
 }  // namespace relaybus::core

@@ -39,8 +39,8 @@ CommandWindow::~CommandWindow() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
-void CommandWindow::open(core::HttpEngine* engine, std::vector<Lease> leases, const std::string& owner,
-                         int64_t due_ms, int64_t interval_ms, bool renew) {
+void CommandWindow::open(core::HttpEngine* engine, std::vector<Lease> leases, const std::string& owner, int64_t due_ms,
+                         int64_t interval_ms, bool renew) {
   {
     std::lock_guard<std::mutex> g(mu_);
     engine_ = engine;

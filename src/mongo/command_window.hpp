@@ -55,12 +55,12 @@ class CommandWindow {
 
   // What the renewals of the last window did, lane by lane.
   struct Renewed {
-    std::map<int, int64_t> epoch;  // lane -> epoch now held
+    std::map<int, int64_t> epoch;                // lane -> epoch now held
     std::map<int, std::vector<int64_t>> passed;  // lane -> epochs inserted and then renewed past
-    std::set<int> lost;            // a renewal found the next epoch taken
-    int64_t until_ms = 0;          // of the last successful renewal
-    int64_t sent_ms = 0;           // when that renewal was sent (its until minus the lease)
-    std::string error;             // a renewal that failed (the store): nothing learned
+    std::set<int> lost;                          // a renewal found the next epoch taken
+    int64_t until_ms = 0;                        // of the last successful renewal
+    int64_t sent_ms = 0;                         // when that renewal was sent (its until minus the lease)
+    std::string error;                           // a renewal that failed (the store): nothing learned
   };
   // The renewals since the last take (loop thread, outside a window).
   Renewed take_renewed();

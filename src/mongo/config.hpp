@@ -19,15 +19,15 @@ struct Config {
   int scan_window = 0;             // rows a fetch reads; 0 = 4 x batch_size (at least 64)
   int64_t poll_interval_ms = 250;  // idle wait between fetches (no change streams on FerretDB)
   int64_t priority_aging_ms = 10000;
-  std::string http_allowlist;      // hosts/CIDRs opened despite the outbound policy
-  int max_in_flight = 1024;        // requests in flight, all handlers
+  std::string http_allowlist;                     // hosts/CIDRs opened despite the outbound policy
+  int max_in_flight = 1024;                       // requests in flight, all handlers
   std::string metrics_listen = "127.0.0.1:9464";  // "" = no endpoint; port 0 = any free port
   std::string log_level = "info";
   int64_t drain_timeout_ms = 30000;  // SIGTERM: how long in-flight requests may finish
   int max_payload_bytes = 1024 * 1024;
   int max_key_bytes = 512;
-  std::string api_token;           // bearer token of the pull API; "" = the API is off
-  std::string config_file;         // where the file settings came from
+  std::string api_token;    // bearer token of the pull API; "" = the API is off
+  std::string config_file;  // where the file settings came from
 };
 
 struct SettingInfo {

@@ -17,7 +17,11 @@ using nlohmann::json;
 }
 
 Dispatcher::Dispatcher(Config cfg, std::map<std::string, std::string> flags, Store& store, int signal_fd)
-    : cfg_(std::move(cfg)), flags_(std::move(flags)), store_(store), signal_fd_(signal_fd), rng_(std::random_device{}()) {
+    : cfg_(std::move(cfg)),
+      flags_(std::move(flags)),
+      store_(store),
+      signal_fd_(signal_fd),
+      rng_(std::random_device{}()) {
   metrics_.commands = &store_.command_counts();
   metrics_.started_ms = wall_ms();
   sequencer_ = std::make_unique<Sequencer>(store_, cfg_.instance, cfg_.max_key_bytes);
@@ -89,10 +93,12 @@ void Dispatcher::reload() {
   cfg_ = c;
   LogLevel l;
   if (parse_log_level(cfg_.log_level, &l)) set_log_level(l);
-  next_tick_ms_ = 0;  // re-read handlers and lanes now
+  next_tick_ms_ = 0;                   // re-read handlers and lanes now
   if (engine_) (void)ensure_engine();  // a new http_allowlist applies to the next request
-  log_info("configuration reloaded", {{"config_file", cfg_.config_file}, {"lease_ms", cfg_.lease_ms},
-                                      {"batch_size", cfg_.batch_size}, {"http_allowlist", cfg_.http_allowlist}});
+  log_info("configuration reloaded", {{"config_file", cfg_.config_file},
+                                      {"lease_ms", cfg_.lease_ms},
+                                      {"batch_size", cfg_.batch_size},
+                                      {"http_allowlist", cfg_.http_allowlist}});
 }
 
 // ---------------------------------------------------------------- leases
@@ -162,7 +168,9 @@ void Dispatcher::lease_tick() {
   for (auto it = held_.begin(); it != held_.end();) {
     auto t = top.find(it->first);
     if (t != top.end() && t->second.epoch > it->second.epoch) {
-      log_warn("lane lease lost", {{"lane", it->first}, {"epoch", it->second.epoch}, {"now_epoch", t->second.epoch},
+      log_warn("lane lease lost", {{"lane", it->first},
+                                   {"epoch", it->second.epoch},
+                                   {"now_epoch", t->second.epoch},
                                    {"owner", t->second.owner}});
       metrics_.lanes_lost++;
       it = held_.erase(it);
@@ -173,8 +181,8 @@ void Dispatcher::lease_tick() {
   // The sequencer role: one more lease in this tick's insert, outside the lane share.
   auto seq_top = top.find(kSequencerLane);
   if (seq_held_ && seq_top != top.end() && seq_top->second.epoch > seq_lease_.epoch) {
-    log_warn("sequencer role lost", {{"epoch", seq_lease_.epoch}, {"now_epoch", seq_top->second.epoch},
-                                     {"owner", seq_top->second.owner}});
+    log_warn("sequencer role lost",
+             {{"epoch", seq_lease_.epoch}, {"now_epoch", seq_top->second.epoch}, {"owner", seq_top->second.owner}});
     seq_held_ = false;
     sequencer_->end();
   }
@@ -225,8 +233,8 @@ void Dispatcher::lease_tick() {
     }
   }
   if (seq_held_) {
-    inserts.push_back({kSequencerLane, seq_lease_.epoch + 1, stopping_ ? std::string() : cfg_.instance,
-                       stopping_ ? 0 : until});
+    inserts.push_back(
+        {kSequencerLane, seq_lease_.epoch + 1, stopping_ ? std::string() : cfg_.instance, stopping_ ? 0 : until});
     ops.push_back({kSequencerLane, stopping_ ? Op::Release : Op::Renew});
   } else if (!stopping_ && (seq_top == top.end() || seq_top->second.owner.empty() || seq_top->second.until_ms < now ||
                             seq_top->second.owner == cfg_.instance)) {
@@ -294,8 +302,12 @@ void Dispatcher::lease_tick() {
   metrics_.lanes_held = static_cast<int>(held_.size());
   metrics_.last_store_ok_ms = wall_ms();
   if (!taken.empty() || !released.empty() || !lost.empty())
-    log_info("lanes", {{"taken", taken}, {"released", released}, {"lost", lost}, {"held", held_.size()},
-                       {"instances", live}, {"share", share}});
+    log_info("lanes", {{"taken", taken},
+                       {"released", released},
+                       {"lost", lost},
+                       {"held", held_.size()},
+                       {"instances", live},
+                       {"share", share}});
   if (now >= next_backlog_ms_ && !stopping_) {  // after the leases: counting must not delay renewals
     try {
       refresh_backlog(now);
@@ -313,8 +325,7 @@ void Dispatcher::lease_tick() {
 
 void Dispatcher::renew_if_due() {
   settle_renewals();
-  if ((!held_.empty() || seq_held_) && wall_ms() >= renewed_at_ms_ + tick_interval_ms())
-    renew_leases();
+  if ((!held_.empty() || seq_held_) && wall_ms() >= renewed_at_ms_ + tick_interval_ms()) renew_leases();
 }
 
 void Dispatcher::renew_leases() {
@@ -565,7 +576,10 @@ void Dispatcher::complete(const std::vector<core::Completion>& batch) {
     auto& m = metrics_.handlers[f.handler];
     (f.dead ? m.dead : m.retried)++;
     log(f.dead ? LogLevel::Warn : LogLevel::Info, f.dead ? "delivery dead-lettered" : "delivery will be retried",
-        {{"id", f.id}, {"handler", f.handler}, {"error", f.error}, {"status", f.status},
+        {{"id", f.id},
+         {"handler", f.handler},
+         {"error", f.error},
+         {"status", f.status},
          {"retry_in_ms", f.dead ? 0 : f.not_before_ms - now}});
   }
 }
@@ -705,9 +719,12 @@ int Dispatcher::run() {
     }
     server_.publish(metrics_, 3 * cfg_.lease_ms);  // /metrics from the first request on
   }
-  log_info("relaybus-mongo dispatcher starting",
-           {{"instance", cfg_.instance}, {"database", cfg_.database}, {"metrics", server_.bound()},
-            {"lease_ms", cfg_.lease_ms}, {"batch_size", cfg_.batch_size}, {"config_file", cfg_.config_file}});
+  log_info("relaybus-mongo dispatcher starting", {{"instance", cfg_.instance},
+                                                  {"database", cfg_.database},
+                                                  {"metrics", server_.bound()},
+                                                  {"lease_ms", cfg_.lease_ms},
+                                                  {"batch_size", cfg_.batch_size},
+                                                  {"config_file", cfg_.config_file}});
   if (!ensure_engine()) return 1;
   try {  // the renewals' own connection
     window_ = std::make_unique<CommandWindow>(std::make_unique<Store>(cfg_.uri, cfg_.database), cfg_.lease_ms);
@@ -718,11 +735,12 @@ int Dispatcher::run() {
   store_.set_observer(this);
   const PullHost& host = *this;
   pull_ = std::make_unique<PullApi>(store_, metrics_, host, rng_());
-  server_.set_api([this](const std::string& method, const std::string& path, const std::string& auth,
-                         const std::string& body) {
-    ApiResponse r = pull_->handle(method, path, auth, body, cfg_.api_token, claim_window_rows(cfg_), cfg_.priority_aging_ms);
-    return std::make_pair(r.status, r.body);
-  });
+  server_.set_api(
+      [this](const std::string& method, const std::string& path, const std::string& auth, const std::string& body) {
+        ApiResponse r =
+            pull_->handle(method, path, auth, body, cfg_.api_token, claim_window_rows(cfg_), cfg_.priority_aging_ms);
+        return std::make_pair(r.status, r.body);
+      });
   if (!wait_for_server()) {  // stopped before the server answered
     log_info("relaybus-mongo dispatcher stopped", {{"delivered", 0}, {"commands", store_.commands()}});
     return 0;
@@ -793,7 +811,8 @@ int Dispatcher::run() {
   store_.set_observer(nullptr);
   window_.reset();
   server_.stop();  // /metrics and /healthz until here; an API request still waiting gets 503
-  log_info("relaybus-mongo dispatcher stopped", {{"delivered", [&] {
+  log_info("relaybus-mongo dispatcher stopped", {{"delivered",
+                                                  [&] {
                                                     uint64_t n = 0;
                                                     for (auto& [_, m] : metrics_.handlers) n += m.delivered;
                                                     return n;

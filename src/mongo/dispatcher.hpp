@@ -115,7 +115,7 @@ class Dispatcher final : private core::DeliveryStore, private PullHost, private 
   std::vector<int> lost_in_window_;
   std::string window_error_;
   std::vector<std::pair<int, int64_t>> stale_lane_docs_;  // renewed past in a window: deleted by the next tick
-  bool wait_for_server();  // server_wait.cpp
+  bool wait_for_server();                                 // server_wait.cpp
 
   // PullHost: the pull API's view of the catalog and the lanes.
   const HandlerDoc* pull_handler(const std::string& name) const override;

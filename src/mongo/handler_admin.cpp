@@ -32,7 +32,9 @@ void validate(HandlerDoc& h) {
 }
 
 json describe(const HandlerDoc& h) {
-  return {{"handler", h.name}, {"kind", core::handler_kind_name(h.kind)}, {"target", h.target},
+  return {{"handler", h.name},
+          {"kind", core::handler_kind_name(h.kind)},
+          {"target", h.target},
           {"options", json::parse(core::options_public_json(h.kind, h.options))}};
 }
 

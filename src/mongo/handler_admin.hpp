@@ -19,8 +19,8 @@ struct BadInput : std::runtime_error {
 };
 
 // Creates a handler; an existing name is refused ("already exists").
-nlohmann::json handler_create(Store& store, const std::string& name, const std::string& kind,
-                              const std::string& target, const std::string& options_json);
+nlohmann::json handler_create(Store& store, const std::string& name, const std::string& kind, const std::string& target,
+                              const std::string& options_json);
 
 // Changes the target and/or merges options into the stored ones (a key set to
 // null restores its default), validated as at creation. The kind stays.

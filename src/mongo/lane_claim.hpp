@@ -29,7 +29,7 @@ int claim_window_rows(const Config& cfg);
 
 struct ClaimAsk {
   std::vector<int> lanes;  // the leased lanes to read
-  int window = 64;  // claim_window_rows
+  int window = 64;         // claim_window_rows
   core::ClaimLimits limits;
   int64_t aging_ms = 0;  // priority_aging
   int64_t now_ms = 0;

@@ -86,8 +86,8 @@ struct UsageError : std::runtime_error {
 };
 
 // Command-specific options (not settings).
-const std::vector<std::string> kCommandOptions = {"key", "priority", "not_before", "headers", "dedupe_key", "options",
-                                                  "wire", "handler", "id", "target", "force", "batch"};
+const std::vector<std::string> kCommandOptions = {"key",  "priority", "not_before", "headers", "dedupe_key", "options",
+                                                  "wire", "handler",  "id",         "target",  "force",      "batch"};
 // Command options that take no value.
 const std::vector<std::string> kFlagOptions = {"force"};
 
@@ -187,10 +187,11 @@ OutboxMessage build_message(const Config& cfg, const std::string& topic, const s
   m.topic = topic;
   m.payload_json = payload;
   std::string why;
-  if (!core::is_valid_topic(m.topic, &why)) throw UsageError("invalid topic " + core::text::quote(m.topic) + ": " + why);
+  if (!core::is_valid_topic(m.topic, &why))
+    throw UsageError("invalid topic " + core::text::quote(m.topic) + ": " + why);
   if (static_cast<int64_t>(m.payload_json.size()) > cfg.max_payload_bytes)
-    throw UsageError("payload is too large: " + std::to_string(m.payload_json.size()) + " bytes (max_payload_bytes is " +
-                     std::to_string(cfg.max_payload_bytes) + ")");
+    throw UsageError("payload is too large: " + std::to_string(m.payload_json.size()) +
+                     " bytes (max_payload_bytes is " + std::to_string(cfg.max_payload_bytes) + ")");
   try {
     json parsed = json::parse(m.payload_json);
     (void)parsed;
@@ -206,7 +207,8 @@ OutboxMessage build_message(const Config& cfg, const std::string& topic, const s
   }
   if (priority != nullptr) {
     const std::string& p = *priority;
-    if (p.size() != 1 || p[0] < '0' || p[0] > '3') throw UsageError("priority must be 0, 1, 2 or 3 (got " + core::text::quote(p) + ")");
+    if (p.size() != 1 || p[0] < '0' || p[0] > '3')
+      throw UsageError("priority must be 0, 1, 2 or 3 (got " + core::text::quote(p) + ")");
     m.priority = p[0] - '0';
   }
   if (headers != nullptr) {
@@ -303,8 +305,8 @@ int cmd_publish_batch(Store& store, const Config& cfg, const Args& a) {
       do {
         docs.push_back(std::make_unique<Bson>());
         out = outbox_doc(m, *docs.back());
-        if (!lines.empty() &&
-            out["outbox_id"].get<std::string>().substr(0, 16) <= lines.back()["outbox_id"].get<std::string>().substr(0, 16)) {
+        if (!lines.empty() && out["outbox_id"].get<std::string>().substr(0, 16) <=
+                                  lines.back()["outbox_id"].get<std::string>().substr(0, 16)) {
           docs.pop_back();
           continue;
         }
@@ -333,9 +335,9 @@ int cmd_publish(Store& store, const Config& cfg, const Args& a) {
   };
   std::string key, priority, headers, not_before, dedupe_key;
   const int64_t now = wall_ms();
-  OutboxMessage m = build_message(cfg, a.positional[1], a.positional[2], get("key", &key), get("priority", &priority),
-                                  get("headers", &headers), get("not_before", &not_before),
-                                  get("dedupe_key", &dedupe_key), now);
+  OutboxMessage m =
+      build_message(cfg, a.positional[1], a.positional[2], get("key", &key), get("priority", &priority),
+                    get("headers", &headers), get("not_before", &not_before), get("dedupe_key", &dedupe_key), now);
   // One insert into relay_outbox, as an application does.
   Bson doc;
   json out = outbox_doc(m, doc);
@@ -354,8 +356,9 @@ int cmd_sequence(Store& store, const Config& cfg, const Args& a) {
   for (const auto& l : store.read_lanes())
     if (l.lane == kSequencerLane && l.epoch > top.epoch) top = l;
   if (!top.owner.empty() && top.owner != cfg.instance && top.until_ms >= now)
-    throw StoreError("the sequencer role is held by " + core::text::quote(top.owner) + " until " + iso8601_ms(top.until_ms) +
-                         " (its `run` sequences the outbox)", 0);
+    throw StoreError("the sequencer role is held by " + core::text::quote(top.owner) + " until " +
+                         iso8601_ms(top.until_ms) + " (its `run` sequences the outbox)",
+                     0);
   LaneDoc mine{kSequencerLane, top.epoch + 1, cfg.instance, now + cfg.lease_ms};
   if (!store.insert_lanes({mine})[0]) throw StoreError("the sequencer role was taken by another instance just now", 0);
   Sequencer seq(store, cfg.instance, cfg.max_key_bytes);
@@ -410,7 +413,9 @@ int cmd_handler(Store& store, const Args& a) {
     std::vector<std::string> bad;
     json out = json::array();
     for (const auto& h : store.load_handlers(&bad))
-      out.push_back({{"handler", h.name}, {"kind", core::handler_kind_name(h.kind)}, {"target", h.target},
+      out.push_back({{"handler", h.name},
+                     {"kind", core::handler_kind_name(h.kind)},
+                     {"target", h.target},
                      {"options", json::parse(core::options_public_json(h.kind, h.options))}});
     for (const auto& b : bad) out.push_back({{"invalid", b}});
     std::cout << out.dump() << "\n";
@@ -424,7 +429,8 @@ int cmd_route(Store& store, const Args& a, bool add) {
   if (a.positional.size() != 3) throw UsageError(std::string(add ? "route" : "unroute") + " needs PATTERN HANDLER");
   RouteDoc r{a.positional[1], a.positional[2], opt(a, "wire")};
   std::string why;
-  if (!core::is_valid_pattern(r.pattern, &why)) throw UsageError("invalid pattern " + core::text::quote(r.pattern) + ": " + why);
+  if (!core::is_valid_pattern(r.pattern, &why))
+    throw UsageError("invalid pattern " + core::text::quote(r.pattern) + ": " + why);
   if (!add) {
     if (!store.drop_route(r.pattern, r.handler)) {
       fprintf(stderr, "relaybus-mongo: error: no route from \"%s\" to \"%s\"\n", r.pattern.c_str(), r.handler.c_str());
@@ -452,7 +458,8 @@ int cmd_replay(Store& store, const Args& a) {
   for (auto [it, end] = a.options.equal_range("id"); it != end; ++it) {
     char* e = nullptr;
     long long v = strtoll(it->second.c_str(), &e, 10);
-    if (it->second.empty() || *e != '\0' || v <= 0) throw UsageError("--id must be a positive integer (got " + core::text::quote(it->second) + ")");
+    if (it->second.empty() || *e != '\0' || v <= 0)
+      throw UsageError("--id must be a positive integer (got " + core::text::quote(it->second) + ")");
     ids.push_back(v);
   }
   int64_t n = store.replay(handler, ids, wall_ms());
@@ -527,7 +534,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "lane") return cmd_lane(a);
     static const std::vector<std::string> known = {"init", "handler", "route", "unroute", "publish",
-                                                   "run", "replay", "stats", "sequence"};
+                                                   "run",  "replay",  "stats", "sequence"};
     if (std::find(known.begin(), known.end(), cmd) == known.end()) throw UsageError("unknown command \"" + cmd + "\"");
     Config cfg;
     std::string why;

@@ -23,7 +23,7 @@
 namespace relaybus::mongo {
 
 const std::array<double, 16> Metrics::kBucketsS = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                   0.5,   1,      2.5,   5,    10,    30,    60,  300};
+                                                   0.5,   1,      2.5,   5,    10,    30,   60,  300};
 
 void Metrics::observe_latency(const std::string& handler, double s) {
   auto& h = handlers[handler];
@@ -105,7 +105,8 @@ std::string Metrics::render() const {
     o += "relaybus_mongo_breaker_open{handler=\"" + label(h) + "\"} " + (open ? "1" : "0") + "\n";
   counter("relaybus_mongo_commands_total", "Commands sent to the MongoDB server, by operation.");
   if (commands != nullptr)
-    for (const auto& [op, n] : *commands) o += "relaybus_mongo_commands_total{op=\"" + op + "\"} " + std::to_string(n) + "\n";
+    for (const auto& [op, n] : *commands)
+      o += "relaybus_mongo_commands_total{op=\"" + op + "\"} " + std::to_string(n) + "\n";
   auto one = [&](const char* name, const char* help, bool is_counter, double v) {
     if (is_counter)
       counter(name, help);
@@ -140,9 +141,12 @@ std::string Metrics::render() const {
               });
   one("relaybus_mongo_fetches_total", "Window reads of deliveries.", true, static_cast<double>(fetches));
   one("relaybus_mongo_lanes_taken_total", "Lanes this instance acquired.", true, static_cast<double>(lanes_taken));
-  one("relaybus_mongo_lanes_released_total", "Lanes this instance gave back.", true, static_cast<double>(lanes_released));
-  one("relaybus_mongo_lanes_lost_total", "Lanes whose lease another instance took over.", true, static_cast<double>(lanes_lost));
-  one("relaybus_mongo_store_errors_total", "Failed store operations (retried later).", true, static_cast<double>(store_errors));
+  one("relaybus_mongo_lanes_released_total", "Lanes this instance gave back.", true,
+      static_cast<double>(lanes_released));
+  one("relaybus_mongo_lanes_lost_total", "Lanes whose lease another instance took over.", true,
+      static_cast<double>(lanes_lost));
+  one("relaybus_mongo_store_errors_total", "Failed store operations (retried later).", true,
+      static_cast<double>(store_errors));
   one("relaybus_mongo_lanes_held", "Lanes currently leased by this instance.", false, lanes_held);
   one("relaybus_mongo_in_flight", "HTTP requests in flight.", false, in_flight);
   one("process_resident_memory_bytes", "Resident set size.", false, static_cast<double>(rss_bytes()));
@@ -258,15 +262,24 @@ namespace {
 
 const char* reason_phrase(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 409: return "Conflict";
-    case 413: return "Payload Too Large";
-    default: return "Service Unavailable";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 409:
+      return "Conflict";
+    case 413:
+      return "Payload Too Large";
+    default:
+      return "Service Unavailable";
   }
 }
 

@@ -24,7 +24,7 @@ struct Metrics {
     uint64_t delivered = 0;
     uint64_t retried = 0;
     uint64_t dead = 0;
-    uint64_t dropped = 0;  // results not completed because the lane's lease was lost
+    uint64_t dropped = 0;                        // results not completed because the lane's lease was lost
     std::array<uint64_t, 16> latency_buckets{};  // publish -> completion
     double latency_sum_s = 0;
   };
@@ -110,8 +110,8 @@ class MetricsServer {
     uint64_t conn;
     std::string method, path, authorization, body;
   };
-  void run();                 // the thread
-  void respond(Conn& c);      // the thread: /metrics, /healthz, or hand /v1/ to the loop
+  void run();             // the thread
+  void respond(Conn& c);  // the thread: /metrics, /healthz, or hand /v1/ to the loop
   void wake(int fd);
   void close_conns();  // the thread, when it ends
 

@@ -28,14 +28,18 @@ OutboxEntry parse_outbox_doc(const bson_t* doc, int max_key_bytes) {
   }
   int64_t x = 0;
   if (bson_iter_init_find(&it, doc, "priority") && !BSON_ITER_HOLDS_NULL(&it)) {
-    if (get_int64(doc, "priority", &x) && x >= 0 && x <= 3) e.priority = static_cast<int>(x);
-    else problems.push_back("priority must be an integer 0..3");
+    if (get_int64(doc, "priority", &x) && x >= 0 && x <= 3)
+      e.priority = static_cast<int>(x);
+    else
+      problems.push_back("priority must be an integer 0..3");
   }
   if (bson_iter_init_find(&it, doc, "headers") && !BSON_ITER_HOLDS_NULL(&it) && !BSON_ITER_HOLDS_DOCUMENT(&it))
     problems.push_back("headers must be an object or absent");
   if (bson_iter_init_find(&it, doc, "not_before") && !BSON_ITER_HOLDS_NULL(&it)) {
-    if (get_date_ms(doc, "not_before", &e.not_before_ms)) e.has_not_before = true;
-    else problems.push_back("not_before must be a date");
+    if (get_date_ms(doc, "not_before", &e.not_before_ms))
+      e.has_not_before = true;
+    else
+      problems.push_back("not_before must be a date");
   }
   if (bson_iter_init_find(&it, doc, "dedupe_key") && !BSON_ITER_HOLDS_NULL(&it) &&
       (!get_string(doc, "dedupe_key", &e.dedupe_key) || e.dedupe_key.empty()))

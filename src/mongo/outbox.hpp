@@ -17,8 +17,8 @@
 namespace relaybus::mongo {
 
 constexpr const char* kOutbox = "relay_outbox";
-constexpr const char* kSequence = "relay_sequence";          // the sequencer's journal (versions)
-constexpr const char* kDedupe = "relay_dedupe";              // {_id: dedupe_key, event_id, outbox_id, at}
+constexpr const char* kSequence = "relay_sequence";             // the sequencer's journal (versions)
+constexpr const char* kDedupe = "relay_dedupe";                 // {_id: dedupe_key, event_id, outbox_id, at}
 constexpr const char* kOutboxRejects = "relay_outbox_rejects";  // malformed outbox documents + error
 
 // An outbox document as the sequencer understands it.

@@ -11,25 +11,39 @@ namespace {
 // MongoDB's comparison order of BSON types.
 char type_rank(bson_type_t t) {
   switch (t) {
-    case BSON_TYPE_MINKEY: return 1;
+    case BSON_TYPE_MINKEY:
+      return 1;
     case BSON_TYPE_UNDEFINED:
-    case BSON_TYPE_NULL: return 2;
+    case BSON_TYPE_NULL:
+      return 2;
     case BSON_TYPE_INT32:
     case BSON_TYPE_INT64:
     case BSON_TYPE_DOUBLE:
-    case BSON_TYPE_DECIMAL128: return 3;
+    case BSON_TYPE_DECIMAL128:
+      return 3;
     case BSON_TYPE_SYMBOL:
-    case BSON_TYPE_UTF8: return 4;
-    case BSON_TYPE_DOCUMENT: return 5;
-    case BSON_TYPE_ARRAY: return 6;
-    case BSON_TYPE_BINARY: return 7;
-    case BSON_TYPE_OID: return 8;
-    case BSON_TYPE_BOOL: return 9;
-    case BSON_TYPE_DATE_TIME: return 10;
-    case BSON_TYPE_TIMESTAMP: return 11;
-    case BSON_TYPE_REGEX: return 12;
-    case BSON_TYPE_MAXKEY: return 14;
-    default: return 13;
+    case BSON_TYPE_UTF8:
+      return 4;
+    case BSON_TYPE_DOCUMENT:
+      return 5;
+    case BSON_TYPE_ARRAY:
+      return 6;
+    case BSON_TYPE_BINARY:
+      return 7;
+    case BSON_TYPE_OID:
+      return 8;
+    case BSON_TYPE_BOOL:
+      return 9;
+    case BSON_TYPE_DATE_TIME:
+      return 10;
+    case BSON_TYPE_TIMESTAMP:
+      return 11;
+    case BSON_TYPE_REGEX:
+      return 12;
+    case BSON_TYPE_MAXKEY:
+      return 14;
+    default:
+      return 13;
   }
 }
 
@@ -106,8 +120,8 @@ void OutboxSnapshot::add(const bson_t* doc) {
 }
 
 namespace {
-constexpr size_t kOidKeyLen = 13;      // rank + 12 bytes
-constexpr size_t kOidGroupLen = 10;    // rank + seconds + the driver's 5 process bytes
+constexpr size_t kOidKeyLen = 13;    // rank + 12 bytes
+constexpr size_t kOidGroupLen = 10;  // rank + seconds + the driver's 5 process bytes
 constexpr uint32_t kCounterSpan = 1u << 24;
 
 bool is_oid_key(const std::string& k) { return k.size() == kOidKeyLen && k[0] == type_rank(BSON_TYPE_OID); }

@@ -16,7 +16,6 @@ namespace {
 constexpr const char* kKeySeqsColl = "relay_key_seqs";
 constexpr const char* kCountersColl = "relay_counters";
 
-
 // Codes of the write errors in a reply (insertMany / bulk).
 std::vector<int> write_error_codes(const bson_t* reply) {
   std::vector<int> out;
@@ -66,7 +65,8 @@ void Store::insert_outbox(const bson_t* doc) {
   Bson reply;
   bson_error_t err;
   const auto command = count("insert");
-  if (!mongoc_collection_insert_one(coll(kOutbox), doc, nullptr, reply, &err)) raise_store_error("insert into relay_outbox", err);
+  if (!mongoc_collection_insert_one(coll(kOutbox), doc, nullptr, reply, &err))
+    raise_store_error("insert into relay_outbox", err);
 }
 
 void Store::insert_outbox_many(const std::vector<const bson_t*>& docs) {
@@ -143,7 +143,8 @@ bool Store::read_counter(const char* id, int64_t* n) {
   Bson filter;
   BSON_APPEND_UTF8(filter, "_id", id);
   const auto command = count("find");
-  auto docs = drain(mongoc_collection_find_with_opts(coll(kCountersColl), filter, nullptr, nullptr), "read relay_counters");
+  auto docs =
+      drain(mongoc_collection_find_with_opts(coll(kCountersColl), filter, nullptr, nullptr), "read relay_counters");
   return !docs.empty() && get_int64(docs[0].get(), "n", n);
 }
 
@@ -163,7 +164,8 @@ void Store::raise_inserted_below(int64_t next_id) {
   BSON_APPEND_BOOL(opts, "upsert", true);
   bson_error_t err;
   const auto command = count("update");
-  if (!mongoc_collection_update_one(coll(kCountersColl), filter, update, opts, reply, &err) && err.code != kDuplicateKey)
+  if (!mongoc_collection_update_one(coll(kCountersColl), filter, update, opts, reply, &err) &&
+      err.code != kDuplicateKey)
     raise_store_error("record the inserted deliveries' bound", err);
 }
 
@@ -186,7 +188,8 @@ void Store::delete_versions_below(int64_t version) {
   bson_append_document_end(filter, &lt);
   bson_error_t err;
   const auto command = count("delete");
-  if (!mongoc_collection_delete_many(coll(kSequence), filter, nullptr, reply, &err)) raise_store_error("trim relay_sequence", err);
+  if (!mongoc_collection_delete_many(coll(kSequence), filter, nullptr, reply, &err))
+    raise_store_error("trim relay_sequence", err);
 }
 
 int64_t Store::read_id_counter() {
@@ -200,8 +203,8 @@ std::map<std::string, int64_t> Store::read_key_seqs(const std::vector<std::strin
   Bson filter;
   string_in(filter, "_id", keys);
   const auto command = count("find");
-  for (const auto& d : drain(mongoc_collection_find_with_opts(coll(kKeySeqsColl), filter, nullptr, nullptr),
-                             "read relay_key_seqs")) {
+  for (const auto& d :
+       drain(mongoc_collection_find_with_opts(coll(kKeySeqsColl), filter, nullptr, nullptr), "read relay_key_seqs")) {
     std::string k;
     int64_t s = 0;
     if (get_string(d.get(), "_id", &k) && get_int64(d.get(), "seq", &s)) out[k] = s;

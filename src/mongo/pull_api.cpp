@@ -45,7 +45,8 @@ int64_t duration_field(const json& j, const char* name, int64_t def, int64_t lo,
 }
 
 int64_t id_field(const json& v, const char* what) {
-  if (!v.is_number_integer() || v.get<int64_t>() <= 0) throw Refused{400, std::string(what) + " must be a positive integer"};
+  if (!v.is_number_integer() || v.get<int64_t>() <= 0)
+    throw Refused{400, std::string(what) + " must be a positive integer"};
   return v.get<int64_t>();
 }
 

@@ -51,8 +51,7 @@ class PullApi {
   // method, path, the Authorization header's value, body. token: the
   // configured api_token ("" = the API is off).
   ApiResponse handle(const std::string& method, const std::string& path, const std::string& authorization,
-                     const std::string& body, const std::string& token, int64_t scan_window,
-                     int64_t priority_aging_ms);
+                     const std::string& body, const std::string& token, int64_t scan_window, int64_t priority_aging_ms);
   // Leases that ran out become failed attempts (one store write when any).
   void expire(int64_t now_ms);
   // Lanes with leased deliveries (not given back while a consumer works).

@@ -76,7 +76,8 @@ mongoc_collection_t* Store::delivery_coll(int64_t id) {
   return coll(segment_collection(first_id_of(id)).c_str());
 }
 
-std::vector<std::pair<mongoc_collection_t*, std::vector<int64_t>>> Store::by_collection(const std::vector<int64_t>& ids) {
+std::vector<std::pair<mongoc_collection_t*, std::vector<int64_t>>> Store::by_collection(
+    const std::vector<int64_t>& ids) {
   // Oldest first: relay_deliveries (-1), then the segments in id order. A
   // crash between two of the commands then leaves a key's newer deliveries
   // pending, never an older one behind a newer one that was completed, which
@@ -114,8 +115,8 @@ void Store::prepare_segments(const std::map<int64_t, unsigned>& classes_by_first
       const char* fields[3];
       bool unique;
     };
-    for (const Spec& ix : {Spec{"dispatch", {"handler", "lane", "_id"}, false},
-                           Spec{"key_seq", {"handler", "key", "seq"}, true}}) {
+    for (const Spec& ix :
+         {Spec{"dispatch", {"handler", "lane", "_id"}, false}, Spec{"key_seq", {"handler", "key", "seq"}, true}}) {
       Bson cmd, ireply;
       BSON_APPEND_UTF8(cmd, "createIndexes", name.c_str());
       bson_t arr, spec, key;

@@ -29,7 +29,6 @@ BsonPtr id_doc(const bson_t* doc, const char* field) {
 }
 }  // namespace
 
-
 struct Sequencer::Event {
   BsonPtr id;      // {_id: the outbox document's _id}
   BsonPtr outbox;  // the outbox document; null once removed (then its deliveries exist)
@@ -171,8 +170,12 @@ bool Sequencer::recover(const std::function<bool()>& holds) {
     }
     version_ = v.v;
     next_id_ = std::max(next_id_, v.next_id);
-    log_info("sequencer recovering", {{"version", v.v}, {"by", v.owner}, {"epoch", v.epoch}, {"events", v.events.size()},
-                                      {"outbox_left", present.size()}, {"next_id", next_id_}});
+    log_info("sequencer recovering", {{"version", v.v},
+                                      {"by", v.owner},
+                                      {"epoch", v.epoch},
+                                      {"events", v.events.size()},
+                                      {"outbox_left", present.size()},
+                                      {"next_id", next_id_}});
     if (!apply(v, holds)) return false;
     sequenced_ += present.size();  // the outbox documents this redo consumed
   }

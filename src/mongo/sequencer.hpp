@@ -81,5 +81,4 @@ class Sequencer {
   int64_t rotated_ms_ = 0;  // the last drop_drained_segments
 };
 
-
 }  // namespace relaybus::mongo

@@ -44,8 +44,8 @@ bool Dispatcher::wait_for_server() {
       failures++;
       const int64_t backoff = server_wait_backoff_ms(failures);
       metrics_.store_errors++;
-      log_warn("MongoDB server not reachable; waiting", {{"error", probe.error()}, {"attempt", failures},
-                                                         {"retry_in_ms", backoff}});
+      log_warn("MongoDB server not reachable; waiting",
+               {{"error", probe.error()}, {"attempt", failures}, {"retry_in_ms", backoff}});
       const int64_t until = monotonic_ms() + backoff;
       while (!stopping_ && monotonic_ms() < until) wait(std::min<int64_t>(100, until - monotonic_ms()));
     }

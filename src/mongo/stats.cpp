@@ -21,18 +21,18 @@ json stats_json(Store& store, int64_t now) {
     Store::HandlerLoad l;
     if (auto it = load.find(h.name); it != load.end()) l = it->second;
     l.latency_buckets.resize(Metrics::kBucketsS.size(), 0);
-    out.push_back({{"handler", h.name},
-                   {"kind", core::handler_kind_name(h.kind)},
-                   {"pending", b.pending},
-                   {"ready", b.ready},
-                   {"delayed", b.delayed},
-                   {"in_flight", l.in_flight},
-                   {"retrying", b.retrying},
-                   {"dead", b.dead},
-                   {"oldest_age_ms", b.oldest_ms > 0 ? std::max<int64_t>(0, now - b.oldest_ms) : 0},
-                   {"latency",
-                    {{"le", le}, {"buckets", l.latency_buckets}, {"count", l.latency_count},
-                     {"sum_seconds", l.latency_sum_s}}}});
+    out.push_back(
+        {{"handler", h.name},
+         {"kind", core::handler_kind_name(h.kind)},
+         {"pending", b.pending},
+         {"ready", b.ready},
+         {"delayed", b.delayed},
+         {"in_flight", l.in_flight},
+         {"retrying", b.retrying},
+         {"dead", b.dead},
+         {"oldest_age_ms", b.oldest_ms > 0 ? std::max<int64_t>(0, now - b.oldest_ms) : 0},
+         {"latency",
+          {{"le", le}, {"buckets", l.latency_buckets}, {"count", l.latency_count}, {"sum_seconds", l.latency_sum_s}}}});
   }
   return out;
 }
@@ -63,8 +63,8 @@ void Dispatcher::refresh_backlog(int64_t now) {
   for (const auto& [name, h] : pull_handlers_) names.push_back(name);
   for (const auto& name : names) {
     const Store::Backlog b = store_.backlog(name, now);
-    fresh[name] = {b.pending, b.ready, b.delayed, b.retrying, b.dead,
-                   b.oldest_ms > 0 ? std::max<int64_t>(0, now - b.oldest_ms) / 1000.0 : 0.0};
+    fresh[name] = {b.pending,  b.ready, b.delayed,
+                   b.retrying, b.dead,  b.oldest_ms > 0 ? std::max<int64_t>(0, now - b.oldest_ms) / 1000.0 : 0.0};
   }
   metrics_.backlog = std::move(fresh);
   // Counting reads every pending document (FerretDB v1: in Go): at most

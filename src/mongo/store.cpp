@@ -31,7 +31,6 @@ constexpr const char* kInstances = "relay_instances";
 constexpr const char* kDeadLetters = "relay_dead_letters";
 constexpr const char* kSegmentsColl = "relay_segments";
 
-
 // Indexes (into the inserted array) of write errors, with their codes.
 std::vector<std::pair<int, int>> write_errors(const bson_t* reply) {
   std::vector<std::pair<int, int>> out;
@@ -88,36 +87,60 @@ Delivery parse_delivery(const bson_t* doc) {
   Delivery d;
   std::vector<std::string> problems;
   int64_t x = 0;
-  if (get_int64(doc, "_id", &x)) d.id = x; else problems.push_back("_id must be an integer");
-  if (get_int64(doc, "event_id", &x)) d.event_id = x; else problems.push_back("event_id must be an integer");
+  if (get_int64(doc, "_id", &x))
+    d.id = x;
+  else
+    problems.push_back("_id must be an integer");
+  if (get_int64(doc, "event_id", &x))
+    d.event_id = x;
+  else
+    problems.push_back("event_id must be an integer");
   if (!get_string(doc, "handler", &d.handler)) problems.push_back("handler must be a string");
-  if (get_int64(doc, "lane", &x) && x >= 0 && x < core::kLanes) d.lane = static_cast<int>(x);
-  else problems.push_back("lane must be an integer 0..63");
+  if (get_int64(doc, "lane", &x) && x >= 0 && x < core::kLanes)
+    d.lane = static_cast<int>(x);
+  else
+    problems.push_back("lane must be an integer 0..63");
   bson_iter_t it;
   if (bson_iter_init_find(&it, doc, "key") && !BSON_ITER_HOLDS_NULL(&it)) {
-    if (get_string(doc, "key", &d.key)) d.has_key = true; else problems.push_back("key must be a string or absent");
+    if (get_string(doc, "key", &d.key))
+      d.has_key = true;
+    else
+      problems.push_back("key must be a string or absent");
   }
-  if (get_int64(doc, "seq", &x)) d.seq = x; else problems.push_back("seq must be an integer");
-  if (get_int64(doc, "priority", &x) && x >= 0 && x <= 3) d.priority = static_cast<int>(x);
-  else problems.push_back("priority must be an integer 0..3");
+  if (get_int64(doc, "seq", &x))
+    d.seq = x;
+  else
+    problems.push_back("seq must be an integer");
+  if (get_int64(doc, "priority", &x) && x >= 0 && x <= 3)
+    d.priority = static_cast<int>(x);
+  else
+    problems.push_back("priority must be an integer 0..3");
   if (bson_iter_init_find(&it, doc, "not_before") && !get_date_ms(doc, "not_before", &d.not_before_ms))
     problems.push_back("not_before must be a date");
   if (bson_iter_init_find(&it, doc, "published_at") && !get_date_ms(doc, "published_at", &d.published_ms))
     problems.push_back("published_at must be a date");
   if (bson_iter_init_find(&it, doc, "attempt")) {
-    if (get_int64(doc, "attempt", &x) && x >= 0 && x < 1000000) d.attempt = static_cast<int>(x);
-    else problems.push_back("attempt must be a non-negative integer");
+    if (get_int64(doc, "attempt", &x) && x >= 0 && x < 1000000)
+      d.attempt = static_cast<int>(x);
+    else
+      problems.push_back("attempt must be a non-negative integer");
   }
   std::string topic, wire;
-  if (!get_string(doc, "topic", &topic) || !core::is_valid_topic(topic, nullptr)) problems.push_back("topic must be a valid topic");
-  if (bson_iter_init_find(&it, doc, "wire_topic") && !BSON_ITER_HOLDS_NULL(&it) && !get_string(doc, "wire_topic", &wire))
+  if (!get_string(doc, "topic", &topic) || !core::is_valid_topic(topic, nullptr))
+    problems.push_back("topic must be a valid topic");
+  if (bson_iter_init_find(&it, doc, "wire_topic") && !BSON_ITER_HOLDS_NULL(&it) &&
+      !get_string(doc, "wire_topic", &wire))
     problems.push_back("wire_topic must be a string");
   d.topic = wire.empty() ? topic : wire;
-  if (bson_iter_init_find(&it, doc, "payload")) d.payload_json = bson_value_to_json(bson_iter_value(&it));
-  else problems.push_back("payload is missing");
+  if (bson_iter_init_find(&it, doc, "payload"))
+    d.payload_json = bson_value_to_json(bson_iter_value(&it));
+  else
+    problems.push_back("payload is missing");
   if (bson_iter_init_find(&it, doc, "headers") && !BSON_ITER_HOLDS_NULL(&it)) {
-    if (BSON_ITER_HOLDS_DOCUMENT(&it)) d.headers_json = bson_value_to_json(bson_iter_value(&it));
-    else problems.push_back("headers must be an object or absent");
+    if (BSON_ITER_HOLDS_DOCUMENT(&it))
+      d.headers_json = bson_value_to_json(bson_iter_value(&it));
+    else
+      problems.push_back("headers must be an object or absent");
   }
   if (problems.empty() && d.has_key && d.lane != core::lane_for_key(d.key))
     problems.push_back("lane " + std::to_string(d.lane) + " is not the key's lane " +
@@ -136,9 +159,9 @@ namespace {
 // sessions, so the driver's "endSessions" warning at exit is noise: debug.
 void mongoc_log(mongoc_log_level_t level, const char* domain, const char* message, void*) {
   if (level > MONGOC_LOG_LEVEL_INFO) return;
-  LogLevel l = level <= MONGOC_LOG_LEVEL_CRITICAL ? LogLevel::Error
+  LogLevel l = level <= MONGOC_LOG_LEVEL_CRITICAL  ? LogLevel::Error
                : level == MONGOC_LOG_LEVEL_WARNING ? LogLevel::Warn
-                                                    : LogLevel::Info;
+                                                   : LogLevel::Info;
   if (strstr(message, "endSessions") != nullptr) l = LogLevel::Debug;
   log(l, "libmongoc", {{"domain", domain}, {"message", message}});
 }
@@ -161,7 +184,8 @@ Store::Store(const std::string& uri, const std::string& database) : db_(database
   // FerretDB v1 has no retryable writes (no transactions); on a replica set a
   // retried write is fine because every write of the sidecar is idempotent or
   // guarded by a unique index. Let the URI decide; default off for v1.
-  if (!mongoc_uri_has_option(u, MONGOC_URI_RETRYWRITES)) mongoc_uri_set_option_as_bool(u, MONGOC_URI_RETRYWRITES, false);
+  if (!mongoc_uri_has_option(u, MONGOC_URI_RETRYWRITES))
+    mongoc_uri_set_option_as_bool(u, MONGOC_URI_RETRYWRITES, false);
   client_ = mongoc_client_new_from_uri(u);
   mongoc_uri_destroy(u);
   if (client_ == nullptr) throw StoreError("cannot create a MongoDB client for " + uri, 0);
@@ -244,8 +268,7 @@ std::vector<std::string> Store::init() {
     mongoc_database_destroy(d);
     if (!ok) raise_store_error((std::string("create index ") + ix.coll + "." + ix.name).c_str(), err);
     int64_t before = 0, after = 0;
-    if (get_int64(reply, "numIndexesBefore", &before) && get_int64(reply, "numIndexesAfter", &after) &&
-        after > before)
+    if (get_int64(reply, "numIndexesBefore", &before) && get_int64(reply, "numIndexesAfter", &after) && after > before)
       created.push_back(std::string(ix.coll) + "." + ix.name);
   }
   return created;
@@ -263,7 +286,8 @@ void Store::put_handler(const HandlerDoc& h) {
   BSON_APPEND_BOOL(opts, "upsert", true);
   bson_error_t err;
   const auto command = count("replace");
-  if (!mongoc_collection_replace_one(coll(kHandlers), filter, doc, opts, reply, &err)) raise_store_error("store handler", err);
+  if (!mongoc_collection_replace_one(coll(kHandlers), filter, doc, opts, reply, &err))
+    raise_store_error("store handler", err);
 }
 
 bool Store::drop_handler(const std::string& name) {
@@ -271,7 +295,8 @@ bool Store::drop_handler(const std::string& name) {
   BSON_APPEND_UTF8(filter, "_id", name.c_str());
   bson_error_t err;
   const auto command = count("delete");
-  if (!mongoc_collection_delete_one(coll(kHandlers), filter, nullptr, reply, &err)) raise_store_error("drop handler", err);
+  if (!mongoc_collection_delete_one(coll(kHandlers), filter, nullptr, reply, &err))
+    raise_store_error("drop handler", err);
   int64_t n = 0;
   get_int64(reply, "deletedCount", &n);
   Bson rf, rr;
@@ -323,7 +348,8 @@ void Store::put_route(const RouteDoc& r) {
   BSON_APPEND_BOOL(opts, "upsert", true);
   bson_error_t err;
   const auto command = count("replace");
-  if (!mongoc_collection_replace_one(coll(kRoutes), filter, doc, opts, reply, &err)) raise_store_error("store route", err);
+  if (!mongoc_collection_replace_one(coll(kRoutes), filter, doc, opts, reply, &err))
+    raise_store_error("store route", err);
 }
 
 bool Store::drop_route(const std::string& pattern, const std::string& handler) {
@@ -384,7 +410,7 @@ std::vector<LaneDoc> Store::read_lanes() {
 std::vector<bool> Store::insert_lanes(const std::vector<LaneDoc>& ls) {
   std::vector<bool> inserted(ls.size(), true);
   if (ls.empty()) return inserted;
-  std::vector<bson_t *> docs;
+  std::vector<bson_t*> docs;
   for (const auto& l : ls) {
     bson_t* d = bson_new();
     BSON_APPEND_UTF8(d, "_id", lane_id(l.lane, l.epoch).c_str());
@@ -423,7 +449,8 @@ void Store::delete_lane_docs(const std::vector<std::pair<int, int64_t>>& lane_ep
   bson_append_document_end(filter, &in);
   bson_error_t err;
   const auto command = count("delete");
-  if (!mongoc_collection_delete_many(coll(kLanes), filter, nullptr, reply, &err)) raise_store_error("delete old leases", err);
+  if (!mongoc_collection_delete_many(coll(kLanes), filter, nullptr, reply, &err))
+    raise_store_error("delete old leases", err);
 }
 
 void Store::heartbeat(const std::string& instance, int64_t until_ms) {
@@ -445,7 +472,8 @@ void Store::remove_instance(const std::string& instance) {
   BSON_APPEND_UTF8(filter, "_id", instance.c_str());
   bson_error_t err;
   const auto command = count("delete");
-  if (!mongoc_collection_delete_one(coll(kInstances), filter, nullptr, reply, &err)) raise_store_error("remove instance", err);
+  if (!mongoc_collection_delete_one(coll(kInstances), filter, nullptr, reply, &err))
+    raise_store_error("remove instance", err);
 }
 
 int Store::live_instances(int64_t now_ms) {
@@ -471,8 +499,8 @@ std::vector<Delivery> Store::fetch_window(const std::string& handler, const std:
   return find_deliveries(handler, lanes, nullptr, limit, "fetch deliveries");
 }
 
-std::vector<Delivery> Store::fetch_class_window(const std::string& handler, const std::vector<int>& lanes,
-                                                int priority, int limit) {
+std::vector<Delivery> Store::fetch_class_window(const std::string& handler, const std::vector<int>& lanes, int priority,
+                                                int limit) {
   return find_deliveries(handler, lanes, &priority, limit, "fetch deliveries of a priority class");
 }
 
@@ -688,7 +716,7 @@ void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
     const auto command = count("find");
     mongoc_cursor_t* cur = mongoc_collection_find_with_opts(c, filter, nullptr, nullptr);
     const bson_t* doc;
-    std::vector<bson_t *> letters;
+    std::vector<bson_t*> letters;
     while (mongoc_cursor_next(cur, &doc)) {
       int64_t id;
       if (!get_int64(doc, "_id", &id) || !by_id.count(id)) continue;
@@ -745,7 +773,7 @@ int64_t Store::replay(const std::string& handler, const std::vector<int64_t>& id
   const auto command = count("find");
   mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kDeadLetters), filter, nullptr, nullptr);
   const bson_t* doc;
-  std::vector<bson_t *> docs;
+  std::vector<bson_t*> docs;
   std::vector<int64_t> moved;
   while (mongoc_cursor_next(cur, &doc)) {
     int64_t id;
@@ -768,8 +796,8 @@ int64_t Store::replay(const std::string& handler, const std::vector<int64_t>& id
   Bson opts, reply;
   BSON_APPEND_BOOL(opts, "ordered", false);
   const auto inserting = count("insert");
-  bool ok = mongoc_collection_insert_many(coll(kDeliveries), const_cast<const bson_t**>(docs.data()), docs.size(),
-                                          opts, reply, &err);
+  bool ok = mongoc_collection_insert_many(coll(kDeliveries), const_cast<const bson_t**>(docs.data()), docs.size(), opts,
+                                          reply, &err);
   for (bson_t* d : docs) bson_destroy(d);
   if (!ok) {
     auto errs = write_errors(reply);
@@ -825,7 +853,8 @@ int64_t Store::count_deliveries_where(const bson_t* filter) {
   for (const auto& seg : segs) {
     bson_error_t err;
     const auto command = count("count");
-    int64_t n = mongoc_collection_count_documents(coll(seg.collection.c_str()), filter, nullptr, nullptr, nullptr, &err);
+    int64_t n =
+        mongoc_collection_count_documents(coll(seg.collection.c_str()), filter, nullptr, nullptr, nullptr, &err);
     if (n < 0) raise_store_error("count", err);
     total += n;
   }
@@ -906,51 +935,51 @@ int64_t Store::dead_letter_handler(const std::string& handler, const std::string
   bson_error_t err;
   const std::vector<Segment> segs = delivery_collections(0);
   for (const auto& seg : segs)
-  for (mongoc_collection_t* c = coll(seg.collection.c_str());;) {
-    Bson filter, opts;
-    BSON_APPEND_UTF8(filter, "handler", handler.c_str());
-    BSON_APPEND_INT64(opts, "limit", 1000);
-    const auto command = count("find");
-    mongoc_cursor_t* cur = mongoc_collection_find_with_opts(c, filter, opts, nullptr);
-    const bson_t* doc;
-    std::vector<bson_t*> letters;
-    std::vector<int64_t> ids;
-    while (mongoc_cursor_next(cur, &doc)) {
-      int64_t id;
-      if (!get_int64(doc, "_id", &id)) continue;  // not addressable; see fail()
-      bson_t* dl = bson_new();
-      bson_copy_to_excluding_noinit(doc, dl, "attempt", "last_error", "last_status", "not_before", nullptr);
-      int64_t attempt = 0;
-      get_int64(doc, "attempt", &attempt);
-      BSON_APPEND_INT32(dl, "attempts", static_cast<int32_t>(attempt));  // no attempt is charged
-      BSON_APPEND_UTF8(dl, "last_error", reason.c_str());
-      BSON_APPEND_DATE_TIME(dl, "failed_at", now_ms);
-      BSON_APPEND_DATE_TIME(dl, "handler_dropped_at", now_ms);
-      letters.push_back(dl);
-      ids.push_back(id);
-    }
-    bool failed = mongoc_cursor_error(cur, &err);
-    mongoc_cursor_destroy(cur);
-    if (failed) {
+    for (mongoc_collection_t* c = coll(seg.collection.c_str());;) {
+      Bson filter, opts;
+      BSON_APPEND_UTF8(filter, "handler", handler.c_str());
+      BSON_APPEND_INT64(opts, "limit", 1000);
+      const auto command = count("find");
+      mongoc_cursor_t* cur = mongoc_collection_find_with_opts(c, filter, opts, nullptr);
+      const bson_t* doc;
+      std::vector<bson_t*> letters;
+      std::vector<int64_t> ids;
+      while (mongoc_cursor_next(cur, &doc)) {
+        int64_t id;
+        if (!get_int64(doc, "_id", &id)) continue;  // not addressable; see fail()
+        bson_t* dl = bson_new();
+        bson_copy_to_excluding_noinit(doc, dl, "attempt", "last_error", "last_status", "not_before", nullptr);
+        int64_t attempt = 0;
+        get_int64(doc, "attempt", &attempt);
+        BSON_APPEND_INT32(dl, "attempts", static_cast<int32_t>(attempt));  // no attempt is charged
+        BSON_APPEND_UTF8(dl, "last_error", reason.c_str());
+        BSON_APPEND_DATE_TIME(dl, "failed_at", now_ms);
+        BSON_APPEND_DATE_TIME(dl, "handler_dropped_at", now_ms);
+        letters.push_back(dl);
+        ids.push_back(id);
+      }
+      bool failed = mongoc_cursor_error(cur, &err);
+      mongoc_cursor_destroy(cur);
+      if (failed) {
+        for (bson_t* d : letters) bson_destroy(d);
+        raise_store_error("read deliveries of a dropped handler", err);
+      }
+      if (letters.empty()) break;
+      Bson iopts, reply;
+      BSON_APPEND_BOOL(iopts, "ordered", false);
+      const auto second_command = count("insert");
+      bool ok = mongoc_collection_insert_many(coll(kDeadLetters), const_cast<const bson_t**>(letters.data()),
+                                              letters.size(), iopts, reply, &err);
       for (bson_t* d : letters) bson_destroy(d);
-      raise_store_error("read deliveries of a dropped handler", err);
+      if (!ok) {
+        auto errs = write_errors(reply);
+        if (errs.empty()) raise_store_error("dead-letter deliveries of a dropped handler", err);
+        for (const auto& [index, code] : errs)
+          if (code != kDuplicateKey) raise_store_error("dead-letter deliveries of a dropped handler", err);
+      }
+      moved += delete_deliveries(c, ids);
+      for (int64_t id : ids) base_ids_.erase(id);
     }
-    if (letters.empty()) break;
-    Bson iopts, reply;
-    BSON_APPEND_BOOL(iopts, "ordered", false);
-    const auto second_command = count("insert");
-    bool ok = mongoc_collection_insert_many(coll(kDeadLetters), const_cast<const bson_t**>(letters.data()),
-                                            letters.size(), iopts, reply, &err);
-    for (bson_t* d : letters) bson_destroy(d);
-    if (!ok) {
-      auto errs = write_errors(reply);
-      if (errs.empty()) raise_store_error("dead-letter deliveries of a dropped handler", err);
-      for (const auto& [index, code] : errs)
-        if (code != kDuplicateKey) raise_store_error("dead-letter deliveries of a dropped handler", err);
-    }
-    moved += delete_deliveries(c, ids);
-    for (int64_t id : ids) base_ids_.erase(id);
-  }
   // Earlier dead letters of the handler too: a handler created again under
   // this name starts empty, and `replay` leaves these alone.
   Bson f, upd, reply;
@@ -1069,7 +1098,8 @@ std::map<std::string, Store::HandlerLoad> Store::live_load(int64_t now_ms) {
       if (get_int64(&h, "in_flight", &x)) l.in_flight += x;
       if (get_int64(&h, "latency_count", &x)) l.latency_count += x;
       bson_iter_t f, arr;
-      if (bson_iter_init_find(&f, &h, "latency_sum_s") && BSON_ITER_HOLDS_DOUBLE(&f)) l.latency_sum_s += bson_iter_double(&f);
+      if (bson_iter_init_find(&f, &h, "latency_sum_s") && BSON_ITER_HOLDS_DOUBLE(&f))
+        l.latency_sum_s += bson_iter_double(&f);
       if (bson_iter_init_find(&f, &h, "latency_buckets") && BSON_ITER_HOLDS_ARRAY(&f) && bson_iter_recurse(&f, &arr)) {
         for (size_t i = 0; bson_iter_next(&arr); i++) {
           if (l.latency_buckets.size() <= i) l.latency_buckets.resize(i + 1, 0);

@@ -70,8 +70,8 @@ struct Delivery {
   int priority = 1;
   int64_t not_before_ms = 0;
   int64_t published_ms = 0;
-  int attempt = 0;  // failed attempts so far
-  std::string topic;       // the wire name when the route had one, else the topic
+  int attempt = 0;    // failed attempts so far
+  std::string topic;  // the wire name when the route had one, else the topic
   std::string payload_json;
   std::string headers_json;  // empty: none
   std::string malformed;     // why the document cannot be delivered; empty = fine
@@ -85,8 +85,8 @@ struct Delivery {
 // which scans a whole collection for every delete and update.
 constexpr int64_t kSegmentIds = 256;
 struct Segment {
-  int64_t first_id = -1;  // -1: relay_deliveries itself (replays, 0.1.0's documents)
-  unsigned classes = 0xF; // bit c: it may hold deliveries of priority c
+  int64_t first_id = -1;   // -1: relay_deliveries itself (replays, 0.1.0's documents)
+  unsigned classes = 0xF;  // bit c: it may hold deliveries of priority c
   std::string collection;
 };
 std::string segment_collection(int64_t first_id);
@@ -149,7 +149,7 @@ class Store {
   // Deliveries of `handler` with one of the keys at a seq below the given one
   // (the fence when a window was cut short): returns the keys of the rows found.
   std::vector<std::string> earlier_keys(const std::string& handler,
-                                       const std::vector<std::pair<std::string, int64_t>>& key_seqs);
+                                        const std::vector<std::pair<std::string, int64_t>>& key_seqs);
   int64_t complete(const std::vector<int64_t>& ids);  // one deleteMany per segment
   // Retries: one bulk of updates. Dead letters: one insert + one delete.
   void fail(const std::vector<Failure>& failures, int64_t now_ms);
@@ -177,11 +177,11 @@ class Store {
   // Stats (stats.cpp and /metrics), the PostgreSQL views' columns.
   struct Backlog {
     int64_t pending = 0;
-    int64_t ready = 0;     // not_before passed (in flight ones included)
-    int64_t delayed = 0;   // not_before ahead: scheduled or in backoff
-    int64_t retrying = 0;  // attempt > 0
-    int64_t dead = 0;      // dead letters (not of a dropped handler)
-    int64_t oldest_ms = 0; // published_at of the oldest pending, 0 = none
+    int64_t ready = 0;      // not_before passed (in flight ones included)
+    int64_t delayed = 0;    // not_before ahead: scheduled or in backoff
+    int64_t retrying = 0;   // attempt > 0
+    int64_t dead = 0;       // dead letters (not of a dropped handler)
+    int64_t oldest_ms = 0;  // published_at of the oldest pending, 0 = none
   };
   Backlog backlog(const std::string& handler, int64_t now_ms);  // 5 counts + 1 find
   // An instance's load per handler, written with its heartbeat so that
@@ -222,7 +222,7 @@ class Store {
   void delete_versions_below(int64_t version);
   int64_t read_id_counter();  // relay_counters "ids" (0.1.0 publishes), 0 if none
   std::map<std::string, int64_t> read_key_seqs(const std::vector<std::string>& keys);
-  void raise_key_seqs(const std::map<std::string, int64_t>& seqs);  // $max, upsert; one bulk
+  void raise_key_seqs(const std::map<std::string, int64_t>& seqs);                   // $max, upsert; one bulk
   std::map<std::string, int64_t> read_dedupe(const std::vector<std::string>& keys);  // key -> event id
   // insertMany (unordered) into `collection`; duplicate keys count as done.
   void insert_idempotent(const char* collection, const std::vector<bson_t*>& docs, const char* what);
@@ -257,6 +257,7 @@ class Store {
   struct CommandObserver {
     virtual void begin(bool lanes) = 0;
     virtual void end() noexcept = 0;
+
    protected:
     ~CommandObserver() = default;
   };
@@ -269,8 +270,8 @@ class Store {
   bool read_counter(const char* id, int64_t* n);  // relay_counters {_id: id}.n; false: none
   // One find of the handler's deliveries in the lanes (of one priority class
   // when `priority` is set), oldest first; `what` names it in errors.
-  std::vector<Delivery> find_deliveries(const std::string& handler, const std::vector<int>& lanes,
-                                        const int* priority, int limit, const char* what);
+  std::vector<Delivery> find_deliveries(const std::string& handler, const std::vector<int>& lanes, const int* priority,
+                                        int limit, const char* what);
 
   mongoc_collection_t* coll(const char* name);
   // Ends the observer's bracket when the command's method is done with it.
@@ -282,6 +283,7 @@ class Store {
     ~CommandScope() {
       if (s_ != nullptr && --s_->depth_ == 0 && s_->observer_ != nullptr) s_->observer_->end();
     }
+
    private:
     Store* s_;
   };
@@ -299,19 +301,19 @@ class Store {
   uint64_t commands_ = 0;
   std::map<std::string, uint64_t> by_op_;
   CommandObserver* observer_ = nullptr;
-  int depth_ = 0;  // commands in progress (nested: one bracket)
+  int depth_ = 0;      // commands in progress (nested: one bracket)
   int ferretdb_ = -1;  // unknown until is_ferretdb()
   // Segments (segments.cpp).
-  std::vector<Segment> segments_;     // relay_deliveries first
+  std::vector<Segment> segments_;  // relay_deliveries first
   int64_t segments_read_ms_ = -1;
-  std::set<int64_t> prepared_;        // segments this process recorded
-  std::set<int64_t> base_ids_;        // delivery ids read from relay_deliveries itself
+  std::set<int64_t> prepared_;          // segments this process recorded
+  std::set<int64_t> base_ids_;          // delivery ids read from relay_deliveries itself
   int64_t inserted_bound_ = INT64_MAX;  // read_inserted_bound: highest segment id a window reads
   // The collection that holds delivery `id`: relay_deliveries for ids read
   // from there, else its segment's.
   mongoc_collection_t* delivery_coll(int64_t id);
   int64_t delete_deliveries(mongoc_collection_t* c, const std::vector<int64_t>& ids);  // one deleteMany
-  int64_t count_deliveries_where(const bson_t* filter);  // summed over every delivery collection
+  int64_t count_deliveries_where(const bson_t* filter);     // summed over every delivery collection
   int64_t oldest_published_ms(const std::string& handler);  // 0: none pending
   // ids grouped by delivery_coll, oldest collection first.
   std::vector<std::pair<mongoc_collection_t*, std::vector<int64_t>>> by_collection(const std::vector<int64_t>& ids);

@@ -19,10 +19,14 @@ namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::Info)};
 const char* level_name(LogLevel l) {
   switch (l) {
-    case LogLevel::Debug: return "debug";
-    case LogLevel::Info: return "info";
-    case LogLevel::Warn: return "warn";
-    case LogLevel::Error: return "error";
+    case LogLevel::Debug:
+      return "debug";
+    case LogLevel::Info:
+      return "info";
+    case LogLevel::Warn:
+      return "warn";
+    case LogLevel::Error:
+      return "error";
   }
   return "info";
 }
@@ -54,14 +58,12 @@ void log(LogLevel level, std::string_view msg, nlohmann::json fields) {
 }
 
 int64_t wall_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
 int64_t monotonic_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -70,8 +72,8 @@ std::string iso8601_ms(int64_t ms) {
   struct tm tm;
   gmtime_r(&s, &tm);
   char buf[64];
-  snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms % 1000));
+  snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+           tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms % 1000));
   return buf;
 }
 
@@ -113,8 +115,8 @@ bool append_json_value(bson_t* doc, const char* name, std::string_view json_text
   wrapped.append(json_text);
   wrapped += "}";
   bson_error_t err;
-  bson_t* parsed = bson_new_from_json(reinterpret_cast<const uint8_t*>(wrapped.data()),
-                                      static_cast<ssize_t>(wrapped.size()), &err);
+  bson_t* parsed =
+      bson_new_from_json(reinterpret_cast<const uint8_t*>(wrapped.data()), static_cast<ssize_t>(wrapped.size()), &err);
   if (parsed == nullptr) {
     *why = std::string("JSON not storable as BSON: ") + err.message;
     return false;

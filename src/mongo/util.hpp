@@ -19,10 +19,18 @@ bool parse_log_level(std::string_view text, LogLevel* out);
 void set_log_level(LogLevel level);
 // One line: {"ts":"2024-01-02T03:04:05.678Z","level":"info","msg":...,<fields>}
 void log(LogLevel level, std::string_view msg, nlohmann::json fields = nlohmann::json::object());
-inline void log_info(std::string_view msg, nlohmann::json f = nlohmann::json::object()) { log(LogLevel::Info, msg, std::move(f)); }
-inline void log_warn(std::string_view msg, nlohmann::json f = nlohmann::json::object()) { log(LogLevel::Warn, msg, std::move(f)); }
-inline void log_error(std::string_view msg, nlohmann::json f = nlohmann::json::object()) { log(LogLevel::Error, msg, std::move(f)); }
-inline void log_debug(std::string_view msg, nlohmann::json f = nlohmann::json::object()) { log(LogLevel::Debug, msg, std::move(f)); }
+inline void log_info(std::string_view msg, nlohmann::json f = nlohmann::json::object()) {
+  log(LogLevel::Info, msg, std::move(f));
+}
+inline void log_warn(std::string_view msg, nlohmann::json f = nlohmann::json::object()) {
+  log(LogLevel::Warn, msg, std::move(f));
+}
+inline void log_error(std::string_view msg, nlohmann::json f = nlohmann::json::object()) {
+  log(LogLevel::Error, msg, std::move(f));
+}
+inline void log_debug(std::string_view msg, nlohmann::json f = nlohmann::json::object()) {
+  log(LogLevel::Debug, msg, std::move(f));
+}
 
 // A test hook: RELAYBUS_MONGO_CRASH_POINT=<point> makes the process _exit(99)
 // when it reaches that point: after a step of applying a sequencer version

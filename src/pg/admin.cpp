@@ -32,204 +32,208 @@ using namespace relaybus;
 using namespace relaybus::pg;
 
 static void require_arg(FunctionCallInfo fcinfo, int n, const char* what) {
-    if (PG_ARGISNULL(n))
-        ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("%s must not be NULL", what)));
+  if (PG_ARGISNULL(n)) ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("%s must not be NULL", what)));
 }
 
 // The core's checks of a handler (C++: a failure is thrown as SqlError).
 // Returns the handler's secrets as a JSON array text, palloc'd.
-static char* check_handler(std::string_view name, std::string_view kind_text, bool target_null,
-                           std::string_view target, const char* options_text) {
-    std::string why;
-    auto detail = [&why] { return why.empty() ? std::string("invalid value") : why; };
-    if (!core::is_valid_handler_name(name, &why))
-        throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid handler name \"" + std::string(name) + "\"",
-                       detail(), "Use 1 to 63 lower-case letters, digits, '_', '.' or '-'.");
-    core::HandlerKind kind = core::HandlerKind::Pull;
-    if (!core::parse_handler_kind(kind_text, &kind, &why))
-        throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid handler kind \"" + std::string(kind_text) + "\"",
-                       "", "The kinds are notify, http, pull and kafka.");
-    if (!core::validate_target(kind, target_null ? std::string_view() : target, target_null, &why))
-        throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE,
-                       "invalid target for a " + std::string(kind_text) + " handler", detail());
-    core::HandlerOptions parsed;
-    if (!core::parse_handler_options(kind, options_text, &parsed, &why))
-        throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid option: " + detail());
-    if (!core::check_secret_strength(parsed, &why))
-        throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid option: " + detail(), "",
-                       "Use \"whsec_\" followed by the base64 of 32 random bytes (openssl rand -base64 32).");
-    std::string secrets = "[";
-    for (size_t i = 0; i < parsed.secrets.size(); i++) {
-        if (i > 0) secrets += ",";
-        secrets += "\"" + parsed.secrets[i] + "\"";  // whsec_ + base64: nothing to escape
-    }
-    secrets += "]";
-    return pg_guard([&] { return pstrdup(secrets.c_str()); });
+static char* check_handler(std::string_view name, std::string_view kind_text, bool target_null, std::string_view target,
+                           const char* options_text) {
+  std::string why;
+  auto detail = [&why] { return why.empty() ? std::string("invalid value") : why; };
+  if (!core::is_valid_handler_name(name, &why))
+    throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid handler name \"" + std::string(name) + "\"", detail(),
+                   "Use 1 to 63 lower-case letters, digits, '_', '.' or '-'.");
+  core::HandlerKind kind = core::HandlerKind::Pull;
+  if (!core::parse_handler_kind(kind_text, &kind, &why))
+    throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid handler kind \"" + std::string(kind_text) + "\"", "",
+                   "The kinds are notify, http, pull and kafka.");
+  if (!core::validate_target(kind, target_null ? std::string_view() : target, target_null, &why))
+    throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid target for a " + std::string(kind_text) + " handler",
+                   detail());
+  core::HandlerOptions parsed;
+  if (!core::parse_handler_options(kind, options_text, &parsed, &why))
+    throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid option: " + detail());
+  if (!core::check_secret_strength(parsed, &why))
+    throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid option: " + detail(), "",
+                   "Use \"whsec_\" followed by the base64 of 32 random bytes (openssl rand -base64 32).");
+  std::string secrets = "[";
+  for (size_t i = 0; i < parsed.secrets.size(); i++) {
+    if (i > 0) secrets += ",";
+    secrets += "\"" + parsed.secrets[i] + "\"";  // whsec_ + base64: nothing to escape
+  }
+  secrets += "]";
+  return pg_guard([&] { return pstrdup(secrets.c_str()); });
 }
 
 // relay._validate_handler(name, kind, target, options) -> {"target", "options", "secrets"}
 RELAYBUS_SQL_FUNCTION(relay_validate_handler) {
-    require_arg(fcinfo, 0, "name");
-    require_arg(fcinfo, 1, "kind");
-    int name_len = 0, kind_len = 0, target_len = 0;
-    char* name = text_arg(fcinfo, 0, &name_len);
-    char* kind_text = text_arg(fcinfo, 1, &kind_len);
-    bool target_null = PG_ARGISNULL(2);
-    char* target = target_null ? nullptr : text_arg(fcinfo, 2, &target_len);
-    Jsonb* options = PG_ARGISNULL(3) ? nullptr : PG_GETARG_JSONB_P(3);
-    char* options_text =
-        options == nullptr ? pstrdup("{}") : JsonbToCString(nullptr, &options->root, VARSIZE(options));
-    char* secrets_json = check_handler(std::string_view(name, name_len), std::string_view(kind_text, kind_len),
-                                       target_null, target_null ? std::string_view() : std::string_view(target, target_len),
-                                       options_text);
+  require_arg(fcinfo, 0, "name");
+  require_arg(fcinfo, 1, "kind");
+  int name_len = 0, kind_len = 0, target_len = 0;
+  char* name = text_arg(fcinfo, 0, &name_len);
+  char* kind_text = text_arg(fcinfo, 1, &kind_len);
+  bool target_null = PG_ARGISNULL(2);
+  char* target = target_null ? nullptr : text_arg(fcinfo, 2, &target_len);
+  Jsonb* options = PG_ARGISNULL(3) ? nullptr : PG_GETARG_JSONB_P(3);
+  char* options_text = options == nullptr ? pstrdup("{}") : JsonbToCString(nullptr, &options->root, VARSIZE(options));
+  char* secrets_json =
+      check_handler(std::string_view(name, name_len), std::string_view(kind_text, kind_len), target_null,
+                    target_null ? std::string_view() : std::string_view(target, target_len), options_text);
 
-    StringInfoData buf;
-    initStringInfo(&buf);
-    appendStringInfoString(&buf, "{\"target\": ");
-    if (target_null || target_len == 0)
-        appendStringInfoString(&buf, "null");
-    else
-        escape_json(&buf, target);
-    appendStringInfoString(&buf, ", \"secrets\": ");
-    appendStringInfoString(&buf, secrets_json);
-    appendStringInfoString(&buf, ", \"options\": ");
-    Datum public_options = options == nullptr
-                               ? DirectFunctionCall1(jsonb_in, CStringGetDatum("{}"))
-                               : DirectFunctionCall2(jsonb_delete, JsonbPGetDatum(options),
-                                                     CStringGetTextDatum("secret"));
-    Jsonb* po = DatumGetJsonbP(public_options);
-    appendStringInfoString(&buf, JsonbToCString(nullptr, &po->root, VARSIZE(po)));
-    appendStringInfoChar(&buf, '}');
-    PG_RETURN_DATUM(DirectFunctionCall1(jsonb_in, CStringGetDatum(buf.data)));
+  StringInfoData buf;
+  initStringInfo(&buf);
+  appendStringInfoString(&buf, "{\"target\": ");
+  if (target_null || target_len == 0)
+    appendStringInfoString(&buf, "null");
+  else
+    escape_json(&buf, target);
+  appendStringInfoString(&buf, ", \"secrets\": ");
+  appendStringInfoString(&buf, secrets_json);
+  appendStringInfoString(&buf, ", \"options\": ");
+  Datum public_options =
+      options == nullptr ? DirectFunctionCall1(jsonb_in, CStringGetDatum("{}"))
+                         : DirectFunctionCall2(jsonb_delete, JsonbPGetDatum(options), CStringGetTextDatum("secret"));
+  Jsonb* po = DatumGetJsonbP(public_options);
+  appendStringInfoString(&buf, JsonbToCString(nullptr, &po->root, VARSIZE(po)));
+  appendStringInfoChar(&buf, '}');
+  PG_RETURN_DATUM(DirectFunctionCall1(jsonb_in, CStringGetDatum(buf.data)));
 }
 
 // The core's checks of a route (C++: a failure is thrown as SqlError).
 static void check_route(std::string_view pattern, bool wire_null, std::string_view wire) {
-    std::string why;
-    raise_test_fault();
-    if (!core::is_valid_pattern(pattern, &why))
-        throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid topic pattern \"" + std::string(pattern) + "\"",
-                       why.empty() ? "invalid value" : why,
-                       "Use dot-separated segments; '*' matches one segment, '#' any number.");
-    if (!wire_null && !core::is_valid_topic(wire, &why))
-        throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid wire name \"" + std::string(wire) + "\"",
-                       why.empty() ? "invalid value" : why);
+  std::string why;
+  raise_test_fault();
+  if (!core::is_valid_pattern(pattern, &why))
+    throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid topic pattern \"" + std::string(pattern) + "\"",
+                   why.empty() ? "invalid value" : why,
+                   "Use dot-separated segments; '*' matches one segment, '#' any number.");
+  if (!wire_null && !core::is_valid_topic(wire, &why))
+    throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid wire name \"" + std::string(wire) + "\"",
+                   why.empty() ? "invalid value" : why);
 }
 
 // relay._validate_route(pattern, wire_name)
 RELAYBUS_SQL_FUNCTION(relay_validate_route) {
-    require_arg(fcinfo, 0, "topic");
-    int len = 0, wlen = 0;
-    char* pattern = text_arg(fcinfo, 0, &len);
-    bool wire_null = PG_ARGISNULL(1);
-    char* wire = wire_null ? nullptr : text_arg(fcinfo, 1, &wlen);
-    check_route(std::string_view(pattern, len), wire_null, wire_null ? std::string_view() : std::string_view(wire, wlen));
-    PG_RETURN_VOID();
+  require_arg(fcinfo, 0, "topic");
+  int len = 0, wlen = 0;
+  char* pattern = text_arg(fcinfo, 0, &len);
+  bool wire_null = PG_ARGISNULL(1);
+  char* wire = wire_null ? nullptr : text_arg(fcinfo, 1, &wlen);
+  check_route(std::string_view(pattern, len), wire_null, wire_null ? std::string_view() : std::string_view(wire, wlen));
+  PG_RETURN_VOID();
 }
 
 RELAYBUS_SQL_FUNCTION(relay_catalog_changed) {
-    if (!CALLED_AS_TRIGGER(fcinfo)) elog(ERROR, "relay._catalog_changed must be called as a trigger");
-    catalog_changed_in_this_transaction();
-    // A resumed handler, a new route or new options can make deliveries
-    // ready that no publish will announce: wake the dispatchers at commit
-    // (only then), as a publish does, so they reload the catalog and claim.
-    wake_dispatchers_at_commit();
-    return (Datum)0;
+  if (!CALLED_AS_TRIGGER(fcinfo)) elog(ERROR, "relay._catalog_changed must be called as a trigger");
+  catalog_changed_in_this_transaction();
+  // A resumed handler, a new route or new options can make deliveries
+  // ready that no publish will announce: wake the dispatchers at commit
+  // (only then), as a publish does, so they reload the catalog and claim.
+  wake_dispatchers_at_commit();
+  return (Datum)0;
 }
 
 RELAYBUS_SQL_FUNCTION(relay_leases) {
-    InitMaterializedSRF(fcinfo, 0);
-    auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
-    int max = guc_max_leases;
-    auto* entries = static_cast<LeaseEntry*>(palloc(sizeof(LeaseEntry) * max));
-    int n = leases_copy(entries, max);
-    for (int i = 0; i < n; i++) {
-        Datum values[4] = {Int64GetDatum(entries[i].key.delivery_id), Int32GetDatum(entries[i].handler_id),
-                           TimestampTzGetDatum(entries[i].until), Int32GetDatum(entries[i].owner_pid)};
-        bool nulls[4] = {false, false, false, false};
-        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-    }
-    return (Datum)0;
+  InitMaterializedSRF(fcinfo, 0);
+  auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+  int max = guc_max_leases;
+  auto* entries = static_cast<LeaseEntry*>(palloc(sizeof(LeaseEntry) * max));
+  int n = leases_copy(entries, max);
+  for (int i = 0; i < n; i++) {
+    Datum values[4] = {Int64GetDatum(entries[i].key.delivery_id), Int32GetDatum(entries[i].handler_id),
+                       TimestampTzGetDatum(entries[i].until), Int32GetDatum(entries[i].owner_pid)};
+    bool nulls[4] = {false, false, false, false};
+    tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+  }
+  return (Datum)0;
 }
 
 RELAYBUS_SQL_FUNCTION(relay_lane_of) {
-    text* key = PG_GETARG_TEXT_PP(0);
-    PG_RETURN_INT32(core::lane_for_key(std::string_view(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key))));
+  text* key = PG_GETARG_TEXT_PP(0);
+  PG_RETURN_INT32(core::lane_for_key(std::string_view(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key))));
 }
 
 // relay._workers(): the dispatchers of this database, and a row without a pid
 // when the launcher could not start one (no background worker slot free).
 RELAYBUS_SQL_FUNCTION(relay_workers) {
-    InitMaterializedSRF(fcinfo, 0);
-    auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
-    if (workers == nullptr) return (Datum)0;
-    int nslots = workers->nslots;
-    auto* copy = static_cast<DispatcherSlot*>(palloc(sizeof(DispatcherSlot) * nslots));
-    TimestampTz not_started_since = 0;
-    LWLockAcquire(workers->lock, LW_SHARED);
-    memcpy(copy, workers->slots, sizeof(DispatcherSlot) * nslots);
-    int d = database_slot(MyDatabaseId, false);
-    if (d >= 0) not_started_since = workers->databases[d].not_started_since;
-    LWLockRelease(workers->lock);
-    for (int s = 0; s < nslots; s++) {
-        const DispatcherSlot& w = copy[s];
-        if (w.dboid != MyDatabaseId || w.pid == 0) continue;
-        Datum v[8] = {Int32GetDatum(w.pid),        Int32GetDatum(w.worker_index),
-                      Int32GetDatum(w.lanes_held), Int64GetDatum(static_cast<int64>(w.delivered)),
-                      Int64GetDatum(static_cast<int64>(w.failed)), CStringGetTextDatum(w.last_error),
-                      TimestampTzGetDatum(w.started_at), TimestampTzGetDatum(w.heartbeat)};
-        bool n[8] = {false, false, false, false, false, w.last_error[0] == '\0', false, false};
-        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
-    }
-    if (not_started_since != 0) {
-        char msg[200];
-        snprintf(msg, sizeof(msg), "not started since %s: no background worker slot free (max_worker_processes)",
-                 timestamptz_to_str(not_started_since));
-        Datum v[8] = {0, 0, Int32GetDatum(0), Int64GetDatum(0), Int64GetDatum(0), CStringGetTextDatum(msg), 0, 0};
-        bool n[8] = {true, true, false, false, false, false, true, true};
-        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
-    }
-    return (Datum)0;
+  InitMaterializedSRF(fcinfo, 0);
+  auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+  if (workers == nullptr) return (Datum)0;
+  int nslots = workers->nslots;
+  auto* copy = static_cast<DispatcherSlot*>(palloc(sizeof(DispatcherSlot) * nslots));
+  TimestampTz not_started_since = 0;
+  LWLockAcquire(workers->lock, LW_SHARED);
+  memcpy(copy, workers->slots, sizeof(DispatcherSlot) * nslots);
+  int d = database_slot(MyDatabaseId, false);
+  if (d >= 0) not_started_since = workers->databases[d].not_started_since;
+  LWLockRelease(workers->lock);
+  for (int s = 0; s < nslots; s++) {
+    const DispatcherSlot& w = copy[s];
+    if (w.dboid != MyDatabaseId || w.pid == 0) continue;
+    Datum v[8] = {Int32GetDatum(w.pid),
+                  Int32GetDatum(w.worker_index),
+                  Int32GetDatum(w.lanes_held),
+                  Int64GetDatum(static_cast<int64>(w.delivered)),
+                  Int64GetDatum(static_cast<int64>(w.failed)),
+                  CStringGetTextDatum(w.last_error),
+                  TimestampTzGetDatum(w.started_at),
+                  TimestampTzGetDatum(w.heartbeat)};
+    bool n[8] = {false, false, false, false, false, w.last_error[0] == '\0', false, false};
+    tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
+  }
+  if (not_started_since != 0) {
+    char msg[200];
+    snprintf(msg, sizeof(msg), "not started since %s: no background worker slot free (max_worker_processes)",
+             timestamptz_to_str(not_started_since));
+    Datum v[8] = {0, 0, Int32GetDatum(0), Int64GetDatum(0), Int64GetDatum(0), CStringGetTextDatum(msg), 0, 0};
+    bool n[8] = {true, true, false, false, false, false, true, true};
+    tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
+  }
+  return (Datum)0;
 }
 
 // Latency percentile from a log2 histogram: the upper bound of the bucket, in ms.
 static double percentile_ms(const uint64* buckets, uint64 total, double q) {
-    if (total == 0) return -1;
-    uint64 rank = static_cast<uint64>(q * static_cast<double>(total - 1)) + 1, seen = 0;
-    for (int b = 0; b < kLatencyBuckets; b++) {
-        seen += buckets[b];
-        if (seen >= rank) return static_cast<double>(int64{1} << b) / 1000.0;
-    }
-    return static_cast<double>(int64{1} << (kLatencyBuckets - 1)) / 1000.0;
+  if (total == 0) return -1;
+  uint64 rank = static_cast<uint64>(q * static_cast<double>(total - 1)) + 1, seen = 0;
+  for (int b = 0; b < kLatencyBuckets; b++) {
+    seen += buckets[b];
+    if (seen >= rank) return static_cast<double>(int64{1} << b) / 1000.0;
+  }
+  return static_cast<double>(int64{1} << (kLatencyBuckets - 1)) / 1000.0;
 }
 
 // relay._handler_counters(): delivered, retried and dead-lettered counts and
 // latency percentiles since server start, per handler of this database.
 RELAYBUS_SQL_FUNCTION(relay_handler_counters) {
-    InitMaterializedSRF(fcinfo, 0);
-    auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
-    if (workers == nullptr) return (Datum)0;
-    auto* copy = static_cast<HandlerCounters*>(palloc(sizeof(HandlerCounters) * kMaxHandlerStats));
-    LWLockAcquire(workers->lock, LW_SHARED);
-    memcpy(copy, workers->handlers, sizeof(HandlerCounters) * kMaxHandlerStats);
-    LWLockRelease(workers->lock);
-    for (int i = 0; i < kMaxHandlerStats; i++) {
-        const HandlerCounters& c = copy[i];
-        if (c.dboid != MyDatabaseId) continue;
-        double p50 = percentile_ms(c.latency, c.delivered, 0.50);
-        double p99 = percentile_ms(c.latency, c.delivered, 0.99);
-        Datum v[12] = {Int32GetDatum(c.handler_id), Int64GetDatum(static_cast<int64>(c.delivered)),
-                       Int64GetDatum(static_cast<int64>(c.retried)), Int64GetDatum(static_cast<int64>(c.dead)),
-                       Float8GetDatum(p50), Float8GetDatum(p99),
-                       Int64GetDatum(static_cast<int64>(c.http_status[2])),
-                       Int64GetDatum(static_cast<int64>(c.http_status[3])),
-                       Int64GetDatum(static_cast<int64>(c.http_status[4])),
-                       Int64GetDatum(static_cast<int64>(c.http_status[5])),
-                       Int64GetDatum(static_cast<int64>(c.http_status[0] + c.http_status[1])),
-                       TimestampTzGetDatum(c.breaker_until)};
-        bool n[12] = {false, false, false, false, p50 < 0, p99 < 0, false, false, false, false, false,
-                      c.breaker_until == 0};
-        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
-    }
-    return (Datum)0;
+  InitMaterializedSRF(fcinfo, 0);
+  auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+  if (workers == nullptr) return (Datum)0;
+  auto* copy = static_cast<HandlerCounters*>(palloc(sizeof(HandlerCounters) * kMaxHandlerStats));
+  LWLockAcquire(workers->lock, LW_SHARED);
+  memcpy(copy, workers->handlers, sizeof(HandlerCounters) * kMaxHandlerStats);
+  LWLockRelease(workers->lock);
+  for (int i = 0; i < kMaxHandlerStats; i++) {
+    const HandlerCounters& c = copy[i];
+    if (c.dboid != MyDatabaseId) continue;
+    double p50 = percentile_ms(c.latency, c.delivered, 0.50);
+    double p99 = percentile_ms(c.latency, c.delivered, 0.99);
+    Datum v[12] = {Int32GetDatum(c.handler_id),
+                   Int64GetDatum(static_cast<int64>(c.delivered)),
+                   Int64GetDatum(static_cast<int64>(c.retried)),
+                   Int64GetDatum(static_cast<int64>(c.dead)),
+                   Float8GetDatum(p50),
+                   Float8GetDatum(p99),
+                   Int64GetDatum(static_cast<int64>(c.http_status[2])),
+                   Int64GetDatum(static_cast<int64>(c.http_status[3])),
+                   Int64GetDatum(static_cast<int64>(c.http_status[4])),
+                   Int64GetDatum(static_cast<int64>(c.http_status[5])),
+                   Int64GetDatum(static_cast<int64>(c.http_status[0] + c.http_status[1])),
+                   TimestampTzGetDatum(c.breaker_until)};
+    bool n[12] = {false, false, false, false, p50 < 0, p99 < 0,
+                  false, false, false, false, false,   c.breaker_until == 0};
+    tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
+  }
+  return (Datum)0;
 }

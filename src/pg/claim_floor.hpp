@@ -47,20 +47,20 @@ namespace relaybus::pg {
 
 // A claim's floor: from[p] is the first id of class p worth reading.
 struct FloorView {
-    bool head;      // from the head (from[] all 0)
-    int64 from[4];
+  bool head;  // from the head (from[] all 0)
+  int64 from[4];
 };
 
 // The rule's state for one handler (plain data: it may live in shared memory).
 struct FloorState {
-    uint64 lanes;            // the lanes it is for (bit n = lane n)
-    uint32 rescans;          // the rescan count it is for
-    int64 floor[4];
-    int64 highest[4];        // the highest id returned per class since the last reset (-1: none)
-    bool pending;
-    int64 candidate[4];
-    TransactionId after;     // the candidate holds once xmin has passed this
-    TimestampTz head_due;    // the next claim from the head, at the latest
+  uint64 lanes;    // the lanes it is for (bit n = lane n)
+  uint32 rescans;  // the rescan count it is for
+  int64 floor[4];
+  int64 highest[4];  // the highest id returned per class since the last reset (-1: none)
+  bool pending;
+  int64 candidate[4];
+  TransactionId after;   // the candidate holds once xmin has passed this
+  TimestampTz head_due;  // the next claim from the head, at the latest
 };
 
 void floor_state_init(FloorState* f);

@@ -46,21 +46,21 @@ constexpr int kFrontierKeys = 32;
 
 // A claim's view of its handler's frontier.
 struct FrontierView {
-    bool head;       // scan from the head, i.e. from floor[]: no valid frontier
-    int64 from[4];   // per priority class: the first id worth reading
-    uint64 gen;      // lowered since? (an advance from an older view is dropped)
-    int64 floor[4];  // the settled floor (0: none)
-    uint64 floor_gen;
-    int nkeys;       // keys that may be blocked below from[] (frontier_key_hash)
-    uint64 keys[kFrontierKeys];
+  bool head;       // scan from the head, i.e. from floor[]: no valid frontier
+  int64 from[4];   // per priority class: the first id worth reading
+  uint64 gen;      // lowered since? (an advance from an older view is dropped)
+  int64 floor[4];  // the settled floor (0: none)
+  uint64 floor_gen;
+  int nkeys;  // keys that may be blocked below from[] (frontier_key_hash)
+  uint64 keys[kFrontierKeys];
 };
 
 // A taken or held keyed row that a claim's advance may move the frontier
 // past, while a later row of its key was in the claim's scan.
 struct FrontierPassed {
-    int64 id;
-    int priority;  // class 0..3
-    uint64 key_hash;
+  int64 id;
+  int priority;  // class 0..3
+  uint64 key_hash;
 };
 
 Size claim_frontier_shmem_size();
@@ -75,8 +75,8 @@ bool frontier_view_has_key(const FrontierView& view, uint64 key_hash);
 // has a later row. From a head view this sets the frontier (valid for
 // kFrontierMs) and its keys; from a frontier view it moves it forward and
 // adds the keys. Dropped if it was lowered since.
-void frontier_advance(int32 handler_id, const FrontierView& view, const int64 upto[4],
-                      const FrontierPassed* passed, int npassed, TimestampTz now);
+void frontier_advance(int32 handler_id, const FrontierView& view, const int64 upto[4], const FrontierPassed* passed,
+                      int npassed, TimestampTz now);
 // The fence dropped a row of this key that is still there: an earlier row of
 // the key may be below the frontier.
 void frontier_note_key(int32 handler_id, uint64 key_hash);

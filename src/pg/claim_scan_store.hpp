@@ -15,69 +15,69 @@ struct ClaimScanState;  // opaque
 
 // What the backend keeps per handler between claims (core::ClaimScanHint).
 struct ScanHintData {
-    int window;
-    int window_front;
-    uint32 claims;
+  int window;
+  int window_front;
+  uint32 claims;
 };
 
 struct ScanConfigData {
-    int max;
-    int per_key;
-    int64 now_ms;
-    int64 aging_ms;
-    int scan_limit;
-    bool from_frontier;  // start at frontier[], else at floor[]
-    int64 frontier[4];
-    int64 floor[4];
-    bool key_walk_filtered;  // the key walk passes keys of other lanes
+  int max;
+  int per_key;
+  int64 now_ms;
+  int64 aging_ms;
+  int scan_limit;
+  bool from_frontier;  // start at frontier[], else at floor[]
+  int64 frontier[4];
+  int64 floor[4];
+  bool key_walk_filtered;  // the key walk passes keys of other lanes
 };
 
 enum class ScanStep { Window, KeyHeads, HeadsOfKeys, Done };
 
 struct ScanStepData {
-    ScanStep kind;
-    int64 from[4];  // Window: per class (all 0: from the very start)
-    int window;
-    bool at_floor;
-    int max_keys;  // KeyHeads
-    int per_key;   // KeyHeads, HeadsOfKeys
-    int nkeys;     // HeadsOfKeys
-    const char* const* keys;  // owned by the scan, valid until the next step
+  ScanStep kind;
+  int64 from[4];  // Window: per class (all 0: from the very start)
+  int window;
+  bool at_floor;
+  int max_keys;             // KeyHeads
+  int per_key;              // KeyHeads, HeadsOfKeys
+  int nkeys;                // HeadsOfKeys
+  const char* const* keys;  // owned by the scan, valid until the next step
 };
 
 // One read's rows (keys[i] nullptr: unkeyed; key_below nullptr: none marked).
 struct ScanRowsData {
-    int n;
-    const int64* ids;
-    const int* priority;
-    char* const* keys;
-    const int64* ready_at_ms;
-    const bool* leased;
-    const bool* expired;
-    const bool* key_below;
+  int n;
+  const int64* ids;
+  const int* priority;
+  char* const* keys;
+  const int64* ready_at_ms;
+  const bool* leased;
+  const bool* expired;
+  const bool* key_below;
 };
 
 struct ScanPassedData {
-    int64 id;
-    int priority;
-    const char* key;
+  int64 id;
+  int priority;
+  const char* key;
 };
 
 // What the scan decided; pointers valid until scan_end().
 struct ScanOutcomeData {
-    int nchosen;
-    const int64* chosen;  // plan order
-    bool heads_added;
-    bool at_floor;
-    int64 from[4];
-    int64 first[4];
-    int64 highest[4];
-    int64 next_ready_ms;
-    int nexpired;
-    const int64* expired;
-    int64 upto[4];
-    int npassed;
-    const ScanPassedData* passed;
+  int nchosen;
+  const int64* chosen;  // plan order
+  bool heads_added;
+  bool at_floor;
+  int64 from[4];
+  int64 first[4];
+  int64 highest[4];
+  int64 next_ready_ms;
+  int nexpired;
+  const int64* expired;
+  int64 upto[4];
+  int npassed;
+  const ScanPassedData* passed;
 };
 
 // Starts a scan in CurrentMemoryContext, from the handler's hint.
@@ -94,11 +94,11 @@ void scan_end(ClaimScanState* s);
 // (give_back[]: indices into chosen, give_back_row[]: their fetched row, -1:
 // gone; *ngive). Every output array holds nchosen entries.
 struct FetchedData {
-    int n;
-    const int64* ids;
-    char* const* keys;
-    const int64* seqs;
-    const bool* valid;
+  int n;
+  const int64* ids;
+  char* const* keys;
+  const int64* seqs;
+  const bool* valid;
 };
 int scan_hand_over(const int64* chosen, const bool* got, int nchosen, const FetchedData* fetched, int* order,
                    int* give_back, int* give_back_row, int* ngive);

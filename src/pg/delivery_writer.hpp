@@ -16,27 +16,27 @@
 namespace relaybus::pg {
 
 struct DeliveryRow {
-    int64 event_id;
-    int64 seq;        // ignored when key is 0
-    TimestampTz not_before;
-    int32 handler_id;
-    int16 lane;
-    int16 priority;
-    Datum topic;      // text
-    Datum wire_topic; // text, or 0 for NULL
-    Datum key;        // text, or 0 for NULL (the row's seq is then NULL too)
-    Datum payload;    // jsonb
-    Datum headers;    // jsonb, or 0 for NULL
+  int64 event_id;
+  int64 seq;  // ignored when key is 0
+  TimestampTz not_before;
+  int32 handler_id;
+  int16 lane;
+  int16 priority;
+  Datum topic;       // text
+  Datum wire_topic;  // text, or 0 for NULL
+  Datum key;         // text, or 0 for NULL (the row's seq is then NULL too)
+  Datum payload;     // jsonb
+  Datum headers;     // jsonb, or 0 for NULL
 };
 
 struct DeliveryWriter {
-    Relation rel;
-    EState* estate;
-    ResultRelInfo* rri;
-    TupleTableSlot* slot;
-    Oid delivery_seq;
-    CommandId cid;
-    TimestampTz now;
+  Relation rel;
+  EState* estate;
+  ResultRelInfo* rri;
+  TupleTableSlot* slot;
+  Oid delivery_seq;
+  CommandId cid;
+  TimestampTz now;
 };
 
 // Relation ids of relay's sequences (resolved once per relay schema).

@@ -21,27 +21,27 @@ constexpr size_t kErrLen = 512;
 // after filling *why. On failure or exception the message is copied into err.
 template <typename F>
 bool run_core(F&& f, char (&err)[kErrLen]) noexcept {
-    err[0] = '\0';
-    bool ok = false;
-    try {
-        std::string why;
-        ok = f(&why);
-        if (!ok) {
-            std::strncpy(err, why.empty() ? "invalid value" : why.c_str(), kErrLen - 1);
-            err[kErrLen - 1] = '\0';
-        }
-    } catch (const std::bad_alloc&) {
-        std::strncpy(err, "out of memory in relaybus core", kErrLen - 1);
-        ok = false;
-    } catch (const std::exception& e) {
-        std::strncpy(err, e.what(), kErrLen - 1);
-        err[kErrLen - 1] = '\0';
-        ok = false;
-    } catch (...) {
-        std::strncpy(err, "unknown C++ exception in relaybus core", kErrLen - 1);
-        ok = false;
+  err[0] = '\0';
+  bool ok = false;
+  try {
+    std::string why;
+    ok = f(&why);
+    if (!ok) {
+      std::strncpy(err, why.empty() ? "invalid value" : why.c_str(), kErrLen - 1);
+      err[kErrLen - 1] = '\0';
     }
-    return ok;
+  } catch (const std::bad_alloc&) {
+    std::strncpy(err, "out of memory in relaybus core", kErrLen - 1);
+    ok = false;
+  } catch (const std::exception& e) {
+    std::strncpy(err, e.what(), kErrLen - 1);
+    err[kErrLen - 1] = '\0';
+    ok = false;
+  } catch (...) {
+    std::strncpy(err, "unknown C++ exception in relaybus core", kErrLen - 1);
+    ok = false;
+  }
+  return ok;
 }
 
 }  // namespace relaybus::pg

@@ -15,10 +15,10 @@ enum AlertKind { kAlertStartedFailing = 0, kAlertBreakerOpened, kAlertBreakerClo
 
 // What one counting call has to say, filled under the lock.
 struct PendingAlert {
-    AlertKind kind = kAlertKinds;  // kAlertKinds: nothing
-    uint32 suppressed = 0;         // events of this kind not logged since the last line
-    int status = -1;               // http: the status (0 = no response), -1 = not http
-    TimestampTz until = 0;         // breaker opened: until when
+  AlertKind kind = kAlertKinds;  // kAlertKinds: nothing
+  uint32 suppressed = 0;         // events of this kind not logged since the last line
+  int status = -1;               // http: the status (0 = no response), -1 = not http
+  TimestampTz until = 0;         // breaker opened: until when
 };
 
 // Under workers->lock: whether an event of `kind` is logged now; if not, it is

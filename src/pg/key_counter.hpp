@@ -14,10 +14,10 @@
 namespace relaybus::pg {
 
 enum class CounterBump {
-    Bumped,    // *seq is the key's new value
-    NoRow,     // the key has no counter yet: the caller inserts it
-    UseSql,    // not done here (the table is not as this version created it, or
-               // the row changed under us): the caller runs its statement
+  Bumped,  // *seq is the key's new value
+  NoRow,   // the key has no counter yet: the caller inserts it
+  UseSql,  // not done here (the table is not as this version created it, or
+           // the row changed under us): the caller runs its statement
 };
 
 CounterBump key_counter_bump(Datum key, int64* seq);
@@ -28,7 +28,6 @@ CounterBump key_counter_bump(Datum key, int64* seq);
 // after the caller locked every key. All UseSql when the table is not as
 // created; a key may also come back NoRow or UseSql on its own (the caller
 // runs its statement for those).
-void key_counter_bump_batch(int n, const Datum* keys, const int64* adds, CounterBump* results,
-                            int64* seqs);
+void key_counter_bump_batch(int n, const Datum* keys, const int64* adds, CounterBump* results, int64* seqs);
 
 }  // namespace relaybus::pg

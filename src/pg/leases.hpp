@@ -32,27 +32,27 @@ enum class LeaseKind : uint8 { Claim = 0, Notified = 1, Dispatcher = 2 };
 // Delivery ids come from a per-database sequence, so a lease is keyed by the
 // database too: the table is shared by every database of the cluster.
 struct LeaseKey {
-    int64 delivery_id;
-    Oid database_id;
-    uint32 pad;  // always 0: the key is hashed and compared as bytes
+  int64 delivery_id;
+  Oid database_id;
+  uint32 pad;  // always 0: the key is hashed and compared as bytes
 };
 
 struct LeaseEntry {
-    LeaseKey key;  // hash key
-    int32 handler_id;
-    int32 owner_pid;
-    TimestampTz until;
-    LeaseToken token;
-    int32 completing_pid;  // 0, or the backend whose open transaction completes it
-    bool charging;         // ... by charging its expiry (then the holder's token no longer completes)
-    LeaseKind kind;
+  LeaseKey key;  // hash key
+  int32 handler_id;
+  int32 owner_pid;
+  TimestampTz until;
+  LeaseToken token;
+  int32 completing_pid;  // 0, or the backend whose open transaction completes it
+  bool charging;         // ... by charging its expiry (then the holder's token no longer completes)
+  LeaseKind kind;
 };
 
 // A scanned delivery's lease, as a claimer sees it.
 enum class LeaseState : uint8 {
-    Free,     // no lease (or, for a take-over, a dispatcher's NOTIFY awaiting its ack)
-    Held,     // unexpired, or being completed by an open transaction
-    Expired,  // ran out without completion: the next claimer charges an attempt
+  Free,     // no lease (or, for a take-over, a dispatcher's NOTIFY awaiting its ack)
+  Held,     // unexpired, or being completed by an open transaction
+  Expired,  // ran out without completion: the next claimer charges an attempt
 };
 
 // Why a completion was refused (Held = accepted).
@@ -68,8 +68,8 @@ void leases_lookup(const int64* ids, int n, TimestampTz now, bool take_notified,
 // receipt. take_notified as above; take_expired also takes expired ones without
 // a charge (only when the charge cannot be written: a read-only transaction).
 // Returns how many.
-int leases_acquire(const int64* ids, int n, int32 handler_id, LeaseKind kind, TimestampTz now,
-                   TimestampTz until, bool take_notified, bool take_expired, bool* got, LeaseToken* tokens);
+int leases_acquire(const int64* ids, int n, int32 handler_id, LeaseKind kind, TimestampTz now, TimestampTz until,
+                   bool take_notified, bool take_expired, bool* got, LeaseToken* tokens);
 // Gives back leases this holder did not use: compare-and-release on the token.
 void leases_release(const int64* ids, const LeaseToken* tokens, int n);
 
@@ -77,8 +77,8 @@ void leases_release(const int64* ids, const LeaseToken* tokens, int n);
 // nullptr: the id-only form, accepted only for a lease this backend took) and
 // marks the held ones as completed by the current transaction. out[i] says
 // why not. Returns how many were accepted.
-int leases_begin_completion(const int64* ids, const LeaseToken* tokens, const bool* has_token, int n,
-                            TimestampTz now, LeaseCheck* out);
+int leases_begin_completion(const int64* ids, const LeaseToken* tokens, const bool* has_token, int n, TimestampTz now,
+                            LeaseCheck* out);
 // Marks the expired, unmarked leases among ids as being charged by the current
 // transaction (once per expiry: a concurrent claimer then sees them held);
 // marked[i] tells which. Returns how many.

@@ -14,53 +14,52 @@ extern "C" {
 namespace relaybus::pg {
 
 static void append_jsonb_or_null(StringInfo buf, Jsonb* jb) {
-    if (jb == nullptr)
-        appendStringInfoString(buf, "null");
-    else
-        (void)JsonbToCString(buf, &jb->root, VARSIZE(jb));
+  if (jb == nullptr)
+    appendStringInfoString(buf, "null");
+  else
+    (void)JsonbToCString(buf, &jb->root, VARSIZE(jb));
 }
 
 // `"key": K, "seq": S` (null, null for an unkeyed delivery).
 static void append_key_seq(StringInfo buf, const ClaimedRow& r) {
-    appendStringInfoString(buf, "\"key\": ");
-    if (r.key != nullptr)
-        escape_json(buf, r.key);
-    else
-        appendStringInfoString(buf, "null");
-    appendStringInfoString(buf, ", \"seq\": ");
-    if (r.has_seq)
-        appendStringInfo(buf, INT64_FORMAT, r.seq);
-    else
-        appendStringInfoString(buf, "null");
+  appendStringInfoString(buf, "\"key\": ");
+  if (r.key != nullptr)
+    escape_json(buf, r.key);
+  else
+    appendStringInfoString(buf, "null");
+  appendStringInfoString(buf, ", \"seq\": ");
+  if (r.has_seq)
+    appendStringInfo(buf, INT64_FORMAT, r.seq);
+  else
+    appendStringInfoString(buf, "null");
 }
 
 char* notify_payload_json(const ClaimedRow& r) {
-    StringInfoData buf;
-    initStringInfo(&buf);
-    // jsonb orders an object's keys by length, then bytewise: id, key, seq,
-    // topic, attempt, headers, payload, event_id.
-    appendStringInfo(&buf, "{\"id\": " INT64_FORMAT ", ", r.id);
-    append_key_seq(&buf, r);
-    appendStringInfoString(&buf, ", \"topic\": ");
-    escape_json(&buf, r.topic);
-    appendStringInfo(&buf, ", \"attempt\": %d, \"headers\": ", r.attempt);
-    append_jsonb_or_null(&buf, r.headers);
-    appendStringInfoString(&buf, ", \"payload\": ");
-    append_jsonb_or_null(&buf, r.payload);
-    appendStringInfo(&buf, ", \"event_id\": " INT64_FORMAT "}", r.event_id);
-    return buf.data;
+  StringInfoData buf;
+  initStringInfo(&buf);
+  // jsonb orders an object's keys by length, then bytewise: id, key, seq,
+  // topic, attempt, headers, payload, event_id.
+  appendStringInfo(&buf, "{\"id\": " INT64_FORMAT ", ", r.id);
+  append_key_seq(&buf, r);
+  appendStringInfoString(&buf, ", \"topic\": ");
+  escape_json(&buf, r.topic);
+  appendStringInfo(&buf, ", \"attempt\": %d, \"headers\": ", r.attempt);
+  append_jsonb_or_null(&buf, r.headers);
+  appendStringInfoString(&buf, ", \"payload\": ");
+  append_jsonb_or_null(&buf, r.payload);
+  appendStringInfo(&buf, ", \"event_id\": " INT64_FORMAT "}", r.event_id);
+  return buf.data;
 }
 
 char* notify_reference_json(const ClaimedRow& r) {
-    StringInfoData buf;
-    initStringInfo(&buf);
-    appendStringInfo(&buf, "{\"id\": " INT64_FORMAT ", \"event_id\": " INT64_FORMAT ", \"topic\": ", r.id,
-                     r.event_id);
-    escape_json(&buf, r.topic);
-    appendStringInfoString(&buf, ", ");
-    append_key_seq(&buf, r);
-    appendStringInfo(&buf, ", \"attempt\": %d, \"ref\": true}", r.attempt);
-    return buf.data;
+  StringInfoData buf;
+  initStringInfo(&buf);
+  appendStringInfo(&buf, "{\"id\": " INT64_FORMAT ", \"event_id\": " INT64_FORMAT ", \"topic\": ", r.id, r.event_id);
+  escape_json(&buf, r.topic);
+  appendStringInfoString(&buf, ", ");
+  append_key_seq(&buf, r);
+  appendStringInfo(&buf, ", \"attempt\": %d, \"ref\": true}", r.attempt);
+  return buf.data;
 }
 
 }  // namespace relaybus::pg

@@ -33,9 +33,9 @@ extern "C" {
 // 17 dropped PGPROC.pgprocno for MyProcNumber.
 static inline int relaybus_procno() {
 #if PG_VERSION_NUM >= 170000
-    return MyProcNumber;
+  return MyProcNumber;
 #else
-    return MyProc->pgprocno;
+  return MyProc->pgprocno;
 #endif
 }
 
@@ -43,9 +43,9 @@ static inline int relaybus_procno() {
 // 17 replaced the IsBackgroundWorker flag with the backend type.
 static inline bool relaybus_am_background_worker() {
 #if PG_VERSION_NUM >= 170000
-    return AmBackgroundWorkerProcess();
+  return AmBackgroundWorkerProcess();
 #else
-    return IsBackgroundWorker;
+  return IsBackgroundWorker;
 #endif
 }
 
@@ -66,9 +66,9 @@ static inline bool relaybus_am_background_worker() {
 // owner instead of a memory context (the set always lives in TopMemoryContext).
 static inline WaitEventSet* relaybus_wait_event_set(bool kept, int nevents) {
 #if PG_VERSION_NUM >= 170000
-    return CreateWaitEventSet(kept ? nullptr : CurrentResourceOwner, nevents);
+  return CreateWaitEventSet(kept ? nullptr : CurrentResourceOwner, nevents);
 #else
-    return CreateWaitEventSet(kept ? TopMemoryContext : CurrentMemoryContext, nevents);
+  return CreateWaitEventSet(kept ? TopMemoryContext : CurrentMemoryContext, nevents);
 #endif
 }
 
@@ -76,12 +76,11 @@ static inline WaitEventSet* relaybus_wait_event_set(bool kept, int nevents) {
 
 // A fixed-size shared hash table of nelems entries (HASH_FIXED_SIZE in flags).
 // 19 has one size where 15-18 had an initial and a maximum size.
-static inline HTAB* relaybus_shmem_init_fixed_hash(const char* name, long nelems, HASHCTL* info,
-                                                   int flags) {
+static inline HTAB* relaybus_shmem_init_fixed_hash(const char* name, long nelems, HASHCTL* info, int flags) {
 #if PG_VERSION_NUM >= 190000
-    return ShmemInitHash(name, nelems, info, flags);
+  return ShmemInitHash(name, nelems, info, flags);
 #else
-    return ShmemInitHash(name, nelems, nelems, info, flags);
+  return ShmemInitHash(name, nelems, nelems, info, flags);
 #endif
 }
 
@@ -89,14 +88,14 @@ static inline HTAB* relaybus_shmem_init_fixed_hash(const char* name, long nelems
 
 // index_beginscan without instrumentation (18 added the argument; 19 added
 // scan option flags, none of which relaybus uses).
-static inline IndexScanDesc relaybus_index_beginscan(Relation heap, Relation index, Snapshot snapshot,
-                                                     int nkeys, int norderbys) {
+static inline IndexScanDesc relaybus_index_beginscan(Relation heap, Relation index, Snapshot snapshot, int nkeys,
+                                                     int norderbys) {
 #if PG_VERSION_NUM >= 190000
-    return index_beginscan(heap, index, snapshot, nullptr, nkeys, norderbys, SO_NONE);
+  return index_beginscan(heap, index, snapshot, nullptr, nkeys, norderbys, SO_NONE);
 #elif PG_VERSION_NUM >= 180000
-    return index_beginscan(heap, index, snapshot, nullptr, nkeys, norderbys);
+  return index_beginscan(heap, index, snapshot, nullptr, nkeys, norderbys);
 #else
-    return index_beginscan(heap, index, snapshot, nkeys, norderbys);
+  return index_beginscan(heap, index, snapshot, nkeys, norderbys);
 #endif
 }
 
@@ -104,24 +103,22 @@ static inline IndexScanDesc relaybus_index_beginscan(Relation heap, Relation ind
 // says whether the new version needs its own index entry (not a HOT update).
 // 16 turned the bool into TU_UpdateIndexes, whose TU_Summarizing means that
 // only summarizing (BRIN) indexes need one: none here. 19 added options.
-static inline TM_Result relaybus_table_tuple_update(Relation rel, ItemPointer otid, TupleTableSlot* slot,
-                                                    CommandId cid, Snapshot snapshot, Snapshot crosscheck,
-                                                    bool wait, TM_FailureData* tmfd, LockTupleMode* lockmode,
+static inline TM_Result relaybus_table_tuple_update(Relation rel, ItemPointer otid, TupleTableSlot* slot, CommandId cid,
+                                                    Snapshot snapshot, Snapshot crosscheck, bool wait,
+                                                    TM_FailureData* tmfd, LockTupleMode* lockmode,
                                                     bool* index_needs_entry) {
 #if PG_VERSION_NUM >= 160000
-    TU_UpdateIndexes update_indexes = TU_None;
+  TU_UpdateIndexes update_indexes = TU_None;
 #if PG_VERSION_NUM >= 190000
-    TM_Result r = table_tuple_update(rel, otid, slot, cid, 0, snapshot, crosscheck, wait, tmfd, lockmode,
-                                     &update_indexes);
+  TM_Result r =
+      table_tuple_update(rel, otid, slot, cid, 0, snapshot, crosscheck, wait, tmfd, lockmode, &update_indexes);
 #else
-    TM_Result r = table_tuple_update(rel, otid, slot, cid, snapshot, crosscheck, wait, tmfd, lockmode,
-                                     &update_indexes);
+  TM_Result r = table_tuple_update(rel, otid, slot, cid, snapshot, crosscheck, wait, tmfd, lockmode, &update_indexes);
 #endif
-    *index_needs_entry = update_indexes == TU_All;
-    return r;
+  *index_needs_entry = update_indexes == TU_All;
+  return r;
 #else
-    return table_tuple_update(rel, otid, slot, cid, snapshot, crosscheck, wait, tmfd, lockmode,
-                              index_needs_entry);
+  return table_tuple_update(rel, otid, slot, cid, snapshot, crosscheck, wait, tmfd, lockmode, index_needs_entry);
 #endif
 }
 
@@ -131,11 +128,11 @@ static inline TM_Result relaybus_table_tuple_update(Relation rel, ItemPointer ot
 // folded the bools into flags and reordered the arguments.
 static inline List* relaybus_insert_index_tuples(ResultRelInfo* rri, TupleTableSlot* slot, EState* estate) {
 #if PG_VERSION_NUM >= 190000
-    return ExecInsertIndexTuples(rri, estate, 0, slot, NIL, nullptr);
+  return ExecInsertIndexTuples(rri, estate, 0, slot, NIL, nullptr);
 #elif PG_VERSION_NUM >= 160000
-    return ExecInsertIndexTuples(rri, slot, estate, false, false, nullptr, NIL, false);
+  return ExecInsertIndexTuples(rri, slot, estate, false, false, nullptr, NIL, false);
 #else
-    return ExecInsertIndexTuples(rri, slot, estate, false, false, nullptr, NIL);
+  return ExecInsertIndexTuples(rri, slot, estate, false, false, nullptr, NIL);
 #endif
 }
 
@@ -145,17 +142,17 @@ static inline List* relaybus_insert_index_tuples(ResultRelInfo* rri, TupleTableS
 // the per-kind ownerchecks with object_ownercheck.
 static inline bool relaybus_owns_database(Oid dboid) {
 #if PG_VERSION_NUM >= 160000
-    return object_ownercheck(DatabaseRelationId, dboid, GetUserId());
+  return object_ownercheck(DatabaseRelationId, dboid, GetUserId());
 #else
-    return pg_database_ownercheck(dboid, GetUserId());
+  return pg_database_ownercheck(dboid, GetUserId());
 #endif
 }
 
 static inline bool relaybus_owns_extension(Oid extoid) {
 #if PG_VERSION_NUM >= 160000
-    return object_ownercheck(ExtensionRelationId, extoid, GetUserId());
+  return object_ownercheck(ExtensionRelationId, extoid, GetUserId());
 #else
-    return pg_extension_ownercheck(extoid, GetUserId());
+  return pg_extension_ownercheck(extoid, GetUserId());
 #endif
 }
 
@@ -163,9 +160,9 @@ static inline bool relaybus_owns_extension(Oid extoid) {
 // the per-kind aclchecks with object_aclcheck.
 static inline bool relaybus_may_create_in_tablespace(Oid tablespace) {
 #if PG_VERSION_NUM >= 160000
-    return object_aclcheck(TableSpaceRelationId, tablespace, GetUserId(), ACL_CREATE) == ACLCHECK_OK;
+  return object_aclcheck(TableSpaceRelationId, tablespace, GetUserId(), ACL_CREATE) == ACLCHECK_OK;
 #else
-    return pg_tablespace_aclcheck(tablespace, GetUserId(), ACL_CREATE) == ACLCHECK_OK;
+  return pg_tablespace_aclcheck(tablespace, GetUserId(), ACL_CREATE) == ACLCHECK_OK;
 #endif
 }
 
@@ -187,9 +184,9 @@ static inline bool relaybus_may_create_in_tablespace(Oid tablespace) {
 // that relaybus used on 15 and 16); before 17 it is the same call.
 static inline void relaybus_restrict_search_path() {
 #if PG_VERSION_NUM >= 170000
-    RestrictSearchPath();
+  RestrictSearchPath();
 #else
-    (void)set_config_option("search_path", RELAYBUS_SAFE_SEARCH_PATH, PGC_USERSET, PGC_S_SESSION,
-                            GUC_ACTION_SAVE, true, 0, false);
+  (void)set_config_option("search_path", RELAYBUS_SAFE_SEARCH_PATH, PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true,
+                          0, false);
 #endif
 }

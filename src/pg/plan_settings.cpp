@@ -9,8 +9,8 @@ namespace relaybus::pg {
 namespace {
 
 struct Setting {
-    const char* name;
-    const char* value;
+  const char* name;
+  const char* value;
 };
 
 // Every setting a session could have changed that would alter the shape is
@@ -39,24 +39,24 @@ constexpr Setting kFullScan[] = {
 
 template <size_t N>
 void apply(const Setting (&settings)[N]) {
-    for (const Setting& s : settings)
-        (void)set_config_option(s.name, s.value, PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+  for (const Setting& s : settings)
+    (void)set_config_option(s.name, s.value, PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
 }
 
 }  // namespace
 
 int plan_settings_push(PlanShape shape) {
-    if (shape == PlanShape::Any || IsInParallelMode()) return 0;
-    int level = NewGUCNestLevel();
-    if (shape == PlanShape::IndexScans)
-        apply(kIndexScans);
-    else
-        apply(kFullScan);
-    return level;
+  if (shape == PlanShape::Any || IsInParallelMode()) return 0;
+  int level = NewGUCNestLevel();
+  if (shape == PlanShape::IndexScans)
+    apply(kIndexScans);
+  else
+    apply(kFullScan);
+  return level;
 }
 
 void plan_settings_pop(int level, bool ok) {
-    if (level > 0) AtEOXact_GUC(ok, level);
+  if (level > 0) AtEOXact_GUC(ok, level);
 }
 
 }  // namespace relaybus::pg

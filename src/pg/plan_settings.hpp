@@ -14,16 +14,16 @@
 namespace relaybus::pg {
 
 enum class PlanShape : uint8 {
-    // Planned with the caller's settings (catalog reads and the like).
-    Any = 0,
-    // Generic plan, index scans only: no sequential or bitmap scan and no
-    // sort. Each statement is written so that one index alone provides its
-    // rows in the order it needs (see claim.cpp): that index scan is then the
-    // only plan left, for 0 rows as for 10 million.
-    IndexScans,
-    // Generic plan, a sequential scan and hash aggregation (counts over the
-    // whole table).
-    FullScan,
+  // Planned with the caller's settings (catalog reads and the like).
+  Any = 0,
+  // Generic plan, index scans only: no sequential or bitmap scan and no
+  // sort. Each statement is written so that one index alone provides its
+  // rows in the order it needs (see claim.cpp): that index scan is then the
+  // only plan left, for 0 rows as for 10 million.
+  IndexScans,
+  // Generic plan, a sequential scan and hash aggregation (counts over the
+  // whole table).
+  FullScan,
 };
 
 // Opens a GUC nest level with the settings of shape; returns it, or 0 when

@@ -21,26 +21,26 @@ namespace relaybus::pg {
 // The kernel's struct sched_attr (include/uapi/linux/sched/types.h); glibc
 // has no wrapper for sched_setattr before 2.41.
 struct SchedAttr {
-    uint32_t size;
-    uint32_t sched_policy;
-    uint64_t sched_flags;
-    int32_t sched_nice;
-    uint32_t sched_priority;
-    uint64_t sched_runtime;  // SCHED_OTHER: the requested slice, in ns
-    uint64_t sched_deadline;
-    uint64_t sched_period;
+  uint32_t size;
+  uint32_t sched_policy;
+  uint64_t sched_flags;
+  int32_t sched_nice;
+  uint32_t sched_priority;
+  uint64_t sched_runtime;  // SCHED_OTHER: the requested slice, in ns
+  uint64_t sched_deadline;
+  uint64_t sched_period;
 };
 
 bool request_time_slice(int slice_us) {
-    SchedAttr attr;
-    memset(&attr, 0, sizeof(attr));
-    if (syscall(SYS_sched_getattr, 0, &attr, sizeof(attr), 0) != 0) return false;
-    if (attr.sched_policy != 0) return false;  // not SCHED_OTHER: leave it alone
-    attr.size = sizeof(attr);
-    attr.sched_flags = 0;
-    attr.sched_runtime = static_cast<uint64_t>(slice_us > 0 ? slice_us : 0) * 1000;  // 0: the default again
-    // The nice value is passed along unchanged (sched_getattr read it).
-    return syscall(SYS_sched_setattr, 0, &attr, 0) == 0;
+  SchedAttr attr;
+  memset(&attr, 0, sizeof(attr));
+  if (syscall(SYS_sched_getattr, 0, &attr, sizeof(attr), 0) != 0) return false;
+  if (attr.sched_policy != 0) return false;  // not SCHED_OTHER: leave it alone
+  attr.size = sizeof(attr);
+  attr.sched_flags = 0;
+  attr.sched_runtime = static_cast<uint64_t>(slice_us > 0 ? slice_us : 0) * 1000;  // 0: the default again
+  // The nice value is passed along unchanged (sched_getattr read it).
+  return syscall(SYS_sched_setattr, 0, &attr, 0) == 0;
 }
 #else
 bool request_time_slice(int) { return false; }

@@ -7,8 +7,8 @@
 namespace relaybus::pg {
 
 struct PinnedSetting {
-    const char* name;
-    const char* value;
+  const char* name;
+  const char* value;
 };
 
 // Each would otherwise abort iterations (and, before errors were classified,
@@ -47,11 +47,10 @@ static const PinnedSetting kPinned[] = {
 };
 
 void pin_session_settings() {
-    for (const PinnedSetting& s : kPinned) SetConfigOption(s.name, s.value, PGC_SUSET, PGC_S_OVERRIDE);
-    // A completion lost in a crash only means the delivery is handed over
-    // again, which a crash causes anyway (relaybus.worker_synchronous_commit).
-    SetConfigOption("synchronous_commit", guc_worker_synchronous_commit ? "on" : "off", PGC_SUSET,
-                    PGC_S_OVERRIDE);
+  for (const PinnedSetting& s : kPinned) SetConfigOption(s.name, s.value, PGC_SUSET, PGC_S_OVERRIDE);
+  // A completion lost in a crash only means the delivery is handed over
+  // again, which a crash causes anyway (relaybus.worker_synchronous_commit).
+  SetConfigOption("synchronous_commit", guc_worker_synchronous_commit ? "on" : "off", PGC_SUSET, PGC_S_OVERRIDE);
 }
 
 }  // namespace relaybus::pg

@@ -16,13 +16,13 @@ namespace relaybus::pg {
 enum class SettleOutcome : uint8 { Delivered, Retry, Dead };
 
 struct Settlement {
-    int64 id;
-    SettleOutcome outcome;
-    int64 retry_in_ms;  // Retry: from now. For judge_failures: the caller's delay, or -1 (the backoff)
-    const char* error;  // Retry, Dead: what happened (palloc'd or static); nullptr = none
-    int32 status;       // the attempt's HTTP status, kept with a dead letter; 0 = none
-    bool settled;       // out: the delivery existed and this settlement changed it
-    int32 handler_id;   // out, when settled
+  int64 id;
+  SettleOutcome outcome;
+  int64 retry_in_ms;  // Retry: from now. For judge_failures: the caller's delay, or -1 (the backoff)
+  const char* error;  // Retry, Dead: what happened (palloc'd or static); nullptr = none
+  int32 status;       // the attempt's HTTP status, kept with a dead letter; 0 = none
+  bool settled;       // out: the delivery existed and this settlement changed it
+  int32 handler_id;   // out, when settled
 };
 
 // Decides failed attempts that no pipeline judged (relay_nack, an expired

@@ -10,13 +10,13 @@ extern "C" {
 namespace relaybus::pg {
 
 struct SharedState {
-    LWLock* lease_lock;              // guards the lease table
-    pg_atomic_uint64 catalog_generation;  // bumped when handlers or routes change
+  LWLock* lease_lock;                   // guards the lease table
+  pg_atomic_uint64 catalog_generation;  // bumped when handlers or routes change
 };
 
 extern SharedState* shared;
 
-void request_shared_memory();   // from shmem_request_hook
-void init_shared_memory();      // from shmem_startup_hook
+void request_shared_memory();  // from shmem_request_hook
+void init_shared_memory();     // from shmem_startup_hook
 
 }  // namespace relaybus::pg

@@ -12,19 +12,19 @@ namespace relaybus::pg {
 // shape: the planner settings every execution runs under (plan_settings.hpp),
 // so that a re-plan after an invalidation keeps the same shape.
 struct SavedPlan {
-    const char* sql;
-    int nargs;
-    Oid argtypes[16];
-    SPIPlanPtr plan;
-    PlanShape shape = PlanShape::Any;
+  const char* sql;
+  int nargs;
+  Oid argtypes[16];
+  SPIPlanPtr plan;
+  PlanShape shape = PlanShape::Any;
 };
 
 // Opens SPI, switches to the owner of schema relay and sets search_path to
 // 'pg_catalog, pg_temp' until spi_end().
 struct SpiScope {
-    Oid saved_user;
-    int saved_sec_context;
-    int search_path_level;  // the GUC nest level spi_end closes, or 0
+  Oid saved_user;
+  int saved_sec_context;
+  int search_path_level;  // the GUC nest level spi_end closes, or 0
 };
 void spi_begin(SpiScope* scope);
 void spi_end(SpiScope* scope);

@@ -18,123 +18,117 @@ static int slot_count() { return Max(max_worker_processes, 1); }
 static int database_count() { return MaxBackends + max_worker_processes; }
 
 static Size slots_offset() { return MAXALIGN(sizeof(WorkerState)); }
-static Size databases_offset() {
-    return slots_offset() + MAXALIGN(mul_size(slot_count(), sizeof(DispatcherSlot)));
-}
-static Size lanes_offset() {
-    return databases_offset() + MAXALIGN(mul_size(database_count(), sizeof(DatabaseState)));
-}
+static Size databases_offset() { return slots_offset() + MAXALIGN(mul_size(slot_count(), sizeof(DispatcherSlot))); }
+static Size lanes_offset() { return databases_offset() + MAXALIGN(mul_size(database_count(), sizeof(DatabaseState))); }
 
 // MaxBackends is known in shmem_request_hook (PostgreSQL 15+).
-Size worker_state_size() {
-    return add_size(lanes_offset(), mul_size(database_count(), sizeof(LaneLease) * kNumLanes));
-}
+Size worker_state_size() { return add_size(lanes_offset(), mul_size(database_count(), sizeof(LaneLease) * kNumLanes)); }
 
 void worker_state_init(bool found) {
-    if (found) return;
-    memset(workers, 0, worker_state_size());
-    char* base = reinterpret_cast<char*>(workers);
-    workers->nslots = slot_count();
-    workers->ndatabases = database_count();
-    workers->slots = reinterpret_cast<DispatcherSlot*>(base + slots_offset());
-    workers->databases = reinterpret_cast<DatabaseState*>(base + databases_offset());
-    workers->lanes = reinterpret_cast<LaneLease(*)[kNumLanes]>(base + lanes_offset());
-    for (int s = 0; s < workers->nslots; s++) {
-        pg_atomic_init_u32(&workers->slots[s].wakes, 0);
-        pg_atomic_init_u32(&workers->slots[s].rescans, 0);
-    }
-    for (int d = 0; d < workers->ndatabases; d++)
-        for (int l = 0; l < kNumLanes; l++) workers->lanes[d][l].owner_slot = -1;
-    workers->next_token = 1;
-    workers->extension_generation = 1;
-    workers->epoch = GetCurrentTimestamp();
+  if (found) return;
+  memset(workers, 0, worker_state_size());
+  char* base = reinterpret_cast<char*>(workers);
+  workers->nslots = slot_count();
+  workers->ndatabases = database_count();
+  workers->slots = reinterpret_cast<DispatcherSlot*>(base + slots_offset());
+  workers->databases = reinterpret_cast<DatabaseState*>(base + databases_offset());
+  workers->lanes = reinterpret_cast<LaneLease(*)[kNumLanes]>(base + lanes_offset());
+  for (int s = 0; s < workers->nslots; s++) {
+    pg_atomic_init_u32(&workers->slots[s].wakes, 0);
+    pg_atomic_init_u32(&workers->slots[s].rescans, 0);
+  }
+  for (int d = 0; d < workers->ndatabases; d++)
+    for (int l = 0; l < kNumLanes; l++) workers->lanes[d][l].owner_slot = -1;
+  workers->next_token = 1;
+  workers->extension_generation = 1;
+  workers->epoch = GetCurrentTimestamp();
 }
 
 static int find_database(Oid dboid, int* free_slot, int* used) {
-    *free_slot = -1;
-    *used = 0;
-    int found = -1;
-    for (int i = 0; i < workers->ndatabases; i++) {
-        if (workers->databases[i].dboid == InvalidOid) {
-            if (*free_slot < 0) *free_slot = i;
-            continue;
-        }
-        ++*used;
-        if (workers->databases[i].dboid == dboid) found = i;
+  *free_slot = -1;
+  *used = 0;
+  int found = -1;
+  for (int i = 0; i < workers->ndatabases; i++) {
+    if (workers->databases[i].dboid == InvalidOid) {
+      if (*free_slot < 0) *free_slot = i;
+      continue;
     }
-    return found;
+    ++*used;
+    if (workers->databases[i].dboid == dboid) found = i;
+  }
+  return found;
 }
 
 static int take_database(int d, Oid dboid) {
-    DatabaseState& db = workers->databases[d];
-    memset(&db, 0, sizeof(db));
-    db.dboid = dboid;
-    for (int l = 0; l < kNumLanes; l++) workers->lanes[d][l].owner_slot = -1;
-    return d;
+  DatabaseState& db = workers->databases[d];
+  memset(&db, 0, sizeof(db));
+  db.dboid = dboid;
+  for (int l = 0; l < kNumLanes; l++) workers->lanes[d][l].owner_slot = -1;
+  return d;
 }
 
 int database_slot(Oid dboid, bool create) {
-    int free_slot, used;
-    int d = find_database(dboid, &free_slot, &used);
-    if (d >= 0 || !create || free_slot < 0) return d;
-    return take_database(free_slot, dboid);
+  int free_slot, used;
+  int d = find_database(dboid, &free_slot, &used);
+  if (d >= 0 || !create || free_slot < 0) return d;
+  return take_database(free_slot, dboid);
 }
 
 int database_slot_for_report(Oid dboid) {
-    int free_slot, used;
-    int d = find_database(dboid, &free_slot, &used);
-    if (d >= 0 || free_slot < 0 || used >= workers->ndatabases - workers->nslots) return d;
-    return take_database(free_slot, dboid);
+  int free_slot, used;
+  int d = find_database(dboid, &free_slot, &used);
+  if (d >= 0 || free_slot < 0 || used >= workers->ndatabases - workers->nslots) return d;
+  return take_database(free_slot, dboid);
 }
 
 bool database_kept_out(Oid dboid) {
-    int free_slot, used;
-    int d = find_database(dboid, &free_slot, &used);
-    return d >= 0 && workers->databases[d].keep_out > 0;
+  int free_slot, used;
+  int d = find_database(dboid, &free_slot, &used);
+  return d >= 0 && workers->databases[d].keep_out > 0;
 }
 
 static void set_latch_of(int procno) {
-    if (procno >= 0 && procno < static_cast<int>(ProcGlobal->allProcCount))
-        SetLatch(&ProcGlobal->allProcs[procno].procLatch);
+  if (procno >= 0 && procno < static_cast<int>(ProcGlobal->allProcCount))
+    SetLatch(&ProcGlobal->allProcs[procno].procLatch);
 }
 
 void wake_launcher() {
-    if (workers == nullptr || workers->launcher_pid == 0) return;
-    set_latch_of(workers->launcher_procno);
+  if (workers == nullptr || workers->launcher_pid == 0) return;
+  set_latch_of(workers->launcher_procno);
 }
 
 void wake_dispatcher(DispatcherSlot& slot) {
-    pg_atomic_fetch_add_u32(&slot.wakes, 1);
-    set_latch_of(slot.pgprocno);
+  pg_atomic_fetch_add_u32(&slot.wakes, 1);
+  set_latch_of(slot.pgprocno);
 }
 
 // rescan: bump the rescan count before the wake-up (claim_floor.hpp).
 static void signal_dispatchers(Oid dboid, bool rescan) {
-    if (workers == nullptr) return;
-    // Unlocked read: a slot that changes meanwhile costs at most one spurious wake-up.
-    for (int i = 0; i < workers->nslots; i++) {
-        DispatcherSlot& s = workers->slots[i];
-        if (s.dboid != dboid || s.pid == 0) continue;
-        if (rescan) pg_atomic_fetch_add_u32(&s.rescans, 1);
-        wake_dispatcher(s);
-    }
+  if (workers == nullptr) return;
+  // Unlocked read: a slot that changes meanwhile costs at most one spurious wake-up.
+  for (int i = 0; i < workers->nslots; i++) {
+    DispatcherSlot& s = workers->slots[i];
+    if (s.dboid != dboid || s.pid == 0) continue;
+    if (rescan) pg_atomic_fetch_add_u32(&s.rescans, 1);
+    wake_dispatcher(s);
+  }
 }
 
 void wake_dispatchers(Oid dboid) { signal_dispatchers(dboid, false); }
 
 static HandlerCounters* counters_of(Oid dboid, int32 handler_id) {
-    uint32 h = (static_cast<uint32>(dboid) * 2654435761u) ^ static_cast<uint32>(handler_id);
-    for (int probe = 0; probe < kMaxHandlerStats; probe++) {
-        HandlerCounters* c = &workers->handlers[(h + probe) % kMaxHandlerStats];
-        if (c->dboid == dboid && c->handler_id == handler_id) return c;
-        if (c->dboid == InvalidOid) {
-            memset(c, 0, sizeof(*c));
-            c->dboid = dboid;
-            c->handler_id = handler_id;
-            return c;
-        }
+  uint32 h = (static_cast<uint32>(dboid) * 2654435761u) ^ static_cast<uint32>(handler_id);
+  for (int probe = 0; probe < kMaxHandlerStats; probe++) {
+    HandlerCounters* c = &workers->handlers[(h + probe) % kMaxHandlerStats];
+    if (c->dboid == dboid && c->handler_id == handler_id) return c;
+    if (c->dboid == InvalidOid) {
+      memset(c, 0, sizeof(*c));
+      c->dboid = dboid;
+      c->handler_id = handler_id;
+      return c;
     }
-    return nullptr;  // table full: counting stops, delivery does not
+  }
+  return nullptr;  // table full: counting stops, delivery does not
 }
 
 static bool wake_pending = false;
@@ -153,170 +147,170 @@ void rescan_dispatchers(Oid dboid) { signal_dispatchers(dboid, true); }
 // a full array merges into the handler's first entry (its level then may be
 // lower: a rolled-back savepoint's changes may count).
 struct CountNote {
-    int32 handler_id;
-    int nest_level;
-    int64 published;
-    int64 pending;
-    uint32 delivered;
-    uint64 latency_sum_us;
-    uint32 latency[kLatencyBuckets];
+  int32 handler_id;
+  int nest_level;
+  int64 published;
+  int64 pending;
+  uint32 delivered;
+  uint64 latency_sum_us;
+  uint32 latency[kLatencyBuckets];
 };
 constexpr int kMaxCountNotes = 64;
 static CountNote count_notes[kMaxCountNotes];
 static int ncount_notes = 0;
 
 static CountNote* note_of(int32 handler_id) {
-    int level = GetCurrentTransactionNestLevel();
-    int same_handler = -1;
-    for (int i = 0; i < ncount_notes; i++) {
-        CountNote& p = count_notes[i];
-        if (p.handler_id != handler_id) continue;
-        if (p.nest_level == level) return &p;
-        if (same_handler < 0) same_handler = i;
-    }
-    if (ncount_notes < kMaxCountNotes) {
-        CountNote* p = &count_notes[ncount_notes++];
-        memset(p, 0, sizeof(*p));
-        p->handler_id = handler_id;
-        p->nest_level = level;
-        return p;
-    }
-    // 64 other handlers in one transaction: merged, or uncounted
-    // (relay._recount_pending() puts the pending count right).
-    return same_handler >= 0 ? &count_notes[same_handler] : nullptr;
+  int level = GetCurrentTransactionNestLevel();
+  int same_handler = -1;
+  for (int i = 0; i < ncount_notes; i++) {
+    CountNote& p = count_notes[i];
+    if (p.handler_id != handler_id) continue;
+    if (p.nest_level == level) return &p;
+    if (same_handler < 0) same_handler = i;
+  }
+  if (ncount_notes < kMaxCountNotes) {
+    CountNote* p = &count_notes[ncount_notes++];
+    memset(p, 0, sizeof(*p));
+    p->handler_id = handler_id;
+    p->nest_level = level;
+    return p;
+  }
+  // 64 other handlers in one transaction: merged, or uncounted
+  // (relay._recount_pending() puts the pending count right).
+  return same_handler >= 0 ? &count_notes[same_handler] : nullptr;
 }
 
 static void note_at_commit(int32 handler_id, int64 published, int64 pending) {
-    CountNote* p = note_of(handler_id);
-    if (p == nullptr) return;
-    p->published += published;
-    p->pending += pending;
+  CountNote* p = note_of(handler_id);
+  if (p == nullptr) return;
+  p->published += published;
+  p->pending += pending;
 }
 
 static int latency_bucket(int64 latency_us) {
-    int b = 0;
-    while (b < kLatencyBuckets - 1 && latency_us >= (int64{1} << b)) b++;
-    return b;
+  int b = 0;
+  while (b < kLatencyBuckets - 1 && latency_us >= (int64{1} << b)) b++;
+  return b;
 }
 
 void count_delivered_at_commit(int32 handler_id, int64 latency_us) {
-    CountNote* p = note_of(handler_id);
-    if (p == nullptr) return;
-    p->pending--;
-    p->delivered++;
-    p->latency_sum_us += static_cast<uint64>(Max(latency_us, int64{0}));
-    p->latency[latency_bucket(latency_us)]++;
+  CountNote* p = note_of(handler_id);
+  if (p == nullptr) return;
+  p->pending--;
+  p->delivered++;
+  p->latency_sum_us += static_cast<uint64>(Max(latency_us, int64{0}));
+  p->latency[latency_bucket(latency_us)]++;
 }
 
 void count_published_at_commit(int32 handler_id, int n) { note_at_commit(handler_id, n, n); }
 void count_pending_at_commit(int32 handler_id, int64 delta) { note_at_commit(handler_id, 0, delta); }
 
 void published_at_subxact_end(bool commit, int nest_level) {
-    int kept = 0;
-    for (int i = 0; i < ncount_notes; i++) {
-        CountNote p = count_notes[i];
-        if (p.nest_level >= nest_level) {
-            if (!commit) continue;
-            p.nest_level = nest_level - 1;  // now the parent's
-        }
-        count_notes[kept++] = p;
+  int kept = 0;
+  for (int i = 0; i < ncount_notes; i++) {
+    CountNote p = count_notes[i];
+    if (p.nest_level >= nest_level) {
+      if (!commit) continue;
+      p.nest_level = nest_level - 1;  // now the parent's
     }
-    ncount_notes = kept;
+    count_notes[kept++] = p;
+  }
+  ncount_notes = kept;
 }
 
 // The pending counts of a database: its entry with handler id 0 holds the
 // extension they count for.
 static HandlerCounters* pending_meta_of(Oid dboid, bool create) {
-    uint32 h = (static_cast<uint32>(dboid) * 2654435761u);
-    for (int probe = 0; probe < kMaxHandlerStats; probe++) {
-        HandlerCounters* c = &workers->handlers[(h + probe) % kMaxHandlerStats];
-        if (c->dboid == dboid && c->handler_id == 0) return c;
-        if (c->dboid == InvalidOid) return create ? counters_of(dboid, 0) : nullptr;
-    }
-    return nullptr;
+  uint32 h = (static_cast<uint32>(dboid) * 2654435761u);
+  for (int probe = 0; probe < kMaxHandlerStats; probe++) {
+    HandlerCounters* c = &workers->handlers[(h + probe) % kMaxHandlerStats];
+    if (c->dboid == dboid && c->handler_id == 0) return c;
+    if (c->dboid == InvalidOid) return create ? counters_of(dboid, 0) : nullptr;
+  }
+  return nullptr;
 }
 
 // Under the commit's locks still: a recount (which waits for every writer of
 // relay.deliveries) sees these rows and these counts together.
 static void apply_at_commit() {
-    if (workers == nullptr || ncount_notes == 0) return;
-    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
-    for (int i = 0; i < ncount_notes; i++) {
-        const CountNote& n = count_notes[i];
-        HandlerCounters* c = counters_of(MyDatabaseId, n.handler_id);
-        if (c == nullptr) continue;
-        c->published += static_cast<uint64>(n.published);
-        c->pending += n.pending;
-        if (n.delivered == 0) continue;
-        c->delivered += n.delivered;
-        c->latency_sum_us += n.latency_sum_us;
-        for (int b = 0; b < kLatencyBuckets; b++) c->latency[b] += n.latency[b];
-        c->failing = false;
-    }
-    LWLockRelease(workers->lock);
+  if (workers == nullptr || ncount_notes == 0) return;
+  LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+  for (int i = 0; i < ncount_notes; i++) {
+    const CountNote& n = count_notes[i];
+    HandlerCounters* c = counters_of(MyDatabaseId, n.handler_id);
+    if (c == nullptr) continue;
+    c->published += static_cast<uint64>(n.published);
+    c->pending += n.pending;
+    if (n.delivered == 0) continue;
+    c->delivered += n.delivered;
+    c->latency_sum_us += n.latency_sum_us;
+    for (int b = 0; b < kLatencyBuckets; b++) c->latency[b] += n.latency[b];
+    c->failing = false;
+  }
+  LWLockRelease(workers->lock);
 }
 
 void workers_at_xact_end(bool commit) {
-    if (rescan_pending && commit)
-        rescan_dispatchers(MyDatabaseId);
-    else if (wake_pending && commit)
-        wake_dispatchers(MyDatabaseId);
-    wake_pending = rescan_pending = false;
-    if (commit) apply_at_commit();
-    ncount_notes = 0;
+  if (rescan_pending && commit)
+    rescan_dispatchers(MyDatabaseId);
+  else if (wake_pending && commit)
+    wake_dispatchers(MyDatabaseId);
+  wake_pending = rescan_pending = false;
+  if (commit) apply_at_commit();
+  ncount_notes = 0;
 }
 
 void set_pending_counts(Oid dboid, Oid extension, const int32* handler_ids, const int64* counts, int n) {
-    if (workers == nullptr) return;
-    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
-    HandlerCounters* meta = pending_meta_of(dboid, true);
-    if (meta != nullptr) {
-        for (int i = 0; i < kMaxHandlerStats; i++)
-            if (workers->handlers[i].dboid == dboid) workers->handlers[i].pending = 0;
-        for (int i = 0; i < n; i++) {
-            HandlerCounters* c = counters_of(dboid, handler_ids[i]);
-            if (c != nullptr) c->pending = counts[i];
-        }
-        meta->counted_for = extension;
+  if (workers == nullptr) return;
+  LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+  HandlerCounters* meta = pending_meta_of(dboid, true);
+  if (meta != nullptr) {
+    for (int i = 0; i < kMaxHandlerStats; i++)
+      if (workers->handlers[i].dboid == dboid) workers->handlers[i].pending = 0;
+    for (int i = 0; i < n; i++) {
+      HandlerCounters* c = counters_of(dboid, handler_ids[i]);
+      if (c != nullptr) c->pending = counts[i];
     }
-    LWLockRelease(workers->lock);
+    meta->counted_for = extension;
+  }
+  LWLockRelease(workers->lock);
 }
 
 void forget_pending_counts(Oid dboid) {
-    if (workers == nullptr) return;
-    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
-    HandlerCounters* meta = pending_meta_of(dboid, false);
-    if (meta != nullptr) meta->counted_for = InvalidOid;
-    LWLockRelease(workers->lock);
+  if (workers == nullptr) return;
+  LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+  HandlerCounters* meta = pending_meta_of(dboid, false);
+  if (meta != nullptr) meta->counted_for = InvalidOid;
+  LWLockRelease(workers->lock);
 }
 
 bool pending_counted_for(Oid dboid, Oid extension) {
-    if (workers == nullptr) return false;
-    LWLockAcquire(workers->lock, LW_SHARED);
-    HandlerCounters* meta = pending_meta_of(dboid, false);
-    bool counted = meta != nullptr && meta->counted_for == extension;
-    LWLockRelease(workers->lock);
-    return counted;
+  if (workers == nullptr) return false;
+  LWLockAcquire(workers->lock, LW_SHARED);
+  HandlerCounters* meta = pending_meta_of(dboid, false);
+  bool counted = meta != nullptr && meta->counted_for == extension;
+  LWLockRelease(workers->lock);
+  return counted;
 }
 
 void count_retried(Oid dboid, int32 handler_id, bool dead) {
-    if (workers == nullptr) return;
-    PendingAlert alert;
-    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
-    HandlerCounters* c = counters_of(dboid, handler_id);
-    if (c != nullptr) {
-        if (dead)
-            c->dead++;
-        else
-            c->retried++;
-        if (dead)
-            alert_event(c, kAlertDeadLettered, -1, 0, &alert);
-        else if (!c->failing)
-            alert_event(c, kAlertStartedFailing, -1, 0, &alert);
-        c->failing = true;
-    }
-    LWLockRelease(workers->lock);
-    alert_log(dboid, handler_id, alert);
+  if (workers == nullptr) return;
+  PendingAlert alert;
+  LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+  HandlerCounters* c = counters_of(dboid, handler_id);
+  if (c != nullptr) {
+    if (dead)
+      c->dead++;
+    else
+      c->retried++;
+    if (dead)
+      alert_event(c, kAlertDeadLettered, -1, 0, &alert);
+    else if (!c->failing)
+      alert_event(c, kAlertStartedFailing, -1, 0, &alert);
+    c->failing = true;
+  }
+  LWLockRelease(workers->lock);
+  alert_log(dboid, handler_id, alert);
 }
 
 }  // namespace relaybus::pg
@@ -324,21 +318,21 @@ void count_retried(Oid dboid, int32 handler_id, bool dead) {
 namespace relaybus::pg {
 
 void count_http(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until) {
-    if (workers == nullptr) return;
-    PendingAlert alert;
-    LWLockAcquire(workers->lock, LW_EXCLUSIVE);
-    HandlerCounters* c = counters_of(dboid, handler_id);
-    if (c != nullptr) {
-        int cls = status >= 100 && status < 600 ? status / 100 : 0;
-        if (status >= 0) c->http_status[cls]++;
-        if (c->breaker_until == 0 && breaker_until != 0)
-            alert_event(c, kAlertBreakerOpened, status, breaker_until, &alert);
-        else if (c->breaker_until != 0 && breaker_until == 0)
-            alert_event(c, kAlertBreakerClosed, -1, 0, &alert);
-        c->breaker_until = breaker_until;
-    }
-    LWLockRelease(workers->lock);
-    alert_log(dboid, handler_id, alert);
+  if (workers == nullptr) return;
+  PendingAlert alert;
+  LWLockAcquire(workers->lock, LW_EXCLUSIVE);
+  HandlerCounters* c = counters_of(dboid, handler_id);
+  if (c != nullptr) {
+    int cls = status >= 100 && status < 600 ? status / 100 : 0;
+    if (status >= 0) c->http_status[cls]++;
+    if (c->breaker_until == 0 && breaker_until != 0)
+      alert_event(c, kAlertBreakerOpened, status, breaker_until, &alert);
+    else if (c->breaker_until != 0 && breaker_until == 0)
+      alert_event(c, kAlertBreakerClosed, -1, 0, &alert);
+    c->breaker_until = breaker_until;
+  }
+  LWLockRelease(workers->lock);
+  alert_log(dboid, handler_id, alert);
 }
 
 }  // namespace relaybus::pg

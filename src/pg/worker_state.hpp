@@ -21,80 +21,80 @@ constexpr int kMaxHandlerStats = 1024;
 constexpr int kLatencyBuckets = 40;  // bucket b: latency < 2^b microseconds
 
 struct DispatcherSlot {
-    Oid dboid;               // InvalidOid: free
-    int worker_index;        // 0..workers_per_database-1
-    int pid;                 // 0 until the worker runs, and again once it stopped
-    int pgprocno;
-    uint32 ticket;           // bumped whenever the launcher reserves the slot
-    TimestampTz started_at;
-    TimestampTz heartbeat;
-    int lanes_held;
-    uint64 delivered;
-    uint64 failed;
-    char last_error[256];
-    // Left by a dispatcher that found no relaybus in its database, for the
-    // launcher: the extension generation it read before looking.
-    bool found_no_extension;
-    uint64 generation_seen;
-    // Set by the launcher when this dispatcher should no longer run (fewer
-    // workers per database, relaybus.enabled off, the database unlisted): it
-    // finishes its iteration and in-flight requests and exits 0. 0: none.
-    TimestampTz stop_requested_at;
-    // Bumped by every wake-up request before the latch is set. The latch alone
-    // can lose a wake: a lock wait inside an iteration (ProcSleep) resets it.
-    pg_atomic_uint32 wakes;
-    // Bumped after a commit put deliveries back with old ids (relay_replay,
-    // relay._recount_pending): the dispatcher's claims forget their floors
-    // (claim_floor.hpp) and scan from the head.
-    pg_atomic_uint32 rescans;
+  Oid dboid;         // InvalidOid: free
+  int worker_index;  // 0..workers_per_database-1
+  int pid;           // 0 until the worker runs, and again once it stopped
+  int pgprocno;
+  uint32 ticket;  // bumped whenever the launcher reserves the slot
+  TimestampTz started_at;
+  TimestampTz heartbeat;
+  int lanes_held;
+  uint64 delivered;
+  uint64 failed;
+  char last_error[256];
+  // Left by a dispatcher that found no relaybus in its database, for the
+  // launcher: the extension generation it read before looking.
+  bool found_no_extension;
+  uint64 generation_seen;
+  // Set by the launcher when this dispatcher should no longer run (fewer
+  // workers per database, relaybus.enabled off, the database unlisted): it
+  // finishes its iteration and in-flight requests and exits 0. 0: none.
+  TimestampTz stop_requested_at;
+  // Bumped by every wake-up request before the latch is set. The latch alone
+  // can lose a wake: a lock wait inside an iteration (ProcSleep) resets it.
+  pg_atomic_uint32 wakes;
+  // Bumped after a commit put deliveries back with old ids (relay_replay,
+  // relay._recount_pending): the dispatcher's claims forget their floors
+  // (claim_floor.hpp) and scan from the head.
+  pg_atomic_uint32 rescans;
 };
 
 struct DatabaseState {
-    Oid dboid;               // InvalidOid: free
-    int keep_out;            // DDL statements that need this database's dispatchers gone
-    TimestampTz not_started_since;  // the launcher found no worker slot for it (0: none missing)
+  Oid dboid;                      // InvalidOid: free
+  int keep_out;                   // DDL statements that need this database's dispatchers gone
+  TimestampTz not_started_since;  // the launcher found no worker slot for it (0: none missing)
 };
 
 struct LaneLease {
-    int owner_slot;          // -1: free
-    uint64 token;            // grows with every change of owner (fencing)
-    TimestampTz until;
+  int owner_slot;  // -1: free
+  uint64 token;    // grows with every change of owner (fencing)
+  TimestampTz until;
 };
 
 struct HandlerCounters {
-    Oid dboid;               // InvalidOid: free
-    int32 handler_id;
-    uint64 delivered;
-    uint64 retried;
-    uint64 dead;
-    uint64 latency[kLatencyBuckets];
-    uint64 http_status[6];   // http: responses 1xx..5xx by class (index 1..5); [0] = no response
-    TimestampTz breaker_until;  // http: calls suspended until then (circuit breaker), 0 = closed
-    uint64 published;        // deliveries created for it by committed publishes
-    int64 pending;           // its rows in relay.deliveries (pending_counter.cpp)
-    Oid counted_for;         // handler id 0: the relaybus extension oid the counts are of
-    uint64 latency_sum_us;   // of the `delivered` ones (a histogram's _sum)
-    // Operator log lines (handler_alerts.cpp), rate limited per kind.
-    bool failing;            // the last completion failed
-    TimestampTz last_alert[4];        // per AlertKind: when its last line was written
-    uint32 alerts_suppressed[4];      // per AlertKind: events not logged since then
+  Oid dboid;  // InvalidOid: free
+  int32 handler_id;
+  uint64 delivered;
+  uint64 retried;
+  uint64 dead;
+  uint64 latency[kLatencyBuckets];
+  uint64 http_status[6];      // http: responses 1xx..5xx by class (index 1..5); [0] = no response
+  TimestampTz breaker_until;  // http: calls suspended until then (circuit breaker), 0 = closed
+  uint64 published;           // deliveries created for it by committed publishes
+  int64 pending;              // its rows in relay.deliveries (pending_counter.cpp)
+  Oid counted_for;            // handler id 0: the relaybus extension oid the counts are of
+  uint64 latency_sum_us;      // of the `delivered` ones (a histogram's _sum)
+  // Operator log lines (handler_alerts.cpp), rate limited per kind.
+  bool failing;                 // the last completion failed
+  TimestampTz last_alert[4];    // per AlertKind: when its last line was written
+  uint32 alerts_suppressed[4];  // per AlertKind: events not logged since then
 };
 
 struct WorkerState {
-    LWLock* lock;
-    TimestampTz epoch;       // set when shared memory is (re)initialized
-    int launcher_pid;
-    int launcher_procno;
-    // Bumped when a CREATE or DROP EXTENSION relaybus commits in any database:
-    // the launcher then looks again at databases where relaybus was missing.
-    uint64 extension_generation;
-    int nslots;              // max_worker_processes
-    int ndatabases;          // MaxBackends + max_worker_processes
-    DispatcherSlot* slots;   // [nslots], in the same shared memory segment
-    DatabaseState* databases;            // [ndatabases]
-    LaneLease (*lanes)[kNumLanes];       // [ndatabases]: the lanes of databases[d]
-    HandlerCounters handlers[kMaxHandlerStats];
-    uint64 next_token;
+  LWLock* lock;
+  TimestampTz epoch;  // set when shared memory is (re)initialized
+  int launcher_pid;
+  int launcher_procno;
+  // Bumped when a CREATE or DROP EXTENSION relaybus commits in any database:
+  // the launcher then looks again at databases where relaybus was missing.
+  uint64 extension_generation;
+  int nslots;                     // max_worker_processes
+  int ndatabases;                 // MaxBackends + max_worker_processes
+  DispatcherSlot* slots;          // [nslots], in the same shared memory segment
+  DatabaseState* databases;       // [ndatabases]
+  LaneLease (*lanes)[kNumLanes];  // [ndatabases]: the lanes of databases[d]
+  HandlerCounters handlers[kMaxHandlerStats];
+  uint64 next_token;
 };
 
 extern WorkerState* workers;
@@ -103,9 +103,9 @@ extern WorkerState* workers;
 // slot was given to another since (an old epoch after a crash-restart, or an
 // old ticket after a launcher restart) just exits.
 struct DispatcherArgs {
-    int slot;
-    TimestampTz epoch;
-    uint32 ticket;
+  int slot;
+  TimestampTz epoch;
+  uint32 ticket;
 };
 
 Size worker_state_size();

@@ -13,16 +13,16 @@ void worker_xact_set_loop_context(MemoryContext cxt) { loop_context = cxt; }
 MemoryContext worker_loop_context() { return loop_context != nullptr ? loop_context : TopMemoryContext; }
 
 void worker_xact_begin() {
-    SetCurrentStatementStartTimestamp();
-    StartTransactionCommand();
-    PushActiveSnapshot(GetTransactionSnapshot());
+  SetCurrentStatementStartTimestamp();
+  StartTransactionCommand();
+  PushActiveSnapshot(GetTransactionSnapshot());
 }
 
 void worker_xact_commit() {
-    PopActiveSnapshot();
-    CommitTransactionCommand();
-    pgstat_report_stat(false);
-    MemoryContextSwitchTo(worker_loop_context());
+  PopActiveSnapshot();
+  CommitTransactionCommand();
+  pgstat_report_stat(false);
+  MemoryContextSwitchTo(worker_loop_context());
 }
 
 }  // namespace relaybus::pg

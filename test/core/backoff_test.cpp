@@ -43,9 +43,7 @@ TEST(BackoffCeiling, NoOverflowAtTheEdgeOfInt64) {
   EXPECT_EQ(backoff_ceiling_ms({INT64_MAX, INT64_MAX}, 2), INT64_MAX);
 }
 
-TEST(BackoffCeiling, MaxBelowBaseWins) {
-  EXPECT_EQ(backoff_ceiling_ms({5000, 2000}, 1), 2000);
-}
+TEST(BackoffCeiling, MaxBelowBaseWins) { EXPECT_EQ(backoff_ceiling_ms({5000, 2000}, 1), 2000); }
 
 TEST(BackoffCeiling, NonPositivePolicyGivesZero) {
   EXPECT_EQ(backoff_ceiling_ms({0, 1000}, 3), 0);
@@ -140,16 +138,32 @@ TEST(RetryAfter, ObsoleteDateForms) {
 }
 
 TEST(RetryAfter, Unparseable) {
-  for (const char* v :
-       {"", "   ", "-5", "+5", "5s", "1.5", "1 2", "soon", "Wed, 21 Oct 2015 07:28:00 UTC",
-        "Wed, 21 Oct 2015 07:28:00", "Wed, 21 Oct 15 07:28:00 GMT", "Xyz, 21 Oct 2015 07:28:00 GMT",
-        "Wed, 21 Foo 2015 07:28:00 GMT", "Wed, 32 Oct 2015 07:28:00 GMT",
-        "Wed, 29 Feb 2023 07:28:00 GMT", "Wed, 21 Oct 2015 24:00:00 GMT",
-        "Wed, 21 Oct 2015 07:60:00 GMT", "Wed, 21 Oct 2015 07:28:61 GMT",
-        "Wed, 00 Oct 2015 07:28:00 GMT", "Wed, 21 Oct 2015 7:28:00 GMT",
-        "Wed,  21 Oct 2015 07:28:00 GMT", "Wed, 21-Oct-2015 07:28:00 GMT",
-        "Sunday, 06-Nov-1994 08:49:37 GMT", "Sundae, 06-Nov-94 08:49:37 GMT",
-        "Sun Nov 6 08:49:37 1994", "2015-10-21T07:28:00Z"}) {
+  for (const char* v : {"",
+                        "   ",
+                        "-5",
+                        "+5",
+                        "5s",
+                        "1.5",
+                        "1 2",
+                        "soon",
+                        "Wed, 21 Oct 2015 07:28:00 UTC",
+                        "Wed, 21 Oct 2015 07:28:00",
+                        "Wed, 21 Oct 15 07:28:00 GMT",
+                        "Xyz, 21 Oct 2015 07:28:00 GMT",
+                        "Wed, 21 Foo 2015 07:28:00 GMT",
+                        "Wed, 32 Oct 2015 07:28:00 GMT",
+                        "Wed, 29 Feb 2023 07:28:00 GMT",
+                        "Wed, 21 Oct 2015 24:00:00 GMT",
+                        "Wed, 21 Oct 2015 07:60:00 GMT",
+                        "Wed, 21 Oct 2015 07:28:61 GMT",
+                        "Wed, 00 Oct 2015 07:28:00 GMT",
+                        "Wed, 21 Oct 2015 7:28:00 GMT",
+                        "Wed,  21 Oct 2015 07:28:00 GMT",
+                        "Wed, 21-Oct-2015 07:28:00 GMT",
+                        "Sunday, 06-Nov-1994 08:49:37 GMT",
+                        "Sundae, 06-Nov-94 08:49:37 GMT",
+                        "Sun Nov 6 08:49:37 1994",
+                        "2015-10-21T07:28:00Z"}) {
     EXPECT_EQ(retry_after_ms(v, kOct21_2015_0728), -1) << '"' << v << '"';
   }
 }
@@ -168,7 +182,7 @@ TEST(RetryAfter, ClampToMaxAndHardCap) {
   EXPECT_EQ(clamp_retry_after_ms(999, 1000), 999);
   EXPECT_EQ(clamp_retry_after_ms(1000, 1000), 1000);
   EXPECT_EQ(clamp_retry_after_ms(31536000000, 1000), 1000);  // a year
-  EXPECT_EQ(clamp_retry_after_ms(INT64_MAX, 1000), 1000);     // saturated parse
+  EXPECT_EQ(clamp_retry_after_ms(INT64_MAX, 1000), 1000);    // saturated parse
   EXPECT_EQ(clamp_retry_after_ms(INT64_MAX, -1), kRetryAfterCapMs);
   EXPECT_EQ(clamp_retry_after_ms(INT64_MAX, INT64_MAX), kRetryAfterCapMs);
   EXPECT_EQ(clamp_retry_after_ms(kRetryAfterCapMs - 1, -1), kRetryAfterCapMs - 1);

@@ -21,8 +21,13 @@ void expect_rejected(std::string_view in) {
 
 TEST(Base64, Rfc4648Vectors) {
   const std::pair<const char*, const char*> v[] = {
-      {"", ""},         {"f", "Zg=="},        {"fo", "Zm8="},        {"foo", "Zm9v"},
-      {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="}, {"foobar", "Zm9vYmFy"},
+      {"", ""},
+      {"f", "Zg=="},
+      {"fo", "Zm8="},
+      {"foo", "Zm9v"},
+      {"foob", "Zm9vYg=="},
+      {"fooba", "Zm9vYmE="},
+      {"foobar", "Zm9vYmFy"},
   };
   for (const auto& [plain, encoded] : v) {
     EXPECT_EQ(base64_encode(plain), encoded);
@@ -54,18 +59,18 @@ TEST(Base64, RoundTripsEveryByteValueAndLength) {
 }
 
 TEST(Base64, RejectsMalformedInput) {
-  expect_rejected("Z");            // 4k+1 characters
-  expect_rejected("Zm9vY");        // 4k+1 characters
-  expect_rejected("Zg=");          // incomplete padding
-  expect_rejected("Zg===");        // too much padding
-  expect_rejected("Z===");         // too much padding
+  expect_rejected("Z");      // 4k+1 characters
+  expect_rejected("Zm9vY");  // 4k+1 characters
+  expect_rejected("Zg=");    // incomplete padding
+  expect_rejected("Zg===");  // too much padding
+  expect_rejected("Z===");   // too much padding
   expect_rejected("====");
-  expect_rejected("Zg==Zg==");     // padding in the middle
-  expect_rejected("Zm9v YmFy");    // whitespace
+  expect_rejected("Zg==Zg==");   // padding in the middle
+  expect_rejected("Zm9v YmFy");  // whitespace
   expect_rejected("Zm9v\nYmFy");
-  expect_rejected("Zm9v-_");       // URL-safe alphabet
+  expect_rejected("Zm9v-_");  // URL-safe alphabet
   expect_rejected("Zm9v*mFy");
-  expect_rejected("Zh==");         // non-zero bits after the last byte
+  expect_rejected("Zh==");  // non-zero bits after the last byte
   expect_rejected("Zm9=");
 }
 

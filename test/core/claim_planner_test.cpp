@@ -17,8 +17,7 @@ constexpr int64_t kNow = 1'000'000'000;
 constexpr bool kNoTrunc[4] = {false, false, false, false};
 
 // A ready, unleased row; key nullptr = unkeyed. ready_at defaults to 1s ago.
-ClaimRow row(int64_t id, int prio, const char* key, int64_t ready_at = kNow - 1000,
-             bool leased = false) {
+ClaimRow row(int64_t id, int prio, const char* key, int64_t ready_at = kNow - 1000, bool leased = false) {
   return ClaimRow{id, prio, key != nullptr, key ? key : "", ready_at, leased};
 }
 
@@ -26,13 +25,12 @@ ClaimRow row(int64_t id, int prio, const char* key, int64_t ready_at = kNow - 10
 Streams streams_of(std::vector<ClaimRow> rows) {
   Streams s;
   for (auto& r : rows) s[std::clamp(r.priority, 0, 3)].push_back(std::move(r));
-  for (auto& v : s)
-    std::sort(v.begin(), v.end(), [](const ClaimRow& a, const ClaimRow& b) { return a.id < b.id; });
+  for (auto& v : s) std::sort(v.begin(), v.end(), [](const ClaimRow& a, const ClaimRow& b) { return a.id < b.id; });
   return s;
 }
 
-ClaimPlan plan(const std::vector<ClaimRow>& rows, int max = 100, int per_key = 1,
-               int64_t aging_ms = 0, std::array<bool, 4> truncated = {false, false, false, false}) {
+ClaimPlan plan(const std::vector<ClaimRow>& rows, int max = 100, int per_key = 1, int64_t aging_ms = 0,
+               std::array<bool, 4> truncated = {false, false, false, false}) {
   return plan_claim(streams_of(rows), truncated, ClaimLimits{max, per_key}, kNow, aging_ms);
 }
 
@@ -45,8 +43,8 @@ TEST(PlanClaim, EmptyInput) {
 }
 
 TEST(PlanClaim, HigherClassesFirstAcrossKeys) {
-  const ClaimPlan p = plan({row(1, 1, "a"), row(2, 3, "b"), row(3, 2, "c"), row(4, 0, "d"),
-                            row(5, 3, nullptr), row(6, 1, nullptr)});
+  const ClaimPlan p =
+      plan({row(1, 1, "a"), row(2, 3, "b"), row(3, 2, "c"), row(4, 0, "d"), row(5, 3, nullptr), row(6, 1, nullptr)});
   EXPECT_EQ(p.ids, (Ids{2, 5, 3, 1, 6, 4}));
 }
 
@@ -59,8 +57,8 @@ TEST(PlanClaim, AgingLiftsLowClassAboveFreshHighClasses) {
   const int64_t aging = 1000;
   // Waited 3.5 agings: class 0 + 3 -> 3, tied with a fresh class 3 row, and
   // it has the older ready_at, so it goes first.
-  const ClaimPlan p = plan({row(1, 0, "old", kNow - 3500), row(2, 3, "fresh3", kNow),
-                            row(3, 2, "fresh2", kNow), row(4, 0, "young", kNow - 500)},
+  const ClaimPlan p = plan({row(1, 0, "old", kNow - 3500), row(2, 3, "fresh3", kNow), row(3, 2, "fresh2", kNow),
+                            row(4, 0, "young", kNow - 500)},
                            100, 1, aging);
   EXPECT_EQ(p.ids, (Ids{1, 2, 3, 4}));
 }
@@ -68,8 +66,7 @@ TEST(PlanClaim, AgingLiftsLowClassAboveFreshHighClasses) {
 TEST(PlanClaim, PartialAgingLandsBetweenClasses) {
   // Class 0 aged by 2 -> effective 2: after fresh class 3, and before a
   // fresh class 2 row because it has been ready longer.
-  const ClaimPlan p = plan({row(1, 3, "a", kNow), row(2, 2, "b", kNow), row(3, 0, "c", kNow - 2999)},
-                           100, 1, 1000);
+  const ClaimPlan p = plan({row(1, 3, "a", kNow), row(2, 2, "b", kNow), row(3, 0, "c", kNow - 2999)}, 100, 1, 1000);
   EXPECT_EQ(p.ids, (Ids{1, 3, 2}));
 }
 
@@ -81,51 +78,45 @@ TEST(PlanClaim, NoAgingWhenDisabled) {
 
 TEST(PlanClaim, EffectivePriorityIsCappedAt3) {
   // Both end at 3 (no bonus beyond); equal ready_at, so the lower id wins.
-  const ClaimPlan p = plan({row(7, 2, nullptr, kNow - 50000), row(3, 1, nullptr, kNow - 50000),
-                            row(1, 3, nullptr, kNow - 10)},
-                           100, 1, 1000);
+  const ClaimPlan p =
+      plan({row(7, 2, nullptr, kNow - 50000), row(3, 1, nullptr, kNow - 50000), row(1, 3, nullptr, kNow - 10)}, 100, 1,
+           1000);
   EXPECT_EQ(p.ids, (Ids{3, 7, 1}));
 }
 
 TEST(PlanClaim, TieBreaksOlderReadyAtThenLowerId) {
   // Class 1 aged +1 and fresh class 2 both have effective priority 2.
-  const ClaimPlan older_first =
-      plan({row(10, 1, nullptr, kNow - 1500), row(5, 2, nullptr, kNow - 100)}, 100, 1, 1000);
+  const ClaimPlan older_first = plan({row(10, 1, nullptr, kNow - 1500), row(5, 2, nullptr, kNow - 100)}, 100, 1, 1000);
   EXPECT_EQ(older_first.ids, (Ids{10, 5}));
   const ClaimPlan lower_id_first =
       plan({row(10, 1, nullptr, kNow - 1500), row(5, 2, nullptr, kNow - 1500)}, 100, 1, 1000);
   // Same ready_at, but class 2 also ages by 1 -> 3 > 2.
   EXPECT_EQ(lower_id_first.ids, (Ids{5, 10}));
-  const ClaimPlan capped =
-      plan({row(10, 2, nullptr, kNow - 5000), row(5, 3, nullptr, kNow - 5000)}, 100, 1, 1000);
+  const ClaimPlan capped = plan({row(10, 2, nullptr, kNow - 5000), row(5, 3, nullptr, kNow - 5000)}, 100, 1, 1000);
   EXPECT_EQ(capped.ids, (Ids{5, 10}));
 }
 
 TEST(PlanClaim, PerKeyOneTakesOnlyTheHead) {
-  const ClaimPlan p = plan({row(1, 1, "a"), row(2, 1, "a"), row(3, 1, "a"), row(4, 1, "b"),
-                            row(5, 1, "b")});
+  const ClaimPlan p = plan({row(1, 1, "a"), row(2, 1, "a"), row(3, 1, "a"), row(4, 1, "b"), row(5, 1, "b")});
   EXPECT_EQ(p.ids, (Ids{1, 4}));
 }
 
 TEST(PlanClaim, PerKeyThreeTakesRunsInIdOrder) {
-  const ClaimPlan p = plan({row(1, 1, "a"), row(2, 1, "a"), row(3, 1, "a"), row(4, 1, "a"),
-                            row(5, 1, "b"), row(6, 1, "b")},
-                           100, 3);
+  const ClaimPlan p =
+      plan({row(1, 1, "a"), row(2, 1, "a"), row(3, 1, "a"), row(4, 1, "a"), row(5, 1, "b"), row(6, 1, "b")}, 100, 3);
   EXPECT_EQ(p.ids, (Ids{1, 2, 3, 5, 6}));
 }
 
 TEST(PlanClaim, HandOverGroupsKeysByFirstChosenRow) {
   // Merge order 1(a) 2(b) 3(a) 4(u) 5(b): a first, then b, then the unkeyed 4.
-  const ClaimPlan p = plan({row(1, 1, "a"), row(2, 1, "b"), row(3, 1, "a"), row(4, 1, nullptr),
-                            row(5, 1, "b")},
-                           100, 2);
+  const ClaimPlan p =
+      plan({row(1, 1, "a"), row(2, 1, "b"), row(3, 1, "a"), row(4, 1, nullptr), row(5, 1, "b")}, 100, 2);
   EXPECT_EQ(p.ids, (Ids{1, 3, 2, 5, 4}));
 }
 
 TEST(PlanClaim, LeasedHeadBlocksOnlyItsOwnKey) {
-  const ClaimPlan p = plan({row(1, 2, "a", kNow - 1000, true), row(2, 2, "a"), row(3, 2, "b"),
-                            row(4, 2, nullptr), row(5, 2, "a")},
-                           100, 3);
+  const ClaimPlan p = plan(
+      {row(1, 2, "a", kNow - 1000, true), row(2, 2, "a"), row(3, 2, "b"), row(4, 2, nullptr), row(5, 2, "a")}, 100, 3);
   EXPECT_EQ(p.ids, (Ids{3, 4}));
 }
 
@@ -137,9 +128,8 @@ TEST(PlanClaim, LeasedRowInsideARunStopsTheRun) {
 
 TEST(PlanClaim, NotReadyHeadBlocksItsKeyOnly) {
   const int64_t future = kNow + 60000;
-  const ClaimPlan p = plan({row(1, 3, "a", future), row(2, 3, "a"), row(3, 3, nullptr),
-                            row(4, 3, "b"), row(5, 0, "a")},
-                           100, 5);
+  const ClaimPlan p =
+      plan({row(1, 3, "a", future), row(2, 3, "a"), row(3, 3, nullptr), row(4, 3, "b"), row(5, 0, "a")}, 100, 5);
   EXPECT_EQ(p.ids, (Ids{3, 4}));
 }
 
@@ -149,15 +139,13 @@ TEST(PlanClaim, ReadyAtExactlyNowIsReady) {
 }
 
 TEST(PlanClaim, UnkeyedRowsBlockNothing) {
-  const ClaimPlan p = plan({row(1, 2, nullptr, kNow + 5000), row(2, 2, nullptr, kNow - 1000, true),
-                            row(3, 2, nullptr), row(4, 2, "a"), row(5, 2, nullptr)});
+  const ClaimPlan p = plan({row(1, 2, nullptr, kNow + 5000), row(2, 2, nullptr, kNow - 1000, true), row(3, 2, nullptr),
+                            row(4, 2, "a"), row(5, 2, nullptr)});
   EXPECT_EQ(p.ids, (Ids{3, 4, 5}));
 }
 
 TEST(PlanClaim, FullKeyDoesNotStopOtherKeys) {
-  const ClaimPlan p = plan({row(1, 1, "a"), row(2, 1, "a"), row(3, 1, "b"), row(4, 1, "a"),
-                            row(5, 1, "c")},
-                           100, 1);
+  const ClaimPlan p = plan({row(1, 1, "a"), row(2, 1, "a"), row(3, 1, "b"), row(4, 1, "a"), row(5, 1, "c")}, 100, 1);
   EXPECT_EQ(p.ids, (Ids{1, 3, 5}));
 }
 
@@ -204,15 +192,13 @@ TEST(PlanClaim, PriorityNeverReordersAKey) {
 
 TEST(PlanClaim, WaitingRowFollowsItsBlockedHead) {
   // The class 0 head of key a is not ready, so the class 3 row behind it waits too.
-  const ClaimPlan p =
-      plan({row(1, 0, "a", kNow + 1000), row(2, 3, "a"), row(3, 3, "b")}, 100, 5);
+  const ClaimPlan p = plan({row(1, 0, "a", kNow + 1000), row(2, 3, "a"), row(3, 3, "b")}, 100, 5);
   EXPECT_EQ(p.ids, (Ids{3}));
 }
 
 TEST(PlanClaim, KeySpreadOverAllClasses) {
-  const ClaimPlan p = plan({row(1, 0, "k"), row(2, 3, "k"), row(3, 1, "k"), row(4, 2, "k"),
-                            row(5, 3, nullptr)},
-                           100, 10);
+  const ClaimPlan p =
+      plan({row(1, 0, "k"), row(2, 3, "k"), row(3, 1, "k"), row(4, 2, "k"), row(5, 3, nullptr)}, 100, 10);
   EXPECT_EQ(p.ids, (Ids{5, 1, 2, 3, 4}));
 }
 
@@ -245,8 +231,7 @@ TEST(PlanClaim, ExtremeTimesDoNotOverflow) {
   Streams s;
   s[0] = {row(1, 0, nullptr, INT64_MIN)};
   s[3] = {row(2, 3, nullptr, INT64_MAX - 1)};
-  const ClaimPlan p =
-      plan_claim(s, {false, false, false, false}, ClaimLimits{}, INT64_MAX, 1);
+  const ClaimPlan p = plan_claim(s, {false, false, false, false}, ClaimLimits{}, INT64_MAX, 1);
   EXPECT_EQ(p.ids, (Ids{1, 2}));  // both effective 3, the older first
 }
 
@@ -256,8 +241,7 @@ TEST(PlanClaim, DefaultLimits) {
   EXPECT_EQ(lim.per_key, 1);
   std::vector<ClaimRow> rows;
   for (int i = 1; i <= 150; ++i) rows.push_back(row(i, 1, nullptr));
-  EXPECT_EQ(plan_claim(streams_of(rows), {false, false, false, false}, lim, kNow, 0).ids.size(),
-            100u);
+  EXPECT_EQ(plan_claim(streams_of(rows), {false, false, false, false}, lim, kNow, 0).ids.size(), 100u);
 }
 
 // Random inputs against invariants that hold whatever the merge order.
@@ -276,8 +260,7 @@ TEST(PlanClaim, RandomisedInvariants) {
     for (int i = 0; i < n; ++i) {
       const bool keyed = next(4) != 0;
       const int64_t ready = kNow + (next(5) == 0 ? 1 + next(1000) : -next(100000));
-      rows.push_back(row(i + 1, static_cast<int>(next(4)), keyed ? kKeys[next(5)] : nullptr,
-                         ready, next(8) == 0));
+      rows.push_back(row(i + 1, static_cast<int>(next(4)), keyed ? kKeys[next(5)] : nullptr, ready, next(8) == 0));
     }
     const int max = 1 + static_cast<int>(next(30));
     const int per_key = 1 + static_cast<int>(next(4));
@@ -288,9 +271,7 @@ TEST(PlanClaim, RandomisedInvariants) {
     std::vector<int64_t> sorted = p.ids;
     std::sort(sorted.begin(), sorted.end());
     ASSERT_TRUE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end()) << "duplicate id";
-    const auto chosen = [&](int64_t id) {
-      return std::binary_search(sorted.begin(), sorted.end(), id);
-    };
+    const auto chosen = [&](int64_t id) { return std::binary_search(sorted.begin(), sorted.end(), id); };
     const auto ok_row = [](const ClaimRow& r) { return r.ready_at_ms <= kNow && !r.leased; };
 
     for (const ClaimRow& r : rows) {
@@ -312,9 +293,7 @@ TEST(PlanClaim, RandomisedInvariants) {
       if (static_cast<int>(p.ids.size()) < max) {
         // Not stopped by max: the prefix is as long as allowed.
         size_t allowed = 0;
-        while (allowed < of_key.size() && static_cast<int>(allowed) < per_key &&
-               ok_row(*of_key[allowed]))
-          ++allowed;
+        while (allowed < of_key.size() && static_cast<int>(allowed) < per_key && ok_row(*of_key[allowed])) ++allowed;
         EXPECT_EQ(taken, allowed) << "key " << key;
       }
       // Hand-over: one key's rows are contiguous and ascending.
@@ -342,41 +321,38 @@ CheckedRow checked(int64_t id, const char* key, bool present, bool valid) {
 }
 
 TEST(FinalizeClaim, AllValidKeepsPlanOrder) {
-  EXPECT_EQ(finalize_claim({checked(5, "a", true, true), checked(7, "a", true, true),
-                            checked(2, "b", true, true), checked(9, nullptr, true, true)}),
+  EXPECT_EQ(finalize_claim({checked(5, "a", true, true), checked(7, "a", true, true), checked(2, "b", true, true),
+                            checked(9, nullptr, true, true)}),
             (Ids{5, 7, 2, 9}));
 }
 
 TEST(FinalizeClaim, Empty) { EXPECT_TRUE(finalize_claim({}).empty()); }
 
 TEST(FinalizeClaim, AbsentRowsAreDroppedWithoutBlocking) {
-  EXPECT_EQ(finalize_claim({checked(1, "a", false, false), checked(2, "a", true, true),
-                            checked(3, nullptr, false, true)}),
-            (Ids{2}));
+  EXPECT_EQ(
+      finalize_claim({checked(1, "a", false, false), checked(2, "a", true, true), checked(3, nullptr, false, true)}),
+      (Ids{2}));
 }
 
 TEST(FinalizeClaim, InvalidKeyedRowDropsTheRestOfItsKey) {
-  EXPECT_EQ(finalize_claim({checked(1, "a", true, true), checked(2, "a", true, false),
-                            checked(3, "a", true, true), checked(4, "b", true, true),
-                            checked(5, "a", true, true)}),
+  EXPECT_EQ(finalize_claim({checked(1, "a", true, true), checked(2, "a", true, false), checked(3, "a", true, true),
+                            checked(4, "b", true, true), checked(5, "a", true, true)}),
             (Ids{1, 4}));
 }
 
 TEST(FinalizeClaim, InvalidUnkeyedRowDropsOnlyItself) {
-  EXPECT_EQ(finalize_claim({checked(1, nullptr, true, false), checked(2, nullptr, true, true),
-                            checked(3, "", true, true)}),
-            (Ids{2, 3}));
+  EXPECT_EQ(
+      finalize_claim({checked(1, nullptr, true, false), checked(2, nullptr, true, true), checked(3, "", true, true)}),
+      (Ids{2, 3}));
 }
 
 TEST(FinalizeClaim, EmptyStringKeyIsAKey) {
-  EXPECT_EQ(finalize_claim({checked(1, "", true, false), checked(2, "", true, true),
-                            checked(3, nullptr, true, true)}),
+  EXPECT_EQ(finalize_claim({checked(1, "", true, false), checked(2, "", true, true), checked(3, nullptr, true, true)}),
             (Ids{3}));
 }
 
 TEST(FinalizeClaim, InvalidHeadDropsWholeKey) {
-  EXPECT_EQ(finalize_claim({checked(10, "k", true, false), checked(11, "k", true, true),
-                            checked(12, "k", true, true)}),
+  EXPECT_EQ(finalize_claim({checked(10, "k", true, false), checked(11, "k", true, true), checked(12, "k", true, true)}),
             (Ids{}));
 }
 

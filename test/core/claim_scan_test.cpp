@@ -118,7 +118,8 @@ struct Table {
     return w;
   }
   int count(ScanReadKind kind) const {
-    return static_cast<int>(std::count_if(reads.begin(), reads.end(), [&](const ScanRead& r) { return r.kind == kind; }));
+    return static_cast<int>(
+        std::count_if(reads.begin(), reads.end(), [&](const ScanRead& r) { return r.kind == kind; }));
   }
 };
 
@@ -205,7 +206,7 @@ TEST(ClaimScan, HotKeysReadKeyHeadsBeyondTheWindow) {
   EXPECT_EQ(t.reads[1].max_keys, 64);
   std::set<int64_t> chosen(r.chosen.begin(), r.chosen.end());
   for (int64_t id : r.chosen) EXPECT_EQ((id - 1) % 100, 0) << id;  // only keys' heads
-  EXPECT_TRUE(chosen.count(1501));  // far past the window
+  EXPECT_TRUE(chosen.count(1501));                                 // far past the window
   // The next window starts at max, not at the depth of the runs.
   EXPECT_EQ(hint.window, 16 + 16 / 8 + 8);
 }
@@ -439,7 +440,7 @@ TEST(ClaimScan, WithoutAKeyWalkHotKeysWiden) {
   const auto r = run(t, cfg, &hint);
   EXPECT_EQ(t.count(ScanReadKind::KeyHeads), 0);
   EXPECT_EQ(t.windows(), (std::vector<int>{64, 129}));  // up to the cap
-  EXPECT_EQ(r.chosen, (Ids{1}));  // the unkeyed rows lie past the widest window
+  EXPECT_EQ(r.chosen, (Ids{1}));                        // the unkeyed rows lie past the widest window
 }
 
 TEST(ClaimScanSidecar, FixedWindowsAreNeitherSizedByTheHintNorWidened) {
@@ -514,8 +515,8 @@ TEST(HandOver, KeysInChosenOrderEachBySeqAndFencedKeysGiveBack) {
   const Ids chosen = {3, 1, 4, 7, 8};
   const std::vector<bool> got = {true, true, true, false, true};
   const std::vector<FetchedRow> fetched = {
-      {1, false, "", 0, true},  {3, true, "k", 1, true}, {4, true, "k", 2, true},
-      {7, true, "m", 1, true},  {8, true, "m", 2, true},
+      {1, false, "", 0, true}, {3, true, "k", 1, true}, {4, true, "k", 2, true},
+      {7, true, "m", 1, true}, {8, true, "m", 2, true},
   };
   const HandOver h = hand_over(chosen, got, fetched);
   std::vector<int64_t> ids;

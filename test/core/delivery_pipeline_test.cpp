@@ -32,7 +32,7 @@ int64_t now_ms() {
 class MemoryStore final : public DeliveryStore {
  public:
   struct Row {
-    Receipt current;  // the lease's receipt; {0,0}: not leased
+    Receipt current;                // the lease's receipt; {0,0}: not leased
     std::string state = "pending";  // pending, delivered, retry, dead
     int64_t retry_in_ms = -1;
     std::string error;
@@ -112,7 +112,8 @@ std::shared_ptr<const PipelineHandler> handler(const TestHttpServer& server, int
 }
 
 struct Rig {
-  explicit Rig(int max_in_flight = 256) : engine(loopback()), sink(engine), pipeline(sink, options(max_in_flight), 42) {}
+  explicit Rig(int max_in_flight = 256)
+      : engine(loopback()), sink(engine), pipeline(sink, options(max_in_flight), 42) {}
   static PipelineOptions options(int max_in_flight) {
     PipelineOptions o;
     o.max_in_flight = max_in_flight;
@@ -294,8 +295,7 @@ TEST(DeliveryPipeline, AStoreFailureKeepsTheBatchForLater) {
   rig.pipeline.enqueue(h, {rig.store.claim(1)}, now_ms() + 60000);
   rig.pipeline.pump(rig.store, now_ms());
   const int64_t deadline = now_ms() + 10000;
-  while (rig.pipeline.collect(now_ms()) == 0 && now_ms() < deadline)
-    relaybus::testing::http_loop_turn(rig.engine, 5);
+  while (rig.pipeline.collect(now_ms()) == 0 && now_ms() < deadline) relaybus::testing::http_loop_turn(rig.engine, 5);
   ASSERT_EQ(rig.pipeline.waiting(), 1u);
   rig.store.fail_next_complete = true;
   const int64_t t = now_ms();

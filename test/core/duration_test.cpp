@@ -41,12 +41,9 @@ TEST(ParseDuration, ExamplesFromTheSpec) {
 TEST(ParseDuration, EveryUnitSpelling) {
   for (const char* u : {"ms", "msec", "msecs", "millisecond", "milliseconds"})
     EXPECT_EQ(ok(std::string("3") + u), 3) << u;
-  for (const char* u : {"s", "sec", "secs", "second", "seconds"})
-    EXPECT_EQ(ok(std::string("3 ") + u), 3000) << u;
-  for (const char* u : {"m", "min", "mins", "minute", "minutes"})
-    EXPECT_EQ(ok(std::string("3") + u), 180000) << u;
-  for (const char* u : {"h", "hr", "hrs", "hour", "hours"})
-    EXPECT_EQ(ok(std::string("3") + u), 10800000) << u;
+  for (const char* u : {"s", "sec", "secs", "second", "seconds"}) EXPECT_EQ(ok(std::string("3 ") + u), 3000) << u;
+  for (const char* u : {"m", "min", "mins", "minute", "minutes"}) EXPECT_EQ(ok(std::string("3") + u), 180000) << u;
+  for (const char* u : {"h", "hr", "hrs", "hour", "hours"}) EXPECT_EQ(ok(std::string("3") + u), 10800000) << u;
   for (const char* u : {"d", "day", "days"}) EXPECT_EQ(ok(std::string("3") + u), 259200000) << u;
   for (const char* u : {"w", "week", "weeks"}) EXPECT_EQ(ok(std::string("1") + u), 604800000) << u;
 }
@@ -101,8 +98,7 @@ TEST(ParseDuration, Errors) {
   EXPECT_EQ(bad("   "), "duration is empty");
   EXPECT_EQ(bad("-5s"), "negative durations are not allowed (got \"-5s\")");
   EXPECT_EQ(bad("-00:00:05"), "negative durations are not allowed (got \"-00:00:05\")");
-  EXPECT_EQ(bad("1 day -02:00:00"),
-            "negative durations are not allowed (got \"1 day -02:00:00\")");
+  EXPECT_EQ(bad("1 day -02:00:00"), "negative durations are not allowed (got \"1 day -02:00:00\")");
   EXPECT_EQ(bad("abc"), "expected a number at \"abc\"");
   EXPECT_EQ(bad("+5s"), "expected a number at \"+5s\"");
   EXPECT_EQ(bad(".5s"), "expected a number at \".5s\"");
@@ -130,16 +126,12 @@ TEST(ParseDuration, ErrorQuotesAreShortAndSafe) {
 
 TEST(ParseDuration, Overflow) {
   EXPECT_EQ(ok("9223372036854775807ms"), INT64_MAX);
-  EXPECT_EQ(bad("9223372036854775808ms"),
-            "duration is too large (got \"9223372036854775808ms\")");
-  EXPECT_EQ(bad("99999999999999999999999"),
-            "duration is too large (got \"99999999999999999999999\")");
+  EXPECT_EQ(bad("9223372036854775808ms"), "duration is too large (got \"9223372036854775808ms\")");
+  EXPECT_EQ(bad("99999999999999999999999"), "duration is too large (got \"99999999999999999999999\")");
   EXPECT_EQ(ok("9223372036854775s"), 9223372036854775000);
   EXPECT_EQ(bad("9223372036854776s"), "duration is too large (got \"9223372036854776s\")");
-  EXPECT_EQ(bad("9223372036854775807ms 1ms"),
-            "duration is too large (got \"9223372036854775807ms 1ms\")");
-  EXPECT_EQ(bad("9223372036854775807.5ms"),
-            "duration is too large (got \"9223372036854775807.5ms\")");
+  EXPECT_EQ(bad("9223372036854775807ms 1ms"), "duration is too large (got \"9223372036854775807ms 1ms\")");
+  EXPECT_EQ(bad("9223372036854775807.5ms"), "duration is too large (got \"9223372036854775807.5ms\")");
   EXPECT_EQ(bad("3000000000000:00:00"), "duration is too large (got \"3000000000000:00:00\")");
   EXPECT_EQ(bad("200000000000000w"), "duration is too large (got \"200000000000000w\")");
 }
@@ -169,9 +161,8 @@ TEST(FormatDuration, Negative) {
 }
 
 TEST(FormatDuration, RoundTripsThroughParse) {
-  for (int64_t v : {int64_t{0}, int64_t{1}, int64_t{999}, int64_t{1000}, int64_t{1001},
-                    int64_t{59999}, int64_t{60000}, int64_t{3599999}, int64_t{3600000},
-                    int64_t{86400000}, int64_t{86400001}, int64_t{7} * 86400000,
+  for (int64_t v : {int64_t{0}, int64_t{1}, int64_t{999}, int64_t{1000}, int64_t{1001}, int64_t{59999}, int64_t{60000},
+                    int64_t{3599999}, int64_t{3600000}, int64_t{86400000}, int64_t{86400001}, int64_t{7} * 86400000,
                     int64_t{123456789012}, INT64_MAX}) {
     EXPECT_EQ(parse_duration_ms(format_duration_ms(v), nullptr).value_or(-1), v) << v;
   }

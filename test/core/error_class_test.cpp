@@ -25,22 +25,22 @@ TEST(ErrorClass, AFullNotifyQueueIsTheEnvironmentsThoughItShares54000) {
 }
 
 TEST(ErrorClass, EnvironmentalErrorsAreNobodysDelivery) {
-  for (const char* s : {"40001",   // serialization failure
-                        "40P01",   // deadlock
-                        "55P03",   // lock_timeout, and a dispatcher that lost its lanes
-                        "55006",   // object in use
-                        "57014",   // statement_timeout, cancel
-                        "57P01",   // admin shutdown
-                        "25006",   // read-only transaction (default_transaction_read_only, recovery)
-                        "25P03",   // idle_in_transaction_session_timeout
-                        "53100",   // disk full
-                        "53200",   // out of memory
-                        "53300",   // too many connections
-                        "08006",   // connection failure
-                        "58030",   // I/O error
-                        "42501",   // insufficient privilege
-                        "42P01",   // undefined table (the extension dropped under the worker)
-                        "3F000",   // invalid schema name
+  for (const char* s : {"40001",  // serialization failure
+                        "40P01",  // deadlock
+                        "55P03",  // lock_timeout, and a dispatcher that lost its lanes
+                        "55006",  // object in use
+                        "57014",  // statement_timeout, cancel
+                        "57P01",  // admin shutdown
+                        "25006",  // read-only transaction (default_transaction_read_only, recovery)
+                        "25P03",  // idle_in_transaction_session_timeout
+                        "53100",  // disk full
+                        "53200",  // out of memory
+                        "53300",  // too many connections
+                        "08006",  // connection failure
+                        "58030",  // I/O error
+                        "42501",  // insufficient privilege
+                        "42P01",  // undefined table (the extension dropped under the worker)
+                        "3F000",  // invalid schema name
                         "3D000", "72000", "F0000"})
     EXPECT_EQ(of(s), ErrorCause::Environment) << s;
 }
@@ -51,7 +51,9 @@ TEST(ErrorClass, EverythingElseIsUnknown) {
 }
 
 TEST(ErrorClass, MalformedSqlstatesAreUnknown) {
-  for (const char* s : {"", "4", "4000", "400011", "40 01", "4000a", "22\x01" "23"})
+  for (const char* s : {"", "4", "4000", "400011", "40 01", "4000a",
+                        "22\x01"
+                        "23"})
     EXPECT_EQ(of(s), ErrorCause::Unknown) << s;
 }
 

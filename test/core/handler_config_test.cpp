@@ -64,8 +64,7 @@ TEST(HandlerName, Invalid) {
 }
 
 TEST(Channel, Valid) {
-  for (const char* c : {"a", "_", "orders", "Orders_2", "_x9"})
-    EXPECT_TRUE(is_valid_channel(c, nullptr)) << c;
+  for (const char* c : {"a", "_", "orders", "Orders_2", "_x9"}) EXPECT_TRUE(is_valid_channel(c, nullptr)) << c;
   EXPECT_TRUE(is_valid_channel(std::string(63, 'c'), nullptr));
 }
 
@@ -158,35 +157,23 @@ TEST(HttpUrl, Rejections) {
   EXPECT_EQ(url_bad("http://"), "URL has no host");
   EXPECT_EQ(url_bad("http:///path"), "URL has no host");
   EXPECT_EQ(url_bad("http://:80/"), "URL has no host");
-  EXPECT_EQ(url_bad("http://user:pw@example.com/"),
-            "URL must not contain user credentials (user:password@)");
-  EXPECT_EQ(url_bad("http://user@example.com/"),
-            "URL must not contain user credentials (user:password@)");
-  EXPECT_EQ(url_bad("http://evil.com\\@good.com/"),
-            "URL must not contain user credentials (user:password@)");
+  EXPECT_EQ(url_bad("http://user:pw@example.com/"), "URL must not contain user credentials (user:password@)");
+  EXPECT_EQ(url_bad("http://user@example.com/"), "URL must not contain user credentials (user:password@)");
+  EXPECT_EQ(url_bad("http://evil.com\\@good.com/"), "URL must not contain user credentials (user:password@)");
   EXPECT_EQ(url_bad("http://example.com/a#frag"), "URL must not contain a fragment ('#')");
-  EXPECT_EQ(url_bad("http://example.com/a b"),
-            "URL must not contain whitespace or control characters");
-  EXPECT_EQ(url_bad("http://example.com/\t"),
-            "URL must not contain whitespace or control characters");
-  EXPECT_EQ(url_bad(" http://example.com/"),
-            "URL must not contain whitespace or control characters");
-  EXPECT_EQ(url_bad("http://example.com/\x7f"),
-            "URL must not contain whitespace or control characters");
-  EXPECT_EQ(url_bad("http://b\xc3\xbc" "cher.de/"),
+  EXPECT_EQ(url_bad("http://example.com/a b"), "URL must not contain whitespace or control characters");
+  EXPECT_EQ(url_bad("http://example.com/\t"), "URL must not contain whitespace or control characters");
+  EXPECT_EQ(url_bad(" http://example.com/"), "URL must not contain whitespace or control characters");
+  EXPECT_EQ(url_bad("http://example.com/\x7f"), "URL must not contain whitespace or control characters");
+  EXPECT_EQ(url_bad("http://b\xc3\xbc"
+                    "cher.de/"),
             "URL must be ASCII (percent-encode other characters)");
-  EXPECT_EQ(url_bad("http://example.com:0/"),
-            "URL port must be a number between 1 and 65535 (got \"0\")");
-  EXPECT_EQ(url_bad("http://example.com:65536/"),
-            "URL port must be a number between 1 and 65535 (got \"65536\")");
-  EXPECT_EQ(url_bad("http://example.com:123456/"),
-            "URL port must be a number between 1 and 65535 (got \"123456\")");
-  EXPECT_EQ(url_bad("http://example.com:/"),
-            "URL port must be a number between 1 and 65535 (got \"\")");
-  EXPECT_EQ(url_bad("http://example.com:8o/"),
-            "URL port must be a number between 1 and 65535 (got \"8o\")");
-  EXPECT_EQ(url_bad("http://example.com:80:81/"),
-            "URL port must be a number between 1 and 65535 (got \"80:81\")");
+  EXPECT_EQ(url_bad("http://example.com:0/"), "URL port must be a number between 1 and 65535 (got \"0\")");
+  EXPECT_EQ(url_bad("http://example.com:65536/"), "URL port must be a number between 1 and 65535 (got \"65536\")");
+  EXPECT_EQ(url_bad("http://example.com:123456/"), "URL port must be a number between 1 and 65535 (got \"123456\")");
+  EXPECT_EQ(url_bad("http://example.com:/"), "URL port must be a number between 1 and 65535 (got \"\")");
+  EXPECT_EQ(url_bad("http://example.com:8o/"), "URL port must be a number between 1 and 65535 (got \"8o\")");
+  EXPECT_EQ(url_bad("http://example.com:80:81/"), "URL port must be a number between 1 and 65535 (got \"80:81\")");
   EXPECT_EQ(url_bad("http://exa%6dple.com/"), "URL has an invalid host \"exa%6dple.com\"");
   EXPECT_EQ(url_bad("http://a..b/"), "URL has an invalid host \"a..b\"");
   EXPECT_EQ(url_bad("http://.a/"), "URL has an invalid host \".a\"");
@@ -196,19 +183,14 @@ TEST(HttpUrl, Rejections) {
   EXPECT_EQ(url_bad("http://[::1/"), "URL has an unterminated IPv6 address ('[' without ']')");
   EXPECT_EQ(url_bad("http://[zz::1]/"), "URL has an invalid IPv6 address \"[zz::1]\"");
   EXPECT_EQ(url_bad("http://[]/"), "URL has an invalid IPv6 address \"[]\"");
-  EXPECT_EQ(url_bad("http://[fe80::1%25eth0]/"),
-            "URL has an invalid IPv6 address \"[fe80::1%25eth0]\"");
+  EXPECT_EQ(url_bad("http://[fe80::1%25eth0]/"), "URL has an invalid IPv6 address \"[fe80::1%25eth0]\"");
   EXPECT_EQ(url_bad("http://[::1]x/"), "URL has unexpected text after the IPv6 address");
-  EXPECT_EQ(url_bad("http://[::1]:0/"),
-            "URL port must be a number between 1 and 65535 (got \"0\")");
+  EXPECT_EQ(url_bad("http://[::1]:0/"), "URL port must be a number between 1 and 65535 (got \"0\")");
   EXPECT_EQ(url_bad("http://h/a%2"), "URL has a '%' not followed by two hex digits");
   EXPECT_EQ(url_bad("http://h/a%zz"), "URL has a '%' not followed by two hex digits");
-  EXPECT_EQ(url_bad("http://h/<script>"),
-            "character '<' is not allowed in a URL (percent-encode it)");
-  EXPECT_EQ(url_bad("http://h/a\\b"),
-            "character '\\' is not allowed in a URL (percent-encode it)");
-  EXPECT_EQ(url_bad("http://h/\"q\""),
-            "character '\"' is not allowed in a URL (percent-encode it)");
+  EXPECT_EQ(url_bad("http://h/<script>"), "character '<' is not allowed in a URL (percent-encode it)");
+  EXPECT_EQ(url_bad("http://h/a\\b"), "character '\\' is not allowed in a URL (percent-encode it)");
+  EXPECT_EQ(url_bad("http://h/\"q\""), "character '\"' is not allowed in a URL (percent-encode it)");
 }
 
 TEST(HttpUrl, LengthLimit) {
@@ -227,8 +209,7 @@ TEST(Target, Notify) {
   EXPECT_FALSE(validate_target(K::Notify, "", false, &why));
   EXPECT_EQ(why, "a notify handler needs a channel name as target");
   EXPECT_FALSE(validate_target(K::Notify, "my-channel", false, &why));
-  EXPECT_EQ(why,
-            "channel name \"my-channel\": character '-' is not allowed (only A-Z, a-z, 0-9 and '_')");
+  EXPECT_EQ(why, "channel name \"my-channel\": character '-' is not allowed (only A-Z, a-z, 0-9 and '_')");
   EXPECT_FALSE(validate_target(K::Notify, "9x", false, nullptr));
 }
 
@@ -296,10 +277,10 @@ TEST(Options, DefaultsFromEmptyObject) {
 }
 
 TEST(Options, AllHttpOptions) {
-  const HandlerOptions o = opts_ok(
-      K::Http, R"({"max_attempts": 5, "backoff_base": "500ms", "backoff_max": "1 hour",
+  const HandlerOptions o = opts_ok(K::Http, R"({"max_attempts": 5, "backoff_base": "500ms", "backoff_max": "1 hour",
                    "timeout": "10s", "concurrency": 4, "lease": "2min",
-                   "secret": [")" + kSecret1 + R"(", ")" + kSecret2 + R"("],
+                   "secret": [")" + kSecret1 + R"(", ")" +
+                                                kSecret2 + R"("],
                    "headers": {"Authorization": "Bearer t", "X-Tenant": "acme"}})");
   EXPECT_EQ(o.max_attempts, 5);
   EXPECT_EQ(o.backoff_base_ms, 500);
@@ -336,8 +317,8 @@ TEST(Options, SingleSecretString) {
 }
 
 TEST(Options, NullMeansDefault) {
-  const HandlerOptions o = opts_ok(
-      K::Pull, R"({"max_attempts": null, "timeout": null, "ack": null, "secret": null, "lease": null})");
+  const HandlerOptions o =
+      opts_ok(K::Pull, R"({"max_attempts": null, "timeout": null, "ack": null, "secret": null, "lease": null})");
   EXPECT_EQ(o.max_attempts, 10);
   EXPECT_EQ(o.lease_ms, 30000);
   EXPECT_EQ(o.timeout_ms, 30000);
@@ -364,8 +345,7 @@ TEST(Options, OptionNotForThisKind) {
   EXPECT_EQ(opts_bad(K::Pull, R"({"ack": false})"), "option \"ack\" is only valid for notify handlers");
   EXPECT_EQ(opts_bad(K::Notify, R"({"timeout": "1s"})"),
             "option \"timeout\" is only valid for http and kafka handlers");
-  EXPECT_EQ(opts_bad(K::Pull, R"({"headers": {}})"),
-            "option \"headers\" is only valid for http handlers");
+  EXPECT_EQ(opts_bad(K::Pull, R"({"headers": {}})"), "option \"headers\" is only valid for http handlers");
   EXPECT_EQ(opts_bad(K::Notify, R"({"secret": ")" + kSecret1 + R"("})"),
             "option \"secret\" is only valid for http handlers");
   EXPECT_EQ(opts_bad(K::Pull, R"({"concurrency": 2})"),
@@ -374,8 +354,8 @@ TEST(Options, OptionNotForThisKind) {
 
 TEST(Options, IntegerRanges) {
   const std::string ma = "option \"max_attempts\" must be an integer between 1 and 1000";
-  for (const char* v : {"0", "1001", "-1", "\"5\"", "5.5", "true", "[5]", "1e300", "18446744073709551615",
-                        "-9223372036854775808"})
+  for (const char* v :
+       {"0", "1001", "-1", "\"5\"", "5.5", "true", "[5]", "1e300", "18446744073709551615", "-9223372036854775808"})
     EXPECT_EQ(opts_bad(K::Pull, std::string(R"({"max_attempts": )") + v + "}"), ma) << v;
   const std::string cc = "option \"concurrency\" must be an integer between 1 and 1024";
   for (const char* v : {"0", "1025", "\"16\""})
@@ -387,8 +367,7 @@ TEST(Options, IntervalsAreStringsOnly) {
             "option \"timeout\" must be an interval such as '30s' (got \"abc\")");
   EXPECT_EQ(opts_bad(K::Http, R"({"timeout": 5000})"),
             "option \"timeout\" must be an interval such as '30s' (got 5000)");
-  EXPECT_EQ(opts_bad(K::Pull, R"({"lease": true})"),
-            "option \"lease\" must be an interval such as '30s' (got true)");
+  EXPECT_EQ(opts_bad(K::Pull, R"({"lease": true})"), "option \"lease\" must be an interval such as '30s' (got true)");
   EXPECT_EQ(opts_bad(K::Pull, R"({"backoff_base": {"s": 1}})"),
             "option \"backoff_base\" must be an interval such as '1s' (got {\"s\":1})");
   EXPECT_EQ(opts_bad(K::Pull, R"({"backoff_max": "-1s"})"),
@@ -396,14 +375,10 @@ TEST(Options, IntervalsAreStringsOnly) {
 }
 
 TEST(Options, IntervalRanges) {
-  EXPECT_EQ(opts_bad(K::Http, R"({"timeout": "2h"})"),
-            "option \"timeout\" must be between 1ms and 1h (got \"2h\")");
-  EXPECT_EQ(opts_bad(K::Http, R"({"timeout": "0s"})"),
-            "option \"timeout\" must be between 1ms and 1h (got \"0s\")");
-  EXPECT_EQ(opts_bad(K::Pull, R"({"lease": "999ms"})"),
-            "option \"lease\" must be between 1s and 1d (got \"999ms\")");
-  EXPECT_EQ(opts_bad(K::Pull, R"({"lease": "25h"})"),
-            "option \"lease\" must be between 1s and 1d (got \"25h\")");
+  EXPECT_EQ(opts_bad(K::Http, R"({"timeout": "2h"})"), "option \"timeout\" must be between 1ms and 1h (got \"2h\")");
+  EXPECT_EQ(opts_bad(K::Http, R"({"timeout": "0s"})"), "option \"timeout\" must be between 1ms and 1h (got \"0s\")");
+  EXPECT_EQ(opts_bad(K::Pull, R"({"lease": "999ms"})"), "option \"lease\" must be between 1s and 1d (got \"999ms\")");
+  EXPECT_EQ(opts_bad(K::Pull, R"({"lease": "25h"})"), "option \"lease\" must be between 1s and 1d (got \"25h\")");
   EXPECT_EQ(opts_bad(K::Pull, R"({"backoff_base": "2d"})"),
             "option \"backoff_base\" must be between 1ms and 1d (got \"2d\")");
   EXPECT_EQ(opts_bad(K::Pull, R"({"backoff_max": "8d"})"),
@@ -428,8 +403,7 @@ TEST(Options, Ack) {
 
 TEST(Options, SecretShapeAndFormat) {
   const std::string shape = "option \"secret\" must be a string or an array of 1 to 10 strings";
-  const std::string format =
-      "option \"secret\" must be \"whsec_\" followed by the base64 of 1 to 256 bytes";
+  const std::string format = "option \"secret\" must be \"whsec_\" followed by the base64 of 1 to 256 bytes";
   EXPECT_EQ(opts_bad(K::Http, R"({"secret": 5})"), shape);
   EXPECT_EQ(opts_bad(K::Http, R"({"secret": []})"), shape);
   EXPECT_EQ(opts_bad(K::Http, R"({"secret": [5]})"), shape);
@@ -442,12 +416,11 @@ TEST(Options, SecretShapeAndFormat) {
   EXPECT_EQ(opts_ok(K::Http, R"({"secret": )" + ten + "}").secrets.size(), 10u);
 
   EXPECT_EQ(opts_bad(K::Http, R"({"secret": "hunter2"})"), format);
-  EXPECT_EQ(opts_bad(K::Http, R"({"secret": "whsec_"})"), format);          // 0 bytes
+  EXPECT_EQ(opts_bad(K::Http, R"({"secret": "whsec_"})"), format);  // 0 bytes
   EXPECT_EQ(opts_bad(K::Http, R"({"secret": "whsec_not base64!"})"), format);
   EXPECT_EQ(opts_bad(K::Http, R"({"secret": "WHSEC_Zm9v"})"), format);
   EXPECT_EQ(opts_bad(K::Http, R"({"secret": ")" + base64_encode("raw key") + R"("})"), format);
-  EXPECT_EQ(opts_bad(K::Http, R"({"secret": [")" + kSecret1 + R"(", "whsec_@@"]})"),
-            format + " (element 2)");
+  EXPECT_EQ(opts_bad(K::Http, R"({"secret": [")" + kSecret1 + R"(", "whsec_@@"]})"), format + " (element 2)");
   const std::string max_key = "whsec_" + base64_encode(std::string(256, 'k'));
   const std::string too_long = "whsec_" + base64_encode(std::string(257, 'k'));
   EXPECT_EQ(opts_ok(K::Http, R"({"secret": ")" + max_key + R"("})").secrets[0], max_key);
@@ -477,8 +450,7 @@ TEST(Options, InlinePayloadIsANotifyBoolean) {
   EXPECT_TRUE(opts_ok(K::Notify, "{}").inline_payload);
   EXPECT_FALSE(opts_ok(K::Notify, R"({"inline_payload": false})").inline_payload);
   EXPECT_TRUE(opts_ok(K::Notify, R"({"inline_payload": null})").inline_payload);
-  EXPECT_EQ(opts_bad(K::Notify, R"({"inline_payload": "no"})"),
-            "option \"inline_payload\" must be true or false");
+  EXPECT_EQ(opts_bad(K::Notify, R"({"inline_payload": "no"})"), "option \"inline_payload\" must be true or false");
   EXPECT_EQ(opts_bad(K::Http, R"({"inline_payload": false})"),
             "option \"inline_payload\" is only valid for notify handlers");
   EXPECT_EQ(opts_bad(K::Pull, R"({"inline_payload": false})"),
@@ -503,8 +475,7 @@ TEST(Options, Headers) {
             "option \"headers\": \"X A\" is not a valid header name");
   EXPECT_EQ(opts_bad(K::Http, R"({"headers": {"X-A:": "b"}})"),
             "option \"headers\": \"X-A:\" is not a valid header name");
-  EXPECT_EQ(opts_bad(K::Http, R"({"headers": {"": "b"}})"),
-            "option \"headers\": \"\" is not a valid header name");
+  EXPECT_EQ(opts_bad(K::Http, R"({"headers": {"": "b"}})"), "option \"headers\": \"\" is not a valid header name");
   EXPECT_EQ(opts_bad(K::Http, R"({"headers": {"X-\u00e9": "b"}})"),
             "option \"headers\": \"X-\xc3\xa9\" is not a valid header name");
   EXPECT_EQ(opts_bad(K::Http, R"({"headers": {"X-A": "b\r\nX-Evil: 1"}})"),
@@ -516,14 +487,13 @@ TEST(Options, Headers) {
   EXPECT_EQ(opts_bad(K::Http, R"({"headers": {"X-A": "x", "x-a": "y"}})"),
             "option \"headers\": header \"x-a\" appears twice");
   // Tabs, UTF-8 and tchar punctuation are fine.
-  const HandlerOptions o =
-      opts_ok(K::Http, R"({"headers": {"X-Odd!#$%&'*+.^_`|~": "a\tb \u00e9", "X-Empty": ""}})");
+  const HandlerOptions o = opts_ok(K::Http, R"({"headers": {"X-Odd!#$%&'*+.^_`|~": "a\tb \u00e9", "X-Empty": ""}})");
   ASSERT_EQ(o.headers.size(), 2u);
 }
 
 TEST(Options, ReservedHeaders) {
-  for (const char* h : {"webhook-id", "Webhook-Timestamp", "WEBHOOK-SIGNATURE", "Content-Type",
-                        "content-length", "Host", "Transfer-Encoding", "Connection"}) {
+  for (const char* h : {"webhook-id", "Webhook-Timestamp", "WEBHOOK-SIGNATURE", "Content-Type", "content-length",
+                        "Host", "Transfer-Encoding", "Connection"}) {
     EXPECT_EQ(opts_bad(K::Http, std::string(R"({"headers": {")") + h + R"(": "x"}})"),
               std::string("option \"headers\": header \"") + h + "\" is set by relaybus")
         << h;
@@ -539,15 +509,13 @@ TEST(Options, HeaderLimits) {
             "option \"headers\" has more than 100 headers");
   EXPECT_EQ(opts_bad(K::Http, nlohmann::json{{"headers", {{"X-Big", std::string(8193, 'v')}}}}.dump()),
             "option \"headers\": value of header \"X-Big\" is longer than 8192 bytes");
-  EXPECT_EQ(opts_ok(K::Http, nlohmann::json{{"headers", {{"X-Big", std::string(8192, 'v')}}}}.dump())
-                .headers.size(),
+  EXPECT_EQ(opts_ok(K::Http, nlohmann::json{{"headers", {{"X-Big", std::string(8192, 'v')}}}}.dump()).headers.size(),
             1u);
 }
 
 TEST(Options, LongValuesAreTruncatedInMessages) {
   const std::string why = opts_bad(K::Http, R"({"timeout": ")" + std::string(500, 'z') + R"("})");
-  EXPECT_EQ(why, "option \"timeout\" must be an interval such as '30s' (got \"" +
-                     std::string(40, 'z') + "...\")");
+  EXPECT_EQ(why, "option \"timeout\" must be an interval such as '30s' (got \"" + std::string(40, 'z') + "...\")");
 }
 
 TEST(Options, NullOutAndWhyAreAllowed) {
@@ -570,16 +538,15 @@ TEST(PublicJson, DefaultsPerKind) {
 }
 
 TEST(PublicJson, HidesSecretsAndHeaderValues) {
-  const HandlerOptions o = opts_ok(
-      K::Http, R"({"secret": ")" + kSecret1 + R"(", "timeout": "1500ms", "backoff_max": "1h",
+  const HandlerOptions o =
+      opts_ok(K::Http, R"({"secret": ")" + kSecret1 + R"(", "timeout": "1500ms", "backoff_max": "1h",
                   "headers": {"Authorization": "Bearer sekrit"}})");
   const std::string j = options_public_json(K::Http, o);
   EXPECT_EQ(j.find("whsec_"), std::string::npos);
   EXPECT_EQ(j.find("sekrit"), std::string::npos);
-  EXPECT_EQ(j,
-            R"({"backoff_base":"1s","backoff_max":"1h","concurrency":16,"envelope":true,)"
-            R"("follow_redirects":false,"headers":{"Authorization":"[redacted]"},"lease":"30s",)"
-            R"("max_attempts":10,"retry_4xx":false,"timeout":"1500ms"})");
+  EXPECT_EQ(j, R"({"backoff_base":"1s","backoff_max":"1h","concurrency":16,"envelope":true,)"
+               R"("follow_redirects":false,"headers":{"Authorization":"[redacted]"},"lease":"30s",)"
+               R"("max_attempts":10,"retry_4xx":false,"timeout":"1500ms"})");
 }
 
 TEST(PublicJson, ReparsesToTheSameOptionsForNonHttpKinds) {
@@ -602,8 +569,7 @@ TEST(HandlerOptionsHttpFlags, ParsedForHttpAndRejectedElsewhere) {
   HandlerOptions o;
   std::string why;
   ASSERT_TRUE(parse_handler_options(HandlerKind::Http,
-                                    R"({"envelope": false, "retry_4xx": true, "follow_redirects": true})",
-                                    &o, &why))
+                                    R"({"envelope": false, "retry_4xx": true, "follow_redirects": true})", &o, &why))
       << why;
   EXPECT_FALSE(o.envelope);
   EXPECT_TRUE(o.retry_4xx);

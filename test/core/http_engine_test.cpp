@@ -55,8 +55,7 @@ HttpEngineOptions loopback_options(const std::string& allowlist = "127.0.0.0/8")
   return o;
 }
 
-HttpRequest post(const std::string& url, std::string body = "{}", int handler_key = 1,
-                 int64_t timeout_ms = 5000) {
+HttpRequest post(const std::string& url, std::string body = "{}", int handler_key = 1, int64_t timeout_ms = 5000) {
   HttpRequest r;
   static uint64_t next_tag = 1000;
   r.tag = next_tag++;
@@ -174,15 +173,12 @@ TEST(HttpEngine, ClassifiesStatuses) {
   struct Case {
     int status;
     HttpOutcome outcome;
-  } cases[] = {{200, HttpOutcome::Success}, {201, HttpOutcome::Success},
-               {204, HttpOutcome::Success}, {299, HttpOutcome::Success},
-               {500, HttpOutcome::Retry},   {502, HttpOutcome::Retry},
-               {503, HttpOutcome::Retry},   {599, HttpOutcome::Retry},
-               {408, HttpOutcome::Retry},   {429, HttpOutcome::Retry},
-               {400, HttpOutcome::Fail},    {401, HttpOutcome::Fail},
-               {404, HttpOutcome::Fail},    {410, HttpOutcome::Fail},
-               {422, HttpOutcome::Fail},    {301, HttpOutcome::Fail},
-               {302, HttpOutcome::Fail},    {307, HttpOutcome::Fail}};
+  } cases[] = {{200, HttpOutcome::Success}, {201, HttpOutcome::Success}, {204, HttpOutcome::Success},
+               {299, HttpOutcome::Success}, {500, HttpOutcome::Retry},   {502, HttpOutcome::Retry},
+               {503, HttpOutcome::Retry},   {599, HttpOutcome::Retry},   {408, HttpOutcome::Retry},
+               {429, HttpOutcome::Retry},   {400, HttpOutcome::Fail},    {401, HttpOutcome::Fail},
+               {404, HttpOutcome::Fail},    {410, HttpOutcome::Fail},    {422, HttpOutcome::Fail},
+               {301, HttpOutcome::Fail},    {302, HttpOutcome::Fail},    {307, HttpOutcome::Fail}};
   std::atomic<int> next_status{200};
   TestHttpServer server([&](const RecordedRequest&) {
     Reply r = status_reply(next_status);
@@ -215,12 +211,18 @@ TEST(HttpEngine, RetryAfterOn429And503) {
   std::atomic<int> step{0};
   TestHttpServer server([&](const RecordedRequest&) {
     switch (step.load()) {
-      case 0: return status_reply(429, {{"Retry-After", "3"}});
-      case 1: return status_reply(503, {{"retry-after", "120"}});
-      case 2: return status_reply(503, {{"Retry-After", "Wed, 21 Oct 2015 07:28:00 GMT"}});
-      case 3: return status_reply(429, {{"Retry-After", "soon"}});
-      case 4: return status_reply(500, {{"Retry-After", "3"}});  // only 429/503 count
-      default: return status_reply(429);
+      case 0:
+        return status_reply(429, {{"Retry-After", "3"}});
+      case 1:
+        return status_reply(503, {{"retry-after", "120"}});
+      case 2:
+        return status_reply(503, {{"Retry-After", "Wed, 21 Oct 2015 07:28:00 GMT"}});
+      case 3:
+        return status_reply(429, {{"Retry-After", "soon"}});
+      case 4:
+        return status_reply(500, {{"Retry-After", "3"}});  // only 429/503 count
+      default:
+        return status_reply(429);
     }
   });
   HttpEngine engine(loopback_options());
@@ -237,8 +239,7 @@ TEST(HttpEngine, RetryAfterOn429And503) {
 // max_retry_after_ms, or to kRetryAfterCapMs without one; never negative.
 TEST(HttpEngine, RetryAfterIsClampedAndSaturates) {
   std::atomic<int> step{0};
-  const char* values[] = {"31536000", "99999999999999999999999999", "Fri, 31 Dec 9999 23:59:59 GMT",
-                          "1", "-5", "0"};
+  const char* values[] = {"31536000", "99999999999999999999999999", "Fri, 31 Dec 9999 23:59:59 GMT", "1", "-5", "0"};
   TestHttpServer server([&](const RecordedRequest&) {
     return status_reply(429, {{"Retry-After", values[step.load() % 6]}});
   });
@@ -302,9 +303,7 @@ TEST(HttpEngine, DroppedConnectionRetries) {
   const HttpResult r = run_one(engine, post(server.url("/"), "{}"));
   EXPECT_EQ(r.outcome, HttpOutcome::Retry);
   EXPECT_EQ(r.status, 0);
-  EXPECT_TRUE(r.error == "connection closed without a response" ||
-              r.error == "connection reset by peer")
-      << r.error;
+  EXPECT_TRUE(r.error == "connection closed without a response" || r.error == "connection reset by peer") << r.error;
   EXPECT_GE(server.requests().size(), 1u);
 }
 
@@ -324,8 +323,7 @@ TEST(HttpEngine, DroppedAfterADelayRetries) {
 TEST(HttpEngine, ConnectionRefusedRetries) {
   const int port = closed_loopback_port();
   HttpEngine engine(loopback_options());
-  const HttpResult r =
-      run_one(engine, post("http://127.0.0.1:" + std::to_string(port) + "/", "{}"));
+  const HttpResult r = run_one(engine, post("http://127.0.0.1:" + std::to_string(port) + "/", "{}"));
   EXPECT_EQ(r.outcome, HttpOutcome::Retry);
   EXPECT_EQ(r.status, 0);
   EXPECT_EQ(r.error, "connection refused");
@@ -347,9 +345,7 @@ TEST(HttpEngine, LoopbackIsRefusedWithoutTheAllowList) {
   // Same with the host name (it resolves to loopback addresses only).
   const HttpResult by_name = run_one(engine, post(server.url("/", "localhost"), "{}"));
   EXPECT_EQ(by_name.outcome, HttpOutcome::Fail);
-  EXPECT_NE(by_name.error.find("is not allowed (loopback) for host \"localhost\""),
-            std::string::npos)
-      << by_name.error;
+  EXPECT_NE(by_name.error.find("is not allowed (loopback) for host \"localhost\""), std::string::npos) << by_name.error;
   EXPECT_EQ(server.accepts(), 0);
 }
 
@@ -397,8 +393,7 @@ TEST(HttpEngine, LoopbackIsAllowedByCidrOrHostName) {
   }
   {
     HttpEngine engine(loopback_options("LocalHost."));
-    EXPECT_EQ(run_one(engine, post(server.url("/", "LOCALHOST"), "{}")).outcome,
-              HttpOutcome::Success);
+    EXPECT_EQ(run_one(engine, post(server.url("/", "LOCALHOST"), "{}")).outcome, HttpOutcome::Success);
   }
   EXPECT_EQ(server.requests().size(), 3u);
 }
@@ -603,8 +598,7 @@ TEST(HttpEngine, ConnectionCloseFromTheServerIsHandled) {
     return r;
   });
   HttpEngine engine(loopback_options());
-  for (int i = 0; i < 3; ++i)
-    EXPECT_EQ(run_one(engine, post(server.url("/"), "{}")).outcome, HttpOutcome::Success);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(run_one(engine, post(server.url("/"), "{}")).outcome, HttpOutcome::Success);
   EXPECT_EQ(server.accepts(), 3);
 }
 
@@ -699,8 +693,7 @@ TEST(HttpEngine, CancelAllDropsEverythingWithoutResults) {
   std::string why;
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(engine.submit(post(server.url("/"), "{}"), &why));
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  while (server.requests().size() < 3 && std::chrono::steady_clock::now() < until)
-    http_loop_turn(engine, 20);
+  while (server.requests().size() < 3 && std::chrono::steady_clock::now() < until) http_loop_turn(engine, 20);
   ASSERT_EQ(server.requests().size(), 3u);
   EXPECT_FALSE(engine.sockets().empty());
   engine.cancel_all();
@@ -725,8 +718,7 @@ TEST(HttpEngine, DestructorCleansUpRequestsInFlight) {
     std::string why;
     for (int i = 0; i < 5; ++i) ASSERT_TRUE(engine.submit(post(server.url("/"), "{}"), &why));
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-    while (server.requests().size() < 5 && std::chrono::steady_clock::now() < until)
-      http_loop_turn(engine, 10);
+    while (server.requests().size() < 5 && std::chrono::steady_clock::now() < until) http_loop_turn(engine, 10);
     // Destroyed with five requests really in flight (sent, unanswered).
     ASSERT_EQ(server.requests().size(), 5u);
     ASSERT_EQ(engine.in_flight(), 5u);
@@ -830,7 +822,8 @@ TEST(HttpEngine, ResolverThreadsBlockEverySignal) {
   const std::string name = hosts_file_name();
   const std::string main_tid = std::to_string(syscall(SYS_gettid));
   g_main_tid = syscall(SYS_gettid);
-  struct sigaction sa {}, old {};
+  struct sigaction sa {
+  }, old{};
   sa.sa_handler = on_usr1;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
@@ -857,8 +850,7 @@ TEST(HttpEngine, ResolverThreadsBlockEverySignal) {
     std::vector<std::string> counted;
     while (!stop) {
       for (const std::string& tid : task_ids()) {
-        if (tid == main_tid || tid == std::to_string(storm_tid.load()) ||
-            tid == std::to_string(sampler_tid.load()))
+        if (tid == main_tid || tid == std::to_string(storm_tid.load()) || tid == std::to_string(sampler_tid.load()))
           continue;
         unsigned long long mask = 0;
         if (!blocked_mask(tid, &mask)) continue;
@@ -869,15 +861,14 @@ TEST(HttpEngine, ResolverThreadsBlockEverySignal) {
         // A thread that is exiting may show an empty mask for an instant
         // (seen under gVisor): count only a mask seen twice in a row.
         unsigned long long again = 0;
-        if (!blocks_every_signal(mask) && blocked_mask(tid, &again) && !blocks_every_signal(again))
-          ++unblocked;
+        if (!blocks_every_signal(mask) && blocked_mask(tid, &again) && !blocks_every_signal(again)) ++unblocked;
       }
     }
   });
   pthread_sigmask(SIG_SETMASK, &saved, nullptr);
 
   {
-    HttpEngineOptions o;  // empty allow-list: resolved, then refused by the policy
+    HttpEngineOptions o;        // empty allow-list: resolved, then refused by the policy
     o.dns_cache_timeout_s = 0;  // a lookup, so a resolver thread, per request
     HttpEngine engine(o);
     engine.set_handler_limit(0, 64);
@@ -897,8 +888,7 @@ TEST(HttpEngine, ResolverThreadsBlockEverySignal) {
 
   sigset_t after;
   pthread_sigmask(SIG_SETMASK, nullptr, &after);
-  for (int s = 1; s < NSIG; ++s)
-    EXPECT_EQ(sigismember(&before, s), sigismember(&after, s)) << "signal " << s;
+  for (int s = 1; s < NSIG; ++s) EXPECT_EQ(sigismember(&before, s), sigismember(&after, s)) << "signal " << s;
   EXPECT_GT(g_signals.load(), 0);
   EXPECT_EQ(g_signals_elsewhere.load(), 0);
   // Valgrind runs threads under its own kernel-level masks, so /proc does not
@@ -908,8 +898,7 @@ TEST(HttpEngine, ResolverThreadsBlockEverySignal) {
     EXPECT_EQ(unblocked.load(), 0);
   }
   RecordProperty("resolver_threads_observed", seen.load());
-  if (seen.load() == 0)
-    std::printf("note: no resolver thread seen (libcurl without the threaded resolver?)\n");
+  if (seen.load() == 0) std::printf("note: no resolver thread seen (libcurl without the threaded resolver?)\n");
 }
 
 }  // namespace

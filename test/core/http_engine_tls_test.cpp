@@ -69,10 +69,10 @@ class HttpEngineTls : public ::testing::Test {
       int null = open("/dev/null", O_WRONLY);
       dup2(null, 1);
       dup2(null, 2);
-      const std::string port = std::to_string(port_), key = dir_ + "/key.pem",
-                        cert = dir_ + "/cert.pem", www = dir_ + "/www";
-      execlp("nghttpd", "nghttpd", "-a", "127.0.0.1", "-d", www.c_str(), port.c_str(), key.c_str(),
-             cert.c_str(), static_cast<char*>(nullptr));
+      const std::string port = std::to_string(port_), key = dir_ + "/key.pem", cert = dir_ + "/cert.pem",
+                        www = dir_ + "/www";
+      execlp("nghttpd", "nghttpd", "-a", "127.0.0.1", "-d", www.c_str(), port.c_str(), key.c_str(), cert.c_str(),
+             static_cast<char*>(nullptr));
       _exit(127);
     }
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);

@@ -61,8 +61,8 @@ inline void http_loop_turn_ready(core::HttpEngine& engine, int64_t max_wait_ms) 
 // Submits every request as soon as the engine's caps allow and drives the
 // engine until all have results or max_ms passed. Results in completion order.
 inline std::vector<core::HttpResult> http_loop_deliver(core::HttpEngine& engine,
-                                                       std::vector<core::HttpRequest> requests,
-                                                       int64_t max_ms = 10000, bool ready_fd = false) {
+                                                       std::vector<core::HttpRequest> requests, int64_t max_ms = 10000,
+                                                       bool ready_fd = false) {
   std::deque<core::HttpRequest> queue(std::make_move_iterator(requests.begin()),
                                       std::make_move_iterator(requests.end()));
   std::vector<core::HttpResult> results;

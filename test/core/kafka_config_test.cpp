@@ -109,8 +109,8 @@ TEST(KafkaOptions, ProducerValidatedByLibrdkafka) {
 }
 
 TEST(KafkaOptions, PinnedAndDangerousPropertiesRefused) {
-  for (const char* p : {"enable.idempotence", "acks", "bootstrap.servers", "transactional.id",
-                        "message.timeout.ms", "max.in.flight.requests.per.connection", "retries"}) {
+  for (const char* p : {"enable.idempotence", "acks", "bootstrap.servers", "transactional.id", "message.timeout.ms",
+                        "max.in.flight.requests.per.connection", "retries"}) {
     EXPECT_EQ(options_bad(std::string(R"({"producer": {")") + p + R"(": "1"}})"),
               std::string("option \"producer\": property \"") + p + "\" is set by relaybus");
   }
@@ -134,10 +134,10 @@ TEST(KafkaOptions, HttpOnlyOptionsRefused) {
 }
 
 TEST(KafkaErrors, PermanentOnesGoToDeadLetters) {
-  EXPECT_TRUE(kafka_error_is_permanent(10));   // MSG_SIZE_TOO_LARGE
-  EXPECT_TRUE(kafka_error_is_permanent(29));   // TOPIC_AUTHORIZATION_FAILED
-  EXPECT_TRUE(kafka_error_is_permanent(-188)); // __UNKNOWN_TOPIC
-  EXPECT_FALSE(kafka_error_is_permanent(-192)); // __MSG_TIMED_OUT: the broker may come back
-  EXPECT_FALSE(kafka_error_is_permanent(-195)); // __TRANSPORT
-  EXPECT_FALSE(kafka_error_is_permanent(6));    // NOT_LEADER_FOR_PARTITION
+  EXPECT_TRUE(kafka_error_is_permanent(10));     // MSG_SIZE_TOO_LARGE
+  EXPECT_TRUE(kafka_error_is_permanent(29));     // TOPIC_AUTHORIZATION_FAILED
+  EXPECT_TRUE(kafka_error_is_permanent(-188));   // __UNKNOWN_TOPIC
+  EXPECT_FALSE(kafka_error_is_permanent(-192));  // __MSG_TIMED_OUT: the broker may come back
+  EXPECT_FALSE(kafka_error_is_permanent(-195));  // __TRANSPORT
+  EXPECT_FALSE(kafka_error_is_permanent(6));     // NOT_LEADER_FOR_PARTITION
 }

@@ -40,9 +40,7 @@ TEST(Fnv1a64, HighBytesAreNotSignExtended) {
   EXPECT_EQ(fnv1a64(std::string_view("\xff", 1)), expected);
 }
 
-TEST(Fnv1a64, EmbeddedNulIsHashed) {
-  EXPECT_NE(fnv1a64(std::string_view("a\0b", 3)), fnv1a64("ab"));
-}
+TEST(Fnv1a64, EmbeddedNulIsHashed) { EXPECT_NE(fnv1a64(std::string_view("a\0b", 3)), fnv1a64("ab")); }
 
 TEST(LaneHash, VectorsFromIndependentImplementation) {
   const std::string path = vectors_dir() + "/lane_hash.tsv";

@@ -48,8 +48,7 @@ Allowlist parse(const std::string& csv) {
   return a;
 }
 
-bool allowed(const std::string& addr, const std::string& host, const Allowlist& a,
-             std::string* why = nullptr) {
+bool allowed(const std::string& addr, const std::string& host, const Allowlist& a, std::string* why = nullptr) {
   Sock s(addr);
   return address_allowed(s.sa(), s.len, host, a, why);
 }
@@ -79,10 +78,10 @@ TEST(OutboundPolicy, IPv4Kinds) {
   EXPECT_EQ(kind("192.0.0.192"), "reserved");
   EXPECT_EQ(kind("198.18.0.1"), "reserved");
   // Neighbours of the ranges are public.
-  for (const char* pub : {"8.8.8.8", "1.1.1.1", "126.255.255.255", "128.0.0.1", "11.0.0.1",
-                          "172.15.255.255", "172.32.0.0", "192.167.255.255", "192.169.0.0",
-                          "169.253.255.255", "169.255.0.0", "100.63.255.255", "100.128.0.0",
-                          "223.255.255.255", "168.63.129.17", "198.20.0.0", "93.184.216.34"})
+  for (const char* pub :
+       {"8.8.8.8", "1.1.1.1", "126.255.255.255", "128.0.0.1", "11.0.0.1", "172.15.255.255", "172.32.0.0",
+        "192.167.255.255", "192.169.0.0", "169.253.255.255", "169.255.0.0", "100.63.255.255", "100.128.0.0",
+        "223.255.255.255", "168.63.129.17", "198.20.0.0", "93.184.216.34"})
     EXPECT_EQ(kind(pub), "public") << pub;
 }
 
@@ -98,8 +97,8 @@ TEST(OutboundPolicy, IPv6Kinds) {
   EXPECT_EQ(kind("ff02::1"), "multicast");
   EXPECT_EQ(kind("64:ff9b:1::1"), "private");
   EXPECT_EQ(kind("100::1"), "reserved");
-  for (const char* pub : {"2001:4860:4860::8888", "2606:4700:4700::1111", "fbff::1", "fe7f::1",
-                          "2001:db8::1", "64:ff9b::808:808", "2002:808:808::1"})
+  for (const char* pub : {"2001:4860:4860::8888", "2606:4700:4700::1111", "fbff::1", "fe7f::1", "2001:db8::1",
+                          "64:ff9b::808:808", "2002:808:808::1"})
     EXPECT_EQ(kind(pub), "public") << pub;
 }
 
@@ -117,8 +116,8 @@ TEST(OutboundPolicy, IPv6FormsOfIPv4AreJudgedByTheEmbeddedAddress) {
   EXPECT_EQ(kind("::10.0.0.1"), "private");
   EXPECT_EQ(kind("64:ff9b::127.0.0.1"), "loopback");  // NAT64
   EXPECT_EQ(kind("64:ff9b::a9fe:a9fe"), "cloud metadata");
-  EXPECT_EQ(kind("2002:7f00:1::"), "loopback");       // 6to4 of 127.0.0.1
-  EXPECT_EQ(kind("2002:c0a8:101::1"), "private");     // 6to4 of 192.168.1.1
+  EXPECT_EQ(kind("2002:7f00:1::"), "loopback");    // 6to4 of 127.0.0.1
+  EXPECT_EQ(kind("2002:c0a8:101::1"), "private");  // 6to4 of 192.168.1.1
 }
 
 TEST(OutboundPolicy, PublicAddressesAreAllowedWithoutAnAllowList) {
@@ -143,9 +142,8 @@ TEST(OutboundPolicy, RestrictedAddressesAreRefusedWithAClearMessage) {
   EXPECT_EQ(why, "address ::1 is not allowed (loopback): add it to the http allow-list to permit it");
   EXPECT_FALSE(allowed("::ffff:10.0.0.1", "", none, &why));
   EXPECT_EQ(why.rfind("address ::ffff:10.0.0.1 is not allowed (private)", 0), 0u) << why;
-  for (const char* a : {"10.0.0.1", "172.16.5.4", "192.168.0.1", "169.254.0.1", "224.0.0.1",
-                        "0.0.0.0", "255.255.255.255", "100.64.0.1", "fd00:ec2::254", "fe80::1",
-                        "fc00::1", "ff02::1", "::"})
+  for (const char* a : {"10.0.0.1", "172.16.5.4", "192.168.0.1", "169.254.0.1", "224.0.0.1", "0.0.0.0",
+                        "255.255.255.255", "100.64.0.1", "fd00:ec2::254", "fe80::1", "fc00::1", "ff02::1", "::"})
     EXPECT_FALSE(allowed(a, "h.example", none)) << a;
   EXPECT_FALSE(allowed("127.0.0.1", "localhost", none, nullptr));  // why is optional
 }
@@ -157,8 +155,7 @@ TEST(OutboundPolicy, OtherFamiliesAreRefused) {
   std::string why;
   EXPECT_FALSE(address_allowed(reinterpret_cast<sockaddr*>(&un), sizeof un, "x", Allowlist{}, &why));
   EXPECT_NE(why.find("only IPv4 and IPv6"), std::string::npos) << why;
-  EXPECT_STREQ(restricted_address_kind(reinterpret_cast<sockaddr*>(&un), sizeof un),
-               "unsupported address family");
+  EXPECT_STREQ(restricted_address_kind(reinterpret_cast<sockaddr*>(&un), sizeof un), "unsupported address family");
   // A truncated length is refused rather than read past.
   Sock s("127.0.0.1");
   EXPECT_FALSE(address_allowed(s.sa(), 4, "", Allowlist{}, &why));
@@ -223,10 +220,9 @@ TEST(OutboundPolicy, ParseAllowList) {
 }
 
 TEST(OutboundPolicy, ParseAllowListRejectsBadEntries) {
-  for (const char* bad : {"10.0.0.0/33", "::1/129", "10.0.0.0/", "10.0.0.0/x", "10.0.0.0/-1",
-                          "10.1.2", "10.1.2.3.4", "256.0.0.1", "010.0.0.1", "::1::2", "fe80::zz",
-                          "host/8", "[localhost]", "bad host", "*.example.com", "ex@mple.com",
-                          ".leading", "10.0.0.0/08/1"}) {
+  for (const char* bad : {"10.0.0.0/33", "::1/129", "10.0.0.0/", "10.0.0.0/x", "10.0.0.0/-1", "10.1.2", "10.1.2.3.4",
+                          "256.0.0.1", "010.0.0.1", "::1::2", "fe80::zz", "host/8", "[localhost]", "bad host",
+                          "*.example.com", "ex@mple.com", ".leading", "10.0.0.0/08/1"}) {
     Allowlist a;
     a.hosts.push_back("untouched");
     std::string why;

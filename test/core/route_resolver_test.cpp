@@ -40,8 +40,8 @@ TEST(RouteResolver, SpecificityTieGoesToThePatternFirstInByteOrder) {
 
 TEST(RouteResolver, ByteOrderIsNotALocaleCollation) {
   // 'Z' (0x5a) < '_' (0x5f) < 'a' (0x61); a locale would put a before Z.
-  RouteResolver r({route(1, "#.a.#", "lower"), route(1, "#.Z.#", "upper"), route(2, "#._.#", "under"),
-                   route(2, "#.a.#", "lower")});
+  RouteResolver r(
+      {route(1, "#.a.#", "lower"), route(1, "#.Z.#", "upper"), route(2, "#._.#", "under"), route(2, "#.a.#", "lower")});
   EXPECT_EQ(resolve_text(r, "Z.a"), "1=upper 2=lower");
   EXPECT_EQ(resolve_text(r, "a._"), "1=lower 2=under");
 }

@@ -76,8 +76,7 @@ class TestHttpServer {
     sin.sin_family = AF_INET;
     sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     sin.sin_port = 0;
-    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&sin), sizeof sin) != 0 ||
-        listen(listen_fd_, 128) != 0)
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&sin), sizeof sin) != 0 || listen(listen_fd_, 128) != 0)
       throw std::runtime_error("bind/listen");
     socklen_t len = sizeof sin;
     getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&sin), &len);
@@ -146,16 +145,26 @@ class TestHttpServer {
   }
   static const char* reason(int status) {
     switch (status) {
-      case 200: return "OK";
-      case 301: return "Moved Permanently";
-      case 307: return "Temporary Redirect";
-      case 400: return "Bad Request";
-      case 404: return "Not Found";
-      case 408: return "Request Timeout";
-      case 429: return "Too Many Requests";
-      case 500: return "Internal Server Error";
-      case 503: return "Service Unavailable";
-      default: return "Status";
+      case 200:
+        return "OK";
+      case 301:
+        return "Moved Permanently";
+      case 307:
+        return "Temporary Redirect";
+      case 400:
+        return "Bad Request";
+      case 404:
+        return "Not Found";
+      case 408:
+        return "Request Timeout";
+      case 429:
+        return "Too Many Requests";
+      case 500:
+        return "Internal Server Error";
+      case 503:
+        return "Service Unavailable";
+      default:
+        return "Status";
     }
   }
 

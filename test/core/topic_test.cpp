@@ -20,8 +20,8 @@ std::string pattern_why(std::string_view p) {
 }
 
 TEST(Topic, ValidTopics) {
-  for (const char* t : {"a", "order", "order.created", "Order_1.created-v2.x", "a.b.c.d.e",
-                        "0", "-", "_", "a-b_c.D-9"}) {
+  for (const char* t :
+       {"a", "order", "order.created", "Order_1.created-v2.x", "a.b.c.d.e", "0", "-", "_", "a-b_c.D-9"}) {
     std::string why = "untouched";
     EXPECT_TRUE(is_valid_topic(t, &why)) << t << ": " << why;
     EXPECT_EQ(why, "untouched") << "why must not be written on success";
@@ -60,8 +60,7 @@ TEST(Topic, NullWhyIsAllowed) {
 }
 
 TEST(Pattern, ValidPatterns) {
-  for (const char* p : {"order", "order.*", "order.#", "#", "*", "#.created", "*.*", "a.#.b",
-                        "#.#", "*.created.#"}) {
+  for (const char* p : {"order", "order.*", "order.#", "#", "*", "#.created", "*.*", "a.#.b", "#.#", "*.created.#"}) {
     std::string why;
     EXPECT_TRUE(is_valid_pattern(p, &why)) << p << ": " << why;
   }
@@ -125,8 +124,7 @@ TEST(TopicMatches, Table) {
       {"#.b.#", "a.c", false},
   };
   for (const auto& c : cases) {
-    EXPECT_EQ(topic_matches(c.pattern, c.topic), c.matches)
-        << "pattern " << c.pattern << " topic " << c.topic;
+    EXPECT_EQ(topic_matches(c.pattern, c.topic), c.matches) << "pattern " << c.pattern << " topic " << c.topic;
   }
 }
 

@@ -34,8 +34,7 @@ TEST(WebhookDelivery, RequestCarriesStandardWebhookHeadersAndHandlerHeaders) {
   EXPECT_TRUE(r.follow_redirects);
   EXPECT_EQ(header(r, "webhook-id"), "42");
   EXPECT_EQ(header(r, "webhook-timestamp"), "1700000000");
-  EXPECT_EQ(header(r, "webhook-signature"),
-            webhook_signature(o.secrets, "42", 1700000000, "{\"a\":1}"));
+  EXPECT_EQ(header(r, "webhook-signature"), webhook_signature(o.secrets, "42", 1700000000, "{\"a\":1}"));
   EXPECT_EQ(header(r, "authorization"), "Bearer x");
   EXPECT_EQ(r.max_retry_after_ms, o.backoff_max_ms);  // Retry-After is cut to backoff_max
   HandlerOptions plain;
@@ -67,10 +66,9 @@ TEST(WebhookDelivery, OneBuilderGivesTheSameBytesForTheSameDeliveryAndTimestamp)
   m.published_at_ms = 1700000000000;
   const HttpRequest a = build_webhook_request(o, "https://hooks.example/x", 5, m, 1700000000);
   const HttpRequest b = build_webhook_request(o, "https://hooks.example/x", 5, WebhookMessage(m), 1700000000);
-  EXPECT_EQ(a.body,
-            R"({"id":42,"event_id":7,"topic":"order.created","key":"order-42","seq":3,)"
-            R"("published_at":"2023-11-14T22:13:20.000Z","attempt":2,)"
-            R"("headers":{"trace": "t-1"},"payload":{"a": 1, "b": "\u20ac"}})");
+  EXPECT_EQ(a.body, R"({"id":42,"event_id":7,"topic":"order.created","key":"order-42","seq":3,)"
+                    R"("published_at":"2023-11-14T22:13:20.000Z","attempt":2,)"
+                    R"("headers":{"trace": "t-1"},"payload":{"a": 1, "b": "\u20ac"}})");
   EXPECT_EQ(a.body, b.body);
   EXPECT_EQ(a.headers, b.headers);
   EXPECT_EQ(a.url, b.url);
@@ -113,8 +111,8 @@ TEST(WebhookDelivery, OneBuilderGivesTheSameBytesForTheSameDeliveryAndTimestamp)
 TEST(WebhookDelivery, WebhookIdIsPrefixedAndStableAcrossAttempts) {
   HandlerOptions o;
   std::string why;
-  ASSERT_TRUE(parse_handler_options(HandlerKind::Http,
-                                    R"({"secret":"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"})", &o, &why))
+  ASSERT_TRUE(
+      parse_handler_options(HandlerKind::Http, R"({"secret":"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"})", &o, &why))
       << why;
   o.message_id_prefix = "msg_7312345678901234567_16384_";
   WebhookMessage m;
@@ -153,7 +151,7 @@ TEST(WebhookDelivery, EnvelopeCarriesPublishedAtAsRfc3339) {
   j = nlohmann::json::parse(build_webhook_request(o, "https://h/x", 1, m, 1).body);
   EXPECT_EQ(j["published_at"], "1970-01-02T00:00:00.000Z");
   EXPECT_EQ(format_rfc3339_ms(951782400000), "2000-02-29T00:00:00.000Z");  // leap day
-  m.published_at_ms = 0;  // unknown: null
+  m.published_at_ms = 0;                                                   // unknown: null
   j = nlohmann::json::parse(build_webhook_request(o, "https://h/x", 1, m, 1).body);
   EXPECT_TRUE(j["published_at"].is_null());
 }
@@ -244,11 +242,11 @@ TEST(WebhookDelivery, CircuitBreakerOpensAfterFiveNetworkFailuresAndClosesOnSucc
 TEST(WebhookDelivery, EnvelopeStringsAreEscapedAsJson) {
   // Plain topics and keys are copied; anything else is written the way
   // nlohmann's dump writes it (escapes, UTF-8 as is, invalid UTF-8 replaced).
-  const std::string cases[] = {"order.created", "", "a b~", "quote\"d", "back\\slash", "tab\there",
-                               "nl\n", std::string("nul\0x", 5), "\x7f", "caf\xc3\xa9", "bad\xff\xfe"};
+  const std::string cases[] = {
+      "order.created",          "",     "a b~",        "quote\"d",   "back\\slash", "tab\there", "nl\n",
+      std::string("nul\0x", 5), "\x7f", "caf\xc3\xa9", "bad\xff\xfe"};
   for (const std::string& s : cases) {
-    const std::string expected =
-        nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    const std::string expected = nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     const std::string env = webhook_envelope_json(1, 1, s, &s, 1, 0, 1, "", "1");
     EXPECT_NE(env.find("\"topic\":" + expected + ",\"key\":" + expected + ","), std::string::npos) << env;
     EXPECT_TRUE(nlohmann::json::accept(env)) << env;

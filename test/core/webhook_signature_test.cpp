@@ -70,8 +70,8 @@ std::string reference_signature(const std::string& key, const std::string& msg_i
   const std::string content = msg_id + "." + std::to_string(ts) + "." + body;
   unsigned char mac[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
-       reinterpret_cast<const unsigned char*>(content.data()), content.size(), mac, &len);
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(content.data()),
+       content.size(), mac, &len);
   return "v1," + base64_encode(std::string_view(reinterpret_cast<const char*>(mac), len));
 }
 
@@ -125,9 +125,8 @@ std::string script_path() {
 }
 
 // Runs verify_signature.py; returns its exit status (77 = the package is missing).
-int verify_with_python(const std::string& secret, const std::string& id, int64_t ts,
-                       const std::string& body, const std::string& signature,
-                       std::string* output) {
+int verify_with_python(const std::string& secret, const std::string& id, int64_t ts, const std::string& body,
+                       const std::string& signature, std::string* output) {
   const std::string dir = ::testing::TempDir();
   // Per process: two test runs at once (two checkouts) must not share the file.
   const std::string body_file = dir + "relaybus_sig_body." + std::to_string(getpid()) + ".bin";
@@ -136,9 +135,8 @@ int verify_with_python(const std::string& secret, const std::string& id, int64_t
   fwrite(body.data(), 1, body.size(), f);
   fclose(f);
   // Arguments contain only base64, '_' and digits, and ' ' inside the quotes.
-  const std::string cmd = "python3 '" + script_path() + "' '" + secret + "' '" + id + "' " +
-                          std::to_string(ts) + " '" + body_file + "' '" + signature +
-                          "' 2>&1";
+  const std::string cmd = "python3 '" + script_path() + "' '" + secret + "' '" + id + "' " + std::to_string(ts) + " '" +
+                          body_file + "' '" + signature + "' 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return -1;
   char buf[512];
@@ -159,7 +157,8 @@ TEST(WebhookSignature, VerifiedByTheStandardWebhooksPackage) {
   std::string out;
   const int rc = verify_with_python(kSecret, "msg_2xYz", now, body, sig, &out);
   if (rc == 77 || rc == 127)
-    FAIL() << "python3 with the standardwebhooks package is not available (scripts/install-deps.sh installs it): " << out;
+    FAIL() << "python3 with the standardwebhooks package is not available (scripts/install-deps.sh installs it): "
+           << out;
   EXPECT_EQ(rc, 0) << out;
   // Either secret of a rotation verifies.
   EXPECT_EQ(verify_with_python(second, "msg_2xYz", now, body, sig, &out), 0) << out;

@@ -22,8 +22,7 @@ std::string bootstrap() {
 }
 
 int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -48,7 +47,8 @@ void create_topic(const std::string& topic, int partitions, const std::map<std::
   size_t n = 0;
   const rd_kafka_topic_result_t** tr = rd_kafka_CreateTopics_result_topics(res, &n);
   ASSERT_EQ(n, 1u);
-  EXPECT_EQ(rd_kafka_topic_result_error(tr[0]), RD_KAFKA_RESP_ERR_NO_ERROR) << rd_kafka_topic_result_error_string(tr[0]);
+  EXPECT_EQ(rd_kafka_topic_result_error(tr[0]), RD_KAFKA_RESP_ERR_NO_ERROR)
+      << rd_kafka_topic_result_error_string(tr[0]);
   rd_kafka_event_destroy(ev);
   rd_kafka_NewTopic_destroy(nt);
   rd_kafka_queue_destroy(q);
@@ -167,8 +167,8 @@ TEST_F(KafkaSinkBroker, OrderedPerKeyWithHeaders) {
   for (int s = 1; s <= kPerKey; s++)
     for (int k = 0; k < kKeys; k++) {
       std::string why;
-      ASSERT_TRUE(sink.submit(h, message(id++, "key-" + std::to_string(k), s, R"({"n":)" + std::to_string(s) + "}"),
-                              0, &why))
+      ASSERT_TRUE(
+          sink.submit(h, message(id++, "key-" + std::to_string(k), s, R"({"n":)" + std::to_string(s) + "}"), 0, &why))
           << why;
     }
   WebhookMessage unkeyed = message(id++, "", 0, R"({"unkeyed":true})");
