@@ -596,7 +596,9 @@ if [[ $MONGO_WANTED == yes ]]; then
     add_job mongo-build "build" 1000001 job_step mongo-build make -s -C src/mongo -j"$JOBS"
 fi
 if [[ -f test/core/Makefile ]]; then
-    { wanted core || wanted core-kafka; } && add_job core "build" "" job_core
+    # After mongo-build: the core tests' compile would share the two cores
+    # with it, and relaybus-mongo's build leads to the longest suites.
+    { wanted core || wanted core-kafka; } && add_job core "build mongo-build" "" job_core
     wanted core-asan && add_job core-asan "asan-prebuild" "" job_core_asan
 else
     for s in core core-kafka core-asan; do record "$s" 0 1 "test/core/Makefile missing"; done
