@@ -291,7 +291,7 @@ static void charge_expired(const int64* expired, int n, TimestampTz now) {
   Settlement* charged = static_cast<Settlement*>(palloc(sizeof(Settlement) * n));
   int ncharged = 0;
   for (int i = 0; i < n; i++)
-    if (marked[i]) charged[ncharged++] = {expired[i], SettleOutcome::Retry, -1, "lease expired", 0, false, 0};
+    if (marked[i]) charged[ncharged++] = settlement_failed(expired[i], -1, "lease expired");
   judge_failures(charged, ncharged);
   (void)settle(charged, ncharged);
 }

@@ -139,7 +139,7 @@ static Datum ack_deliveries(FunctionCallInfo fcinfo, ArrayType* leases) {
     if (unique == 0 || ids[unique - 1] != ids[i]) ids[unique++] = ids[i];
 
   Settlement* done = static_cast<Settlement*>(palloc0(sizeof(Settlement) * unique));
-  for (int i = 0; i < unique; i++) done[i] = {ids[i], SettleOutcome::Delivered, 0, nullptr, 0, false, 0};
+  for (int i = 0; i < unique; i++) done[i] = settlement_delivered(ids[i]);
   int deleted = settle(done, unique);
   bool wake = false;
   for (int i = 0; i < unique; i++) {
@@ -182,7 +182,7 @@ static Datum nack_one(FunctionCallInfo fcinfo, const LeaseToken* lease) {
   LeaseCheck check;
   if (leases_begin_completion(&id, &token, &with_token, 1, GetCurrentTimestamp(), &check) != 1)
     report_refused_nack(id, check, with_token);
-  Settlement failed = {id, SettleOutcome::Retry, retry_in_ms, error_text, 0, false, 0};
+  Settlement failed = settlement_failed(id, retry_in_ms, error_text);
   judge_failures(&failed, 1);
   if (settle(&failed, 1) == 0)
     ereport(ERROR,

@@ -268,7 +268,7 @@ static int dispatch_notify(const HandlerEntry* h) {
     if (!ack && !by_reference) {
       done_ids[ndone] = row.id;
       done_tokens[ndone] = row.token;
-      done[ndone++] = {row.id, SettleOutcome::Delivered, 0, nullptr, 0, false, 0};
+      done[ndone++] = settlement_delivered(row.id);
     }
   }
   leases_release(unsent, unsent_tokens, nunsent);
@@ -427,7 +427,7 @@ static void nack_poison(MemoryContext cxt, int64 id, const LeaseToken& token, co
     LeaseCheck check;
     const char* outcome = "lost its lease, not nacked";
     if (leases_begin_completion(&id, &token, nullptr, 1, GetCurrentTimestamp(), &check) == 1) {
-      Settlement failed = {id, SettleOutcome::Retry, -1, message, 0, false, 0};
+      Settlement failed = settlement_failed(id, -1, message);
       judge_failures(&failed, 1);
       outcome = settle(&failed, 1) == 0 ? "gone" : failed.outcome == SettleOutcome::Dead ? "dead" : "retry";
     }

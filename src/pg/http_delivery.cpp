@@ -87,13 +87,9 @@ void complete_in_xact(const core::Completion* c, int n) {
                             : c[i].outcome == core::CompletionOutcome::Dead    ? SettleOutcome::Dead
                                                                                : SettleOutcome::Retry;
     if (kafka && outcome != SettleOutcome::Retry) kafka_key_freed = true;
-    held[nheld++] = {c[i].id,
-                     outcome,
-                     c[i].retry_in_ms,
-                     outcome == SettleOutcome::Delivered ? nullptr : pstrdup(c[i].error.c_str()),
-                     c[i].status,
-                     false,
-                     0};
+    held[nheld++] =
+        settlement_judged(c[i].id, outcome, c[i].retry_in_ms,
+                          outcome == SettleOutcome::Delivered ? nullptr : pstrdup(c[i].error.c_str()), c[i].status);
   }
   (void)settle(held, nheld);
   spi_end(&scope);

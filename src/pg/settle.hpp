@@ -25,6 +25,21 @@ struct Settlement {
   int32 handler_id;   // out, when settled
 };
 
+// A delivered attempt.
+inline Settlement settlement_delivered(int64 id) { return {id, SettleOutcome::Delivered, 0, nullptr, 0, false, 0}; }
+
+// A failed attempt nobody judged yet (judge_failures makes it Retry or Dead):
+// retry_in_ms the caller's delay, or -1 for the handler's backoff.
+inline Settlement settlement_failed(int64 id, int64 retry_in_ms, const char* error) {
+  return {id, SettleOutcome::Retry, retry_in_ms, error, 0, false, 0};
+}
+
+// A sent attempt, as core judged it.
+inline Settlement settlement_judged(int64 id, SettleOutcome outcome, int64 retry_in_ms, const char* error,
+                                    int32 status) {
+  return {id, outcome, retry_in_ms, error, status, false, 0};
+}
+
 // Decides failed attempts that no pipeline judged (relay_nack, an expired
 // lease, a poison delivery): each becomes Retry or Dead by core::decide_failure
 // with the handler's current options and the delivery's attempt count. A
