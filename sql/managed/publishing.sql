@@ -113,15 +113,56 @@ BEGIN
       FROM unnest(eids, coalesce(seqs, '{}'), keys, payloads) WITH ORDINALITY AS e(eid, seq, key, p, o),
            unnest(hids, wires) AS r(hid, wire)
      ORDER BY e.o, r.hid;
-    -- Agents listen on relaybus; NOTIFY folds repeats within a transaction,
-    -- so this is one message per handler per transaction.
-    FOR i IN 1 .. cardinality(hids) LOOP
-        IF kinds[i] <> 'pull' THEN
-            PERFORM pg_notify('relaybus', hids[i]::text);
-        END IF;
-    END LOOP;
+    PERFORM relay._wake(hids, kinds);
     RETURN eids;
 END
+$$;
+
+-- One event, the statements of _publish_rows without its arrays (the cost of
+-- a single relay_publish is mostly statement overhead).
+CREATE FUNCTION relay._publish_one(topic text, payload jsonb, key text, headers jsonb,
+                                   priority integer, not_before timestamptz)
+RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    hids  integer[];
+    wires text[];
+    kinds text[];
+    key_seq bigint;
+    eid   bigint;
+BEGIN
+    LOCK TABLE relay.deliveries IN ROW EXCLUSIVE MODE;
+    SELECT array_agg(r.handler_id ORDER BY r.handler_id), array_agg(r.wire_name ORDER BY r.handler_id),
+           array_agg(r.kind ORDER BY r.handler_id)
+      INTO hids, wires, kinds
+      FROM relay._routes_for(_publish_one.topic) r;
+    IF hids IS NULL THEN
+        RETURN nextval('relay.event_id_seq');
+    END IF;
+    IF _publish_one.key IS NOT NULL THEN
+        INSERT INTO relay.key_seqs AS k (key, seq) VALUES (_publish_one.key, 1)
+            ON CONFLICT (key) DO UPDATE SET seq = k.seq + 1
+        RETURNING k.seq INTO key_seq;
+    END IF;
+    eid := nextval('relay.event_id_seq');
+    INSERT INTO relay.deliveries (id, event_id, seq, published_at, not_before, handler_id, attempt,
+                                  lane, priority, topic, wire_topic, key, payload, headers)
+    SELECT nextval('relay.delivery_id_seq'), eid, key_seq, now(), coalesce(_publish_one.not_before, now()),
+           r.hid, 0, CASE WHEN _publish_one.key IS NULL THEN eid % 64 ELSE relay.lane_of(_publish_one.key) END,
+           _publish_one.priority, _publish_one.topic, r.wire, _publish_one.key, _publish_one.payload,
+           _publish_one.headers
+      FROM unnest(hids, wires) AS r(hid, wire)
+     ORDER BY r.hid;
+    PERFORM relay._wake(hids, kinds);
+    RETURN eid;
+END
+$$;
+
+-- Agents listen on relaybus; NOTIFY folds repeats within a transaction, so
+-- this is one message per handler (but pull ones) per transaction.
+CREATE FUNCTION relay._wake(hids integer[], kinds text[]) RETURNS void
+LANGUAGE sql VOLATILE AS $$
+    SELECT pg_notify('relaybus', h::text) FROM unnest(hids, kinds) AS t(h, k) WHERE k <> 'pull'
 $$;
 
 -- Under the dedupe key's transaction lock (its holder before this one has
@@ -164,8 +205,8 @@ BEGIN
             RETURN earlier;
         END IF;
     END IF;
-    id := (relay._publish_rows(relay_publish.topic, ARRAY[relay_publish.payload], ARRAY[relay_publish.key],
-                               relay_publish.headers, relay_publish.priority, relay_publish.not_before))[1];
+    id := relay._publish_one(relay_publish.topic, relay_publish.payload, relay_publish.key,
+                             relay_publish.headers, relay_publish.priority, relay_publish.not_before);
     IF relay_publish.dedupe_key IS NOT NULL THEN
         PERFORM relay._dedupe_record(relay_publish.dedupe_key, id);
     END IF;
