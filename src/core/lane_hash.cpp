@@ -17,7 +17,7 @@ uint64_t fnv1a64(std::string_view bytes) {
   return h;
 }
 
-int lane_for_key(std::string_view key, int lanes) {
+int lane_for_key(std::string_view key, int lanes) noexcept {
   if (lanes < 1) return 0;
   return static_cast<int>(fnv1a64(key) % static_cast<uint64_t>(lanes));
 }

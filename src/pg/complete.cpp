@@ -14,10 +14,9 @@
 #include <string>
 
 #include "core/webhook_delivery.hpp"
-#include "pg/boundary.hpp"
+#include "pg/mixed_boundary.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/claim_frontier.hpp"
-#include "pg/guard.hpp"
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/recovery_guard.hpp"

@@ -12,7 +12,8 @@
 #include "core/kafka_sink.hpp"
 #include "core/outbound_policy.hpp"
 #include "core/routing_sink.hpp"
-#include "pg/boundary.hpp"
+#include "pg/cpp/handler_config.hpp"
+#include "pg/mixed_boundary.hpp"
 #include "pg/pg_compat.hpp"
 #include "pg/settle.hpp"
 #include "pg/leases.hpp"
@@ -144,18 +145,11 @@ template <typename F>
 void with_pipeline(F&& f) {
   sigjmp_buf* saved_exception_stack = PG_exception_stack;
   ErrorContextCallback* saved_context_stack = error_context_stack;
-  CaughtError caught;
-  bool failed = false;
-  try {
-    f();
-  } catch (...) {
-    catch_exception(&caught);
-    failed = true;
-  }
-  if (!failed) return;
+  ErrorRecord err;
+  if (invoke_cpp(&err, f)) return;
   PG_exception_stack = saved_exception_stack;
   error_context_stack = saved_context_stack;
-  raise_caught(&caught);
+  raise_error(&err);
 }
 
 // Creates the engine and the pipeline, or gives the engine a reloaded
@@ -206,7 +200,7 @@ bool ensure_engine() {
 }  // namespace
 
 int64 http_lease_ms(const HandlerEntry* h) {
-  return std::max<int64>(h->options.lease_ms, h->options.timeout_ms + guc_http_lease_margin_ms);
+  return std::max<int64>(h->config->options.lease_ms, h->config->options.timeout_ms + guc_http_lease_margin_ms);
 }
 
 int http_capacity(const HandlerEntry* h) {
@@ -217,7 +211,7 @@ int http_capacity(const HandlerEntry* h) {
   (void)run_core(
       [&](std::string*) {
         router->set_kind(h->id, h->kind);
-        capacity = pipeline->room(h->id, h->options.concurrency, now);
+        capacity = pipeline->room(h->id, h->config->options.concurrency, now);
         return true;
       },
       err);
@@ -242,7 +236,8 @@ void http_stage(const HandlerEntry* h, const ClaimResult* res) {
   // while its lease holds (http_lease_ms), with half the lease margin to
   // spare for the completing transaction: else it is not sent and its lease
   // goes back.
-  int64 expires = now + std::max<int64>(1000, http_lease_ms(h) - h->options.timeout_ms - guc_http_lease_margin_ms / 2);
+  int64 expires =
+      now + std::max<int64>(1000, http_lease_ms(h) - h->config->options.timeout_ms - guc_http_lease_margin_ms / 2);
   char err[kErrLen];
   if (!run_core(
           [&](std::string*) {
@@ -250,8 +245,8 @@ void http_stage(const HandlerEntry* h, const ClaimResult* res) {
             handler->key = h->id;
             handler->kind = h->kind;
             handler->name = h->name;
-            handler->target = h->target;
-            handler->options = h->options;
+            handler->target = h->config->target;
+            handler->options = h->config->options;
             Staged s{std::move(handler), {}, expires};
             s.claimed.reserve(n);
             for (int i = 0; i < n; i++) {

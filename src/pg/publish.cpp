@@ -14,11 +14,10 @@
 
 #include "core/lane_hash.hpp"
 #include "core/topic.hpp"
-#include "pg/boundary.hpp"
+#include "pg/mixed_boundary.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/dedupe.hpp"
 #include "pg/delivery_writer.hpp"
-#include "pg/guard.hpp"
 #include "pg/key_counter.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/publish_args.hpp"

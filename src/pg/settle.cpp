@@ -3,6 +3,7 @@
 #include "core/webhook_delivery.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/claim_frontier.hpp"
+#include "pg/cpp/handler_config.hpp"
 #include "pg/spi_support.hpp"
 #include "pg/worker_state.hpp"
 
@@ -128,7 +129,7 @@ void judge_failures(Settlement* s, int n) {
     int32 handler_id = DatumGetInt32(spi_col(r, 2, &isnull));
     int32 attempt = DatumGetInt32(spi_col(r, 3, &isnull));
     const HandlerEntry* h = catalog_handler_by_id(handler_id);
-    const core::HandlerOptions& opts = h != nullptr ? h->options : kDefaultOptions;
+    const core::HandlerOptions& opts = h != nullptr ? h->config->options : kDefaultOptions;
     for_each_with_id(idx, n, id, [&](int i) {
       bool permanent = s[i].outcome == SettleOutcome::Dead;
       core::FailureDecision d =
