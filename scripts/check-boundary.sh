@@ -17,17 +17,6 @@ set -euo pipefail
 pg_include=$1
 shift
 
-# Glue files not split yet (the C++ and the PostgreSQL calls still share
-# frames; they use pg/mixed_boundary.hpp). Only ever shrinks.
-allow=(
-    src/pg/claim.cpp
-    src/pg/complete.cpp
-    src/pg/dispatcher.cpp
-    src/pg/http_delivery.cpp
-    src/pg/publish.cpp
-    src/pg/settle.cpp
-)
-
 # Headers that own memory or hold objects with destructors (and the libstdc++
 # internals that define those, in case one comes without its public header).
 stl='/c\+\+/[^/]+/((string|vector|map|unordered_map|set|unordered_set|deque|list|forward_list|memory|memory_resource|functional|optional|variant|any|sstream|fstream|iostream|istream|ostream|regex|stack|queue|thread|mutex|future|filesystem|random)|bits/(basic_string|stl_vector|stl_map|stl_tree|hashtable|stl_deque|stl_list|unique_ptr|shared_ptr|std_function)\.h)$'
@@ -36,12 +25,6 @@ mongo='/(libmongoc|libbson)-1\.0/'
 
 # The headers a .d file lists, one a line (its targets and continuations gone).
 headers() { sed -e 's/^[^:]*://' -e 's/\\$//' "$1" | tr ' ' '\n' | grep -v -e '^$' -e ':$' || true; }
-
-allowed() {
-    local f
-    for f in "${allow[@]}"; do [[ $f == "$1" ]] && return 0; done
-    return 1
-}
 
 bad=0
 fail() { echo "check-boundary: $1" >&2; bad=1; }
@@ -57,11 +40,7 @@ for d in "$@"; do
         */src/pg/*.cpp | src/pg/*.cpp)
             grep -q -E "$pg" <<<"$list" || continue
             hit=$(grep -E -m1 "$stl" <<<"$list" || true)
-            if allowed "$rel"; then
-                [[ -n $hit ]] || fail "$rel is split now: take it off the allow-list in $0"
-            else
-                [[ -z $hit ]] || fail "$rel is PostgreSQL glue (src/pg) but includes the STL header $hit: move the C++ to src/pg/cpp behind a plain header"
-            fi
+            [[ -z $hit ]] || fail "$rel is PostgreSQL glue (src/pg) but includes the STL header $hit: move the C++ to src/pg/cpp behind a plain header"
             ;;
         *)  # src/core (build/core/*.d)
             hit=$(grep -E -m1 -e "$pg" -e "$mongo" <<<"$list" || true)

@@ -12,17 +12,12 @@ static_assert(sqlstate("22023") == ERRCODE_INVALID_PARAMETER_VALUE, "sqlstate() 
 static_assert(sqlstates::kOutOfMemory == ERRCODE_OUT_OF_MEMORY, "sqlstate() packs as MAKE_SQLSTATE");
 static_assert(sqlstates::kInternalError == ERRCODE_INTERNAL_ERROR, "sqlstate() packs as MAKE_SQLSTATE");
 
-static void copy_text(char (&to)[kErrLen], const char* from) {
-  std::strncpy(to, from != nullptr ? from : "", kErrLen - 1);
-  to[kErrLen - 1] = '\0';
-}
-
 void record_pg_error(ErrorRecord* err, ErrorData* error) {
   err->pg_error = error;
   err->sqlstate = error->sqlerrcode;
-  copy_text(err->message, error->message != nullptr ? error->message : "PostgreSQL error");
-  copy_text(err->detail, error->detail);
-  copy_text(err->hint, error->hint);
+  copy_error_text(err->message, error->message != nullptr ? error->message : "PostgreSQL error");
+  copy_error_text(err->detail, error->detail);
+  copy_error_text(err->hint, error->hint);
 }
 
 void raise_error(const ErrorRecord* err) {

@@ -14,7 +14,6 @@
 //    gone or in this claim. This is the fence against a concurrent ack/nack that
 //    the first snapshot did not see.
 
-#include "pg/mixed_boundary.hpp"
 #include "pg/settle.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/claim.hpp"
@@ -495,7 +494,7 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
 using namespace relaybus;
 using namespace relaybus::pg;
 
-RELAYBUS_SQL_FUNCTION(relay_claim) {
+extern "C" Datum relay_claim(PG_FUNCTION_ARGS) {
   refuse_during_recovery("relay_claim()");
   if (PG_ARGISNULL(0)) ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("handler must not be NULL")));
   char* name = text_arg(fcinfo, 0, nullptr);

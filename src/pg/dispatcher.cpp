@@ -23,7 +23,7 @@
 
 #include "core/backoff.hpp"
 #include "core/error_class.hpp"
-#include "pg/mixed_boundary.hpp"
+#include "pg/boundary.hpp"
 #include "pg/claim.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/dedupe.hpp"

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstring>
 
 namespace relaybus::pg {
 
@@ -35,9 +36,11 @@ struct ErrorRecord {
   char hint[kErrLen];
 };
 
-}  // namespace relaybus::pg
-
-namespace relaybus::pg {
+// Copies a text into a record's field, cut to fit (nullptr: "").
+inline void copy_error_text(char (&to)[kErrLen], const char* from) noexcept {
+  std::strncpy(to, from != nullptr ? from : "", kErrLen - 1);
+  to[kErrLen - 1] = '\0';
+}
 
 // A palloc'd copy of s in the memory context current at the call (glue).
 bool pg_strdup(const char* s, char** out, ErrorRecord* err) noexcept;

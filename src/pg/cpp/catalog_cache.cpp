@@ -58,6 +58,7 @@ bool catalog_build(const CatalogHandlerRow* hs, int nh, const CatalogRouteRow* r
       h.ack = config.options.ack;
       h.inline_payload = config.options.inline_payload;
       h.lease_ms = config.options.lease_ms;
+      h.timeout_ms = config.options.timeout_ms;
       h.config = &config;
       cat->handlers.push_back(h);
       cat->by_name.emplace(std::string_view(cat->handlers.back().name), cat->handlers.size() - 1);

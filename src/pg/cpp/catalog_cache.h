@@ -26,6 +26,7 @@ struct HandlerEntry {
   bool ack;             // notify: consumers ack
   bool inline_payload;  // notify: the payload inline, else by reference
   int64_t lease_ms;
+  int64_t timeout_ms;  // http: a request's timeout
   const HandlerConfig* config;
 };
 

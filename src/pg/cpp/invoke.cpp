@@ -6,11 +6,6 @@
 
 namespace relaybus::pg {
 
-static void copy_text(char (&to)[kErrLen], const char* from) noexcept {
-  std::strncpy(to, from != nullptr ? from : "", kErrLen - 1);
-  to[kErrLen - 1] = '\0';
-}
-
 void record_exception(ErrorRecord* out) noexcept {
   out->pg_error = nullptr;
   out->sqlstate = sqlstates::kInternalError;
@@ -22,16 +17,16 @@ void record_exception(ErrorRecord* out) noexcept {
     *out = e.record();
   } catch (const SqlError& e) {
     out->sqlstate = e.sqlstate();
-    copy_text(out->message, e.what());
-    copy_text(out->detail, e.detail().c_str());
-    copy_text(out->hint, e.hint().c_str());
+    copy_error_text(out->message, e.what());
+    copy_error_text(out->detail, e.detail().c_str());
+    copy_error_text(out->hint, e.hint().c_str());
   } catch (const std::bad_alloc&) {
     out->sqlstate = sqlstates::kOutOfMemory;
-    copy_text(out->message, "out of memory in relaybus");
+    copy_error_text(out->message, "out of memory in relaybus");
   } catch (const std::exception& e) {
-    copy_text(out->message, e.what());
+    copy_error_text(out->message, e.what());
   } catch (...) {
-    copy_text(out->message, "unknown C++ exception in relaybus");
+    copy_error_text(out->message, "unknown C++ exception in relaybus");
   }
 }
 
