@@ -2,8 +2,9 @@
 # The C++/PostgreSQL boundary by file (docs/architecture.md), checked on every
 # build from the compiler's own dependency lists (-MD: system headers too):
 #
-#   src/pg/*.cpp      glue: PostgreSQL headers, no STL container or owning
-#                     header (so a longjmp skips no destructor)
+#   src/pg/*.cpp      glue: PostgreSQL headers (postgres.h first, through
+#                     pg/pg_includes.hpp), no STL container or owning header
+#                     (so a longjmp skips no destructor)
 #   src/pg/cpp/*.cpp  C++: no PostgreSQL header
 #   src/core/*.cpp    no PostgreSQL header (nor a MongoDB one)
 #
@@ -39,6 +40,11 @@ for d in "$@"; do
             ;;
         */src/pg/*.cpp | src/pg/*.cpp)
             grep -q -E "$pg" <<<"$list" || continue
+            # PostgreSQL's headers come in through pg/pg_includes.hpp (C
+            # linkage, postgres.h first); a file's own extras follow it.
+            first=$(grep -E -m1 -B1 "$pg" <<<"$list")
+            [[ $first == */pg/pg_includes.hpp$'\n'*/postgres.h ]] ||
+                fail "$rel reaches PostgreSQL's headers other than through pg/pg_includes.hpp (first: ${first//$'\n'/ then })"
             hit=$(grep -E -m1 "$stl" <<<"$list" || true)
             [[ -z $hit ]] || fail "$rel is PostgreSQL glue (src/pg) but includes the STL header $hit: move the C++ to src/pg/cpp behind a plain header"
             ;;

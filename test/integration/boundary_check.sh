@@ -2,6 +2,8 @@
 # The C++/PostgreSQL boundary by file (docs/architecture.md) is checked on every
 # build by scripts/check-boundary.sh, from the compiler's dependency lists:
 #   - every file of src/pg, src/pg/cpp and src/core as it is passes;
+#   - a glue file that reaches PostgreSQL's headers first other than through
+#     pg/pg_includes.hpp fails;
 #   - a glue file that reaches an STL container header (directly, or through a
 #     C++ header of src/pg/cpp) fails, naming the file and the header;
 #   - a C++ file of src/pg/cpp or a core file that reaches a PostgreSQL header
@@ -51,6 +53,10 @@ check "<vector> in a glue file: the header is named" \
 deps src/pg/publish_args.cpp "$TMP/b/src/pg/publish_args.d" -include pg/cpp/invoke.hpp
 expect_fail "a C++ header (pg/cpp/invoke.hpp) in a glue file" "$TMP/b/src/pg/publish_args.d" \
     "src/pg/publish_args.cpp is PostgreSQL glue (src/pg) but includes the STL header"
+
+deps src/pg/extend.cpp "$TMP/e/src/pg/extend.d" -include postgres.h
+expect_fail "postgres.h before pg/pg_includes.hpp in a glue file" "$TMP/e/src/pg/extend.d" \
+    "src/pg/extend.cpp reaches PostgreSQL's headers other than through pg/pg_includes.hpp"
 
 deps src/pg/cpp/topic_check.cpp "$TMP/c/src/pg/cpp/topic_check.d" -include pg/pg_includes.hpp
 expect_fail "pg/pg_includes.hpp in a C++ file" "$TMP/c/src/pg/cpp/topic_check.d" \
