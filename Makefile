@@ -21,7 +21,9 @@ DATA_built  = sql/relaybus--$(EXTVERSION).sql
 DATA        = $(filter-out $(DATA_built),$(wildcard sql/relaybus--*.sql))
 
 ROOT       := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
-PG_SRCS     = $(wildcard src/pg/*.cpp)
+# src/pg/*.cpp is PostgreSQL glue, src/pg/cpp/*.cpp C++ without PostgreSQL
+# headers (docs/architecture.md, "The C++/PostgreSQL boundary").
+PG_SRCS     = $(wildcard src/pg/*.cpp src/pg/cpp/*.cpp)
 # src/core's objects are shared with the core tests and relaybus-mongo (src/core/core.mk).
 OBJS        = $(CORE_OBJS) $(PG_SRCS:.cpp=.o)
 include src/core/core.mk
@@ -29,7 +31,7 @@ include src/core/core.mk
 # -Werror: every build, on every major, refuses warnings (PGXS adds its own
 # warning flags, e.g. 16's -Wshadow=compatible-local).
 PG_CXXFLAGS = -std=c++17 -Werror -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-register \
-              -fno-omit-frame-pointer -Isrc -MMD -MP
+              -fno-omit-frame-pointer -Isrc -MD -MP
 SHLIB_LINK  = -lstdc++ -lcurl -lssl -lcrypto -lrdkafka
 
 # pg_regress tests: test/sql/<name>.sql with test/expected/<name>.out.
@@ -39,7 +41,7 @@ REGRESS_OPTS = --inputdir=test --outputdir=results_regress
 ISOLATION      = $(sort $(notdir $(basename $(wildcard test/isolation/specs/*.spec))))
 ISOLATION_OPTS = --inputdir=test/isolation --outputdir=results_isolation
 
-EXTRA_CLEAN = results_regress results_isolation $(OBJS:.o=.d)
+EXTRA_CLEAN = results_regress results_isolation $(OBJS:.o=.d) $(BOUNDARY_CHECKED)
 
 # We build without LLVM bitcode: relaybus's functions gain nothing from JIT
 # inlining, and this keeps clang out of the build requirements.
@@ -58,6 +60,13 @@ ifeq ($(filter 15 16 17 18 19,$(PG_MAJOR)),)
 $(error relaybus supports PostgreSQL 15, 16, 17, 18 and 19; $(PG_CONFIG) is $(shell $(PG_CONFIG) --version))
 endif
 include $(PGXS)
+# The boundary by file, checked before relaybus.so is linked, from the
+# dependency lists the compiles wrote (-MD lists system headers too).
+BOUNDARY_CHECKED = src/pg/.boundary-checked
+$(BOUNDARY_CHECKED): $(OBJS) scripts/check-boundary.sh
+	bash scripts/check-boundary.sh $(includedir_server) $(OBJS:.o=.d)
+	@touch $@
+$(shlib): $(BOUNDARY_CHECKED)
 else ifneq ($(filter-out test test-matrix demo deps managed,$(or $(MAKECMDGOALS),all)),)
 $(error $(PG_CONFIG) not found: run `make deps` first (make test and make demo install it themselves))
 endif
@@ -76,7 +85,7 @@ $(MANAGED_SQL): sql/relaybus.sql $(wildcard sql/managed/*.sql) scripts/managed-s
 	@mkdir -p build
 	bash scripts/managed-sql.sh sql/relaybus.sql sql/managed $@
 
-# Header dependencies (-MMD), so an incremental build never mixes old and new layouts.
+# Header dependencies (-MD), so an incremental build never mixes old and new layouts.
 -include $(OBJS:.o=.d)
 
 .PHONY: test test-matrix demo deps core-test mongo managed format format-check

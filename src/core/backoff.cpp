@@ -142,7 +142,7 @@ bool valid_date_time(const DateTime& dt) {
 
 }  // namespace
 
-int64_t backoff_ceiling_ms(const BackoffPolicy& p, int attempt) {
+int64_t backoff_ceiling_ms(const BackoffPolicy& p, int attempt) noexcept {
   if (p.base_ms <= 0 || p.max_ms <= 0) return 0;
   const int shift = attempt < 1 ? 0 : attempt - 1;
   // base << shift would exceed INT64_MAX (and so max_ms) once shift >= 63 or
@@ -152,7 +152,7 @@ int64_t backoff_ceiling_ms(const BackoffPolicy& p, int attempt) {
   return v < p.max_ms ? v : p.max_ms;
 }
 
-int64_t backoff_delay_ms(const BackoffPolicy& p, int attempt, uint64_t random64) {
+int64_t backoff_delay_ms(const BackoffPolicy& p, int attempt, uint64_t random64) noexcept {
   const uint64_t ceiling = static_cast<uint64_t>(backoff_ceiling_ms(p, attempt));
   // ceiling <= INT64_MAX, so ceiling + 1 cannot wrap.
   return static_cast<int64_t>(random64 % (ceiling + 1));

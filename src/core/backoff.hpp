@@ -12,11 +12,11 @@ struct BackoffPolicy {
 
 // min(max_ms, base_ms * 2^(attempt-1)) without overflow for any attempt;
 // attempt < 1 counts as 1. Never negative (a negative base or max gives 0).
-int64_t backoff_ceiling_ms(const BackoffPolicy& p, int attempt);
+int64_t backoff_ceiling_ms(const BackoffPolicy& p, int attempt) noexcept;
 
 // Full jitter (uniform in [0, ceiling]): random64 % (ceiling + 1). The caller
 // supplies the randomness so the result is deterministic and testable.
-int64_t backoff_delay_ms(const BackoffPolicy& p, int attempt, uint64_t random64);
+int64_t backoff_delay_ms(const BackoffPolicy& p, int attempt, uint64_t random64) noexcept;
 
 // Delay in ms requested by an HTTP Retry-After header value: delta-seconds
 // ("120", saturating at INT64_MAX ms) or an HTTP-date. IMF-fixdate ("Wed, 21 Oct

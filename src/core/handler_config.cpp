@@ -409,7 +409,7 @@ bool parse_handler_kind(std::string_view s, HandlerKind* out, std::string* why) 
   return true;
 }
 
-const char* handler_kind_name(HandlerKind k) {
+const char* handler_kind_name(HandlerKind k) noexcept {
   switch (k) {
     case HandlerKind::Notify:
       return "notify";

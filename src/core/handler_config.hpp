@@ -7,14 +7,12 @@
 #include <vector>
 
 #include "backoff.hpp"
+#include "handler_kind.hpp"
 
 namespace relaybus::core {
 
-enum class HandlerKind { Notify, Http, Pull, Kafka };
-
 // "notify" | "http" | "pull" | "kafka" (exact, lower case).
 bool parse_handler_kind(std::string_view text, HandlerKind* out, std::string* why);
-const char* handler_kind_name(HandlerKind k);
 
 // [a-z0-9_.-]{1,63}
 bool is_valid_handler_name(std::string_view name, std::string* why);

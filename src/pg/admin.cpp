@@ -2,15 +2,10 @@
 // and routes (the rules live in the core), the catalog-change trigger, and the
 // views' access to shared memory.
 
-#include <string>
-#include <string_view>
-
-#include "core/handler_config.hpp"
 #include "core/lane_hash.hpp"
-#include "core/topic.hpp"
 #include "pg/boundary.hpp"
+#include "pg/cpp/admin_checks.h"
 #include "pg/catalog_cache.hpp"
-#include "pg/guard.hpp"
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/settings.hpp"
@@ -35,39 +30,8 @@ static void require_arg(FunctionCallInfo fcinfo, int n, const char* what) {
   if (PG_ARGISNULL(n)) ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("%s must not be NULL", what)));
 }
 
-// The core's checks of a handler (C++: a failure is thrown as SqlError).
-// Returns the handler's secrets as a JSON array text, palloc'd.
-static char* check_handler(std::string_view name, std::string_view kind_text, bool target_null, std::string_view target,
-                           const char* options_text) {
-  std::string why;
-  auto detail = [&why] { return why.empty() ? std::string("invalid value") : why; };
-  if (!core::is_valid_handler_name(name, &why))
-    throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid handler name \"" + std::string(name) + "\"", detail(),
-                   "Use 1 to 63 lower-case letters, digits, '_', '.' or '-'.");
-  core::HandlerKind kind = core::HandlerKind::Pull;
-  if (!core::parse_handler_kind(kind_text, &kind, &why))
-    throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid handler kind \"" + std::string(kind_text) + "\"", "",
-                   "The kinds are notify, http, pull and kafka.");
-  if (!core::validate_target(kind, target_null ? std::string_view() : target, target_null, &why))
-    throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid target for a " + std::string(kind_text) + " handler",
-                   detail());
-  core::HandlerOptions parsed;
-  if (!core::parse_handler_options(kind, options_text, &parsed, &why))
-    throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid option: " + detail());
-  if (!core::check_secret_strength(parsed, &why))
-    throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid option: " + detail(), "",
-                   "Use \"whsec_\" followed by the base64 of 32 random bytes (openssl rand -base64 32).");
-  std::string secrets = "[";
-  for (size_t i = 0; i < parsed.secrets.size(); i++) {
-    if (i > 0) secrets += ",";
-    secrets += "\"" + parsed.secrets[i] + "\"";  // whsec_ + base64: nothing to escape
-  }
-  secrets += "]";
-  return pg_guard([&] { return pstrdup(secrets.c_str()); });
-}
-
 // relay._validate_handler(name, kind, target, options) -> {"target", "options", "secrets"}
-RELAYBUS_SQL_FUNCTION(relay_validate_handler) {
+extern "C" Datum relay_validate_handler(PG_FUNCTION_ARGS) {
   require_arg(fcinfo, 0, "name");
   require_arg(fcinfo, 1, "kind");
   int name_len = 0, kind_len = 0, target_len = 0;
@@ -77,9 +41,10 @@ RELAYBUS_SQL_FUNCTION(relay_validate_handler) {
   char* target = target_null ? nullptr : text_arg(fcinfo, 2, &target_len);
   Jsonb* options = PG_ARGISNULL(3) ? nullptr : PG_GETARG_JSONB_P(3);
   char* options_text = options == nullptr ? pstrdup("{}") : JsonbToCString(nullptr, &options->root, VARSIZE(options));
-  char* secrets_json =
-      check_handler(std::string_view(name, name_len), std::string_view(kind_text, kind_len), target_null,
-                    target_null ? std::string_view() : std::string_view(target, target_len), options_text);
+  char* secrets_json = nullptr;
+  ErrorRecord err;
+  if (!check_handler(name, name_len, kind_text, kind_len, target, target_len, options_text, &secrets_json, &err))
+    raise_error(&err);
 
   StringInfoData buf;
   initStringInfo(&buf);
@@ -100,31 +65,19 @@ RELAYBUS_SQL_FUNCTION(relay_validate_handler) {
   PG_RETURN_DATUM(DirectFunctionCall1(jsonb_in, CStringGetDatum(buf.data)));
 }
 
-// The core's checks of a route (C++: a failure is thrown as SqlError).
-static void check_route(std::string_view pattern, bool wire_null, std::string_view wire) {
-  std::string why;
-  raise_test_fault();
-  if (!core::is_valid_pattern(pattern, &why))
-    throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid topic pattern \"" + std::string(pattern) + "\"",
-                   why.empty() ? "invalid value" : why,
-                   "Use dot-separated segments; '*' matches one segment, '#' any number.");
-  if (!wire_null && !core::is_valid_topic(wire, &why))
-    throw SqlError(ERRCODE_INVALID_PARAMETER_VALUE, "invalid wire name \"" + std::string(wire) + "\"",
-                   why.empty() ? "invalid value" : why);
-}
-
 // relay._validate_route(pattern, wire_name)
-RELAYBUS_SQL_FUNCTION(relay_validate_route) {
+extern "C" Datum relay_validate_route(PG_FUNCTION_ARGS) {
   require_arg(fcinfo, 0, "topic");
   int len = 0, wlen = 0;
   char* pattern = text_arg(fcinfo, 0, &len);
   bool wire_null = PG_ARGISNULL(1);
   char* wire = wire_null ? nullptr : text_arg(fcinfo, 1, &wlen);
-  check_route(std::string_view(pattern, len), wire_null, wire_null ? std::string_view() : std::string_view(wire, wlen));
+  ErrorRecord err;
+  if (!check_route(pattern, len, wire, wlen, &err)) raise_error(&err);
   PG_RETURN_VOID();
 }
 
-RELAYBUS_SQL_FUNCTION(relay_catalog_changed) {
+extern "C" Datum relay_catalog_changed(PG_FUNCTION_ARGS) {
   if (!CALLED_AS_TRIGGER(fcinfo)) elog(ERROR, "relay._catalog_changed must be called as a trigger");
   catalog_changed_in_this_transaction();
   // A resumed handler, a new route or new options can make deliveries
@@ -134,7 +87,7 @@ RELAYBUS_SQL_FUNCTION(relay_catalog_changed) {
   return (Datum)0;
 }
 
-RELAYBUS_SQL_FUNCTION(relay_leases) {
+extern "C" Datum relay_leases(PG_FUNCTION_ARGS) {
   InitMaterializedSRF(fcinfo, 0);
   auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
   int max = guc_max_leases;
@@ -149,14 +102,14 @@ RELAYBUS_SQL_FUNCTION(relay_leases) {
   return (Datum)0;
 }
 
-RELAYBUS_SQL_FUNCTION(relay_lane_of) {
+extern "C" Datum relay_lane_of(PG_FUNCTION_ARGS) {
   text* key = PG_GETARG_TEXT_PP(0);
   PG_RETURN_INT32(core::lane_for_key(std::string_view(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key))));
 }
 
 // relay._workers(): the dispatchers of this database, and a row without a pid
 // when the launcher could not start one (no background worker slot free).
-RELAYBUS_SQL_FUNCTION(relay_workers) {
+extern "C" Datum relay_workers(PG_FUNCTION_ARGS) {
   InitMaterializedSRF(fcinfo, 0);
   auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
   if (workers == nullptr) return (Datum)0;
@@ -206,7 +159,7 @@ static double percentile_ms(const uint64* buckets, uint64 total, double q) {
 
 // relay._handler_counters(): delivered, retried and dead-lettered counts and
 // latency percentiles since server start, per handler of this database.
-RELAYBUS_SQL_FUNCTION(relay_handler_counters) {
+extern "C" Datum relay_handler_counters(PG_FUNCTION_ARGS) {
   InitMaterializedSRF(fcinfo, 0);
   auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
   if (workers == nullptr) return (Datum)0;

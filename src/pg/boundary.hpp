@@ -1,124 +1,54 @@
-// The C++/PostgreSQL boundary, in both directions, as structure rather than
-// discipline (the pattern of pg_duckdb's InvokeCPPFunc and PostgresFunctionGuard).
+// The glue side of the C++/PostgreSQL boundary (glue files only: no STL
+// container). PostgreSQL raises an ERROR with longjmp, which skips C++
+// destructors, and a C++ exception must never unwind through PostgreSQL's (C)
+// frames; so an error crosses only as an ErrorRecord (cpp/boundary.h), through
+// one wrapper per direction (the C++ side is cpp/invoke.hpp):
 //
-// PostgreSQL raises an ERROR with longjmp, which skips C++ destructors; a C++
-// exception must never unwind through PostgreSQL's (C) frames. So:
+//  - PostgreSQL -> C++: glue calls a noexcept C++ function that reports
+//    failure in a record, and raises it with raise_error(): a PostgreSQL
+//    error again unchanged (SQLSTATE, detail, hint, context), else an ERROR
+//    with the record's SQLSTATE and texts.
+//  - C++ -> PostgreSQL: a glue function called from C++ runs its PostgreSQL
+//    calls under pg_catch(), which catches an ERROR (PG_TRY, CopyErrorData,
+//    FlushErrorState) into the record and returns false.
 //
-//  - Every SQL entry point is defined with RELAYBUS_SQL_FUNCTION(name): its body
-//    runs under sql_entry(), which catches any C++ exception leaving it and,
-//    after every C++ object of the body is destroyed, raises it as a
-//    PostgreSQL ERROR with a SQLSTATE (SqlError's own, 53200 for bad_alloc,
-//    XX000 for anything else).
-//  - C++ code (frames with destructors) calls PostgreSQL only through
-//    pg_guard(): an ERROR raised inside is caught there (PG_TRY, CopyErrorData,
-//    FlushErrorState) and thrown as PgError, which unwinds the C++ frames; at
-//    the entry point sql_entry() raises the same error again, SQLSTATE, detail,
-//    hint and context unchanged. After a PgError, C++ code only unwinds: it
-//    calls PostgreSQL again only once the error is raised again or the
-//    transaction is aborted.
-//  - C++ code reports an error to the SQL caller by throwing SqlError.
-//  - A background worker recovers from an ERROR in one place, worker_step(),
-//    which aborts the transaction and hands the error to the caller.
-//  - Pure core calls from glue code (which holds no C++ objects) may still use
-//    run_core() (guard.hpp), which turns a failure into a message.
+// worker_step() is no crossing: it is a background worker's own recovery from
+// an ERROR, in glue.
 #pragma once
 
-#include <string>
-#include <type_traits>
-
-#include "pg/guard.hpp"
+#include "pg/cpp/boundary.h"
 #include "pg/pg_includes.hpp"
 
 namespace relaybus::pg {
 
-// An error PostgreSQL raised under C++ frames, carried to the boundary.
-class PgError final : public std::exception {
- public:
-  explicit PgError(ErrorData* data) noexcept : data_(data) {}
-  ErrorData* data() const noexcept { return data_; }
-  const char* what() const noexcept override;
+// Raises what a record holds as a PostgreSQL ERROR.
+[[noreturn]] void raise_error(const ErrorRecord* err);
 
- private:
-  ErrorData* data_;  // palloc'd in the memory context current at the call
-};
+// The same, but an error of C++ code says first what failed ("what: message").
+[[noreturn]] void raise_error_in(const char* what, const ErrorRecord* err);
 
-// An error C++ code raises for the SQL caller: a SQLSTATE (ERRCODE_*) and texts.
-class SqlError final : public std::exception {
- public:
-  SqlError(int sqlstate, std::string message, std::string detail = {}, std::string hint = {})
-      : sqlstate_(sqlstate), message_(std::move(message)), detail_(std::move(detail)), hint_(std::move(hint)) {}
-  int sqlstate() const noexcept { return sqlstate_; }
-  const char* what() const noexcept override { return message_.c_str(); }
-  const std::string& detail() const noexcept { return detail_; }
-  const std::string& hint() const noexcept { return hint_; }
+// Fills *err from a copied PostgreSQL error (pg_catch's catch block).
+void record_pg_error(ErrorRecord* err, ErrorData* error);
 
- private:
-  int sqlstate_;
-  std::string message_, detail_, hint_;
-};
-
-// What sql_entry() caught, in plain memory: the exception object is gone
-// before anything is raised.
-struct CaughtError {
-  ErrorData* pg_error;  // a PgError's, raised again unchanged
-  int sqlstate;
-  char message[kErrLen];
-  char detail[kErrLen];
-  char hint[kErrLen];
-};
-
-// Called inside a catch block: records the exception being handled. No
-// PostgreSQL call (a longjmp out of a catch block would corrupt the C++
-// runtime's state).
-void catch_exception(CaughtError* out) noexcept;
-// Raises what catch_exception() recorded as a PostgreSQL ERROR.
-[[noreturn]] void raise_caught(const CaughtError* caught);
-
-template <Datum (*Body)(FunctionCallInfo)>
-Datum sql_entry(FunctionCallInfo fcinfo) {
-  // A C++ exception that left a PG_TRY block skipped its PG_END_TRY: put
-  // PostgreSQL's error stacks back as they were at the call.
-  sigjmp_buf* saved_exception_stack = PG_exception_stack;
-  ErrorContextCallback* saved_context_stack = error_context_stack;
-  CaughtError caught;
-  try {
-    return Body(fcinfo);
-  } catch (...) {
-    catch_exception(&caught);
-  }
-  PG_exception_stack = saved_exception_stack;
-  error_context_stack = saved_context_stack;
-  raise_caught(&caught);
-}
-
-// Runs f (plain PostgreSQL glue: it must not throw) from C++ code; an ERROR
-// raised inside becomes a PgError. Returns what f returns (a scalar or a
-// pointer, e.g. a palloc'd copy).
+// Runs f (glue: PostgreSQL calls, no C++ object with a destructor). Returns
+// false with *err filled if it raised an ERROR, copied into the memory context
+// current at the call.
 template <typename F>
-auto pg_guard(F&& f) -> decltype(f()) {
-  using Result = decltype(f());
-  if constexpr (std::is_void_v<Result>) {
-    (void)pg_guard([&] {
-      f();
-      return 0;
-    });
-  } else {
-    static_assert(std::is_scalar_v<Result>, "pg_guard returns a scalar or a pointer");
-    MemoryContext cxt = CurrentMemoryContext;
-    ErrorData* volatile error = nullptr;
-    volatile Result result{};  // read only when f returned normally
-    PG_TRY();
-    { result = f(); }
-    PG_CATCH();
-    {
-      MemoryContextSwitchTo(cxt);
-      error = CopyErrorData();
-      FlushErrorState();
-    }
-    PG_END_TRY();
-    if (error != nullptr) throw PgError(error);
-    return result;
+bool pg_catch(ErrorRecord* err, F&& f) {
+  MemoryContext cxt = CurrentMemoryContext;
+  volatile bool ok = true;
+  PG_TRY();
+  { f(); }
+  PG_CATCH();
+  {
+    MemoryContextSwitchTo(cxt);
+    ErrorData* error = CopyErrorData();
+    FlushErrorState();
+    record_pg_error(err, error);
+    ok = false;
   }
+  PG_END_TRY();
+  return ok;
 }
 
 // One step of a worker's loop (plain glue: it must not throw): an ERROR raised
@@ -147,18 +77,7 @@ ErrorData* worker_step(MemoryContext cxt, F&& f) {
   return error;
 }
 
-// relaybus.test_fault (test only): raise_test_fault() throws what it names
-// (std::bad_alloc, a std::exception, or a PostgreSQL ERROR through pg_guard),
-// so that tests can see each become a clean ERROR with its SQLSTATE.
+// Defines relaybus.test_fault (test only; cpp/boundary.h).
 void define_boundary_settings();
-void raise_test_fault();
 
 }  // namespace relaybus::pg
-
-// Defines SQL function `name` (declared with PG_FUNCTION_INFO_V1) whose body
-// follows, run under sql_entry():
-//     RELAYBUS_SQL_FUNCTION(relay_ack) { ...; PG_RETURN_INT64(n); }
-#define RELAYBUS_SQL_FUNCTION(name)                                                                  \
-  static Datum name##_body(FunctionCallInfo fcinfo);                                                 \
-  extern "C" Datum name(PG_FUNCTION_ARGS) { return ::relaybus::pg::sql_entry<name##_body>(fcinfo); } \
-  static Datum name##_body(PG_FUNCTION_ARGS)

@@ -1,12 +1,6 @@
 #include "pg/catalog_cache.hpp"
 
-#include <memory>
-#include <string>
-#include <unordered_map>
-#include <vector>
-
-#include "core/route_resolver.hpp"
-#include "pg/guard.hpp"
+#include "pg/boundary.hpp"
 #include "pg/shared_state.hpp"
 #include "pg/spi_support.hpp"
 
@@ -19,37 +13,13 @@ namespace relaybus::pg {
 
 namespace {
 
-struct Catalog {
-  std::vector<HandlerEntry> handlers;
-  std::unordered_map<std::string, size_t> by_name;
-  std::unordered_map<int32, size_t> by_id;
-  core::RouteResolver routes;                                          // keyed by handler id
-  std::unordered_map<std::string, std::vector<RouteTarget>> by_topic;  // memo
-  std::vector<core::RouteResolver::Decision> scratch;                  // a memo miss's decisions, reused
-};
-
-constexpr size_t kMaxMemoTopics = 4096;
+static_assert(kNameLen == NAMEDATALEN, "a handler's name is a name");
 
 Catalog* current = nullptr;
 uint64 loaded_generation = 0;
 Oid loaded_schema = InvalidOid;
 bool changed_here = false;  // this transaction wrote the catalog
 bool bump_at_commit = false;
-
-// Rows as read by SPI, copied out as plain C strings.
-struct RawHandler {
-  int32 id;
-  char* name;
-  char* kind;
-  char* options;
-  char* target;
-  bool paused;
-};
-struct RawRoute {
-  char* pattern;
-  int32 handler_id;
-  char* wire;  // may be nullptr
-};
 
 // paused is read through to_jsonb: a 0.1.0 schema (before ALTER EXTENSION
 // relaybus UPDATE) has no such column, and then no handler is paused.
@@ -75,7 +45,7 @@ void reload(Oid schema, uint64 generation) {
   spi_begin(&scope);
   spi_exec_latest(&handlers_plan, nullptr, nullptr, true, 0);
   int nh = static_cast<int>(SPI_processed);
-  auto* hs = static_cast<RawHandler*>(SPI_palloc(sizeof(RawHandler) * (nh + 1)));
+  auto* hs = static_cast<CatalogHandlerRow*>(SPI_palloc(sizeof(CatalogHandlerRow) * (nh + 1)));
   for (int i = 0; i < nh; i++) {
     bool isnull = false;
     hs[i].id = DatumGetInt32(spi_col(i, 1, &isnull));
@@ -87,7 +57,7 @@ void reload(Oid schema, uint64 generation) {
   }
   spi_exec_latest(&routes_plan, nullptr, nullptr, true, 0);
   int nr = static_cast<int>(SPI_processed);
-  auto* rs = static_cast<RawRoute*>(SPI_palloc(sizeof(RawRoute) * (nr + 1)));
+  auto* rs = static_cast<CatalogRouteRow*>(SPI_palloc(sizeof(CatalogRouteRow) * (nr + 1)));
   for (int i = 0; i < nr; i++) {
     bool isnull = false;
     rs[i].pattern = copy_text_col(i, 1);
@@ -103,49 +73,11 @@ void reload(Oid schema, uint64 generation) {
            MyDatabaseId);
 
   Catalog* built = nullptr;
-  char err[kErrLen];
-  bool ok = run_core(
-      [&](std::string* why) {
-        auto cat = std::make_unique<Catalog>();
-        cat->handlers.reserve(nh);
-        for (int i = 0; i < nh; i++) {
-          HandlerEntry h{};
-          h.id = hs[i].id;
-          h.paused = hs[i].paused;
-          strlcpy(h.name, hs[i].name, sizeof(h.name));
-          if (hs[i].target != nullptr) {
-            strlcpy(h.channel, hs[i].target, sizeof(h.channel));
-            h.target = hs[i].target;
-          }
-          if (!core::parse_handler_kind(hs[i].kind, &h.kind, why)) return false;
-          // Stored options were validated on the way in; a failure here means
-          // the row was written by hand, and defaults are the safe reading.
-          std::string ignored;
-          if (!core::parse_handler_options(h.kind, hs[i].options, &h.options, &ignored))
-            h.options = core::HandlerOptions{};
-          h.options.message_id_prefix = message_id_prefix;
-          cat->by_name.emplace(h.name, cat->handlers.size());
-          cat->by_id.emplace(h.id, cat->handlers.size());
-          cat->handlers.push_back(std::move(h));
-        }
-        std::vector<core::RouteInput> routes;
-        routes.reserve(nr);
-        for (int i = 0; i < nr; i++) {
-          core::RouteInput r;
-          r.handler = rs[i].handler_id;
-          r.pattern = rs[i].pattern;
-          if (rs[i].wire != nullptr) r.wire_name = rs[i].wire;
-          routes.push_back(std::move(r));
-        }
-        cat->routes = core::RouteResolver(std::move(routes));
-        delete current;
-        current = cat.release();
-        built = current;
-        return true;
-      },
-      err);
-  if (!ok || built == nullptr)
-    ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("relaybus could not load its catalog: %s", err)));
+  ErrorRecord err;
+  if (!catalog_build(hs, nh, rs, nr, message_id_prefix, &built, &err))
+    raise_error_in("relaybus could not load its catalog", &err);
+  catalog_free(current);
+  current = built;
   loaded_generation = generation;
   loaded_schema = schema;
 }
@@ -165,61 +97,33 @@ void ensure_fresh() {
 
 const HandlerEntry* catalog_handler_by_name(const char* name) {
   ensure_fresh();
-  auto it = current->by_name.find(name);
-  return it == current->by_name.end() ? nullptr : &current->handlers[it->second];
+  return catalog_find_name(current, name);
 }
 
 const char* catalog_handler_name_loaded(int32 id) {
   if (current == nullptr) return nullptr;
-  auto it = current->by_id.find(id);
-  return it == current->by_id.end() ? nullptr : current->handlers[it->second].name;
+  const HandlerEntry* h = catalog_find_id(current, id);
+  return h == nullptr ? nullptr : h->name;
 }
 
 const HandlerEntry* catalog_handler_by_id(int32 id) {
   ensure_fresh();
-  auto it = current->by_id.find(id);
-  return it == current->by_id.end() ? nullptr : &current->handlers[it->second];
+  return catalog_find_id(current, id);
 }
 
 int catalog_handler_count() {
   ensure_fresh();
-  return static_cast<int>(current->handlers.size());
+  return catalog_size(current);
 }
 
-const HandlerEntry* catalog_handler_at(int i) { return &current->handlers[i]; }
+const HandlerEntry* catalog_handler_at(int i) { return catalog_entry(current, i); }
 
 int catalog_routes_for(const char* topic, const RouteTarget** targets) {
   ensure_fresh();
-  const std::vector<RouteTarget>* found = nullptr;
-  char err[kErrLen];
-  bool ok = run_core(
-      [&](std::string*) {
-        Catalog* cat = current;
-        auto it = cat->by_topic.find(topic);
-        if (it == cat->by_topic.end()) {
-          // In handler id order, as deliveries are inserted (core::RouteResolver
-          // decides per handler).
-          cat->scratch.clear();
-          cat->routes.resolve(topic, &cat->scratch);
-          std::vector<RouteTarget> out;
-          out.reserve(cat->scratch.size());
-          for (const auto& d : cat->scratch) {
-            const auto hid = static_cast<int32>(d.handler);
-            auto h = cat->by_id.find(hid);
-            bool by_workers = h != cat->by_id.end() && cat->handlers[h->second].kind != core::HandlerKind::Pull;
-            const auto& wire = d.route->wire_name;
-            out.push_back(RouteTarget{hid, wire ? wire->c_str() : nullptr, by_workers});
-          }
-          if (cat->by_topic.size() >= kMaxMemoTopics) cat->by_topic.clear();
-          it = cat->by_topic.emplace(topic, std::move(out)).first;
-        }
-        found = &it->second;
-        return true;
-      },
-      err);
-  if (!ok) ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("relaybus routing failed: %s", err)));
-  *targets = found->empty() ? nullptr : found->data();
-  return static_cast<int>(found->size());
+  int n = 0;
+  ErrorRecord err;
+  if (!catalog_route(current, topic, targets, &n, &err)) raise_error_in("relaybus routing failed", &err);
+  return n;
 }
 
 void catalog_changed_in_this_transaction() {

@@ -7,28 +7,10 @@
 // backend changed them itself, or when the relay schema was recreated.
 #pragma once
 
-#include <string>
-
-#include "core/handler_config.hpp"
+#include "pg/cpp/catalog_cache.h"
 #include "pg/pg_includes.hpp"
 
 namespace relaybus::pg {
-
-struct HandlerEntry {
-  int32 id;
-  char name[NAMEDATALEN];
-  core::HandlerKind kind;
-  char channel[NAMEDATALEN];  // notify handlers: the LISTEN channel
-  std::string target;         // the target as stored (the URL of an http handler)
-  core::HandlerOptions options;
-  bool paused;  // relay_pause_handler: delivery waits, publishing goes on
-};
-
-struct RouteTarget {
-  int32 handler_id;
-  const char* wire_name;  // nullptr: the handler sees the topic itself
-  bool by_workers;        // a notify or http handler (delivered by the dispatchers)
-};
 
 // Pointers stay valid until the next call of any catalog_* function.
 const HandlerEntry* catalog_handler_by_name(const char* name);

@@ -14,7 +14,6 @@
 //    gone or in this claim. This is the fence against a concurrent ack/nack that
 //    the first snapshot did not see.
 
-#include "pg/boundary.hpp"
 #include "pg/settle.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/claim.hpp"
@@ -495,7 +494,7 @@ void claim_deliveries(const ClaimRequest* req, ClaimResult* out) {
 using namespace relaybus;
 using namespace relaybus::pg;
 
-RELAYBUS_SQL_FUNCTION(relay_claim) {
+extern "C" Datum relay_claim(PG_FUNCTION_ARGS) {
   refuse_during_recovery("relay_claim()");
   if (PG_ARGISNULL(0)) ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("handler must not be NULL")));
   char* name = text_arg(fcinfo, 0, nullptr);
@@ -513,7 +512,7 @@ RELAYBUS_SQL_FUNCTION(relay_claim) {
   if (h == nullptr) ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT), errmsg("handler \"%s\" does not exist", name)));
   // An ack-mode notify handler may be claimed too: a LISTEN consumer drains
   // what is pending when it starts, taking over NOTIFYs nobody acked.
-  bool notify_ack = h->kind == core::HandlerKind::Notify && h->options.ack;
+  bool notify_ack = h->kind == core::HandlerKind::Notify && h->ack;
   if (h->kind != core::HandlerKind::Pull && !notify_ack)
     ereport(ERROR, (errcode(ERRCODE_WRONG_OBJECT_TYPE),
                     errmsg("handler \"%s\" is not a pull handler or an ack-mode notify handler", name),
@@ -529,7 +528,7 @@ RELAYBUS_SQL_FUNCTION(relay_claim) {
   req.handler_id = h->id;
   req.max = max;
   req.per_key = per_key;
-  req.lease_ms = h->options.lease_ms;
+  req.lease_ms = h->lease_ms;
   if (!PG_ARGISNULL(2)) {
     req.lease_ms = interval_to_ms(PG_GETARG_INTERVAL_P(2));
     if (req.lease_ms < 1000 || req.lease_ms > 86400000LL)

@@ -1,197 +1,60 @@
 #include "pg/claim_scan_store.hpp"
 
-#include <string>
-#include <utility>
-#include <vector>
-
-#include "core/claim_scan.hpp"
-#include "pg/guard.hpp"
+#include "pg/boundary.hpp"
 
 namespace relaybus::pg {
-
-namespace {
-
-// The core scan and the plain views of its answers handed to the glue.
-struct ScanImpl {
-  core::ClaimScanHint hint;
-  core::ClaimScan scan;
-  std::vector<const char*> keys;
-  std::vector<ScanPassedData> passed;
-
-  ScanImpl(const core::ClaimScanConfig& cfg, const core::ClaimScanHint& h) : hint(h), scan(cfg, &hint) {}
-};
-
-}  // namespace
 
 struct ClaimScanState {
   MemoryContextCallback cb;  // frees impl when the context goes (an ERROR between steps)
   ScanImpl* impl;
 };
 
-static void free_scan(void* arg) noexcept {
+static void free_scan(void* arg) {
   auto* s = static_cast<ClaimScanState*>(arg);
-  delete s->impl;
+  scan_impl_delete(s->impl);
   s->impl = nullptr;
 }
 
-[[noreturn]] static void scan_failed(const char* what, const char* err) {
-  ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("relaybus claim scan failed (%s): %s", what, err)));
+// The scan's C++ code failed: the message says in which step.
+[[noreturn]] static void scan_failed(const char* step, const ErrorRecord* err) {
+  char what[64];
+  snprintf(what, sizeof(what), "relaybus claim scan failed (%s)", step);
+  raise_error_in(what, err);
 }
 
-ClaimScanState* scan_begin(const ScanConfigData* c, const ScanHintData* h) {
+ClaimScanState* scan_begin(const ScanConfigData* cfg, const ScanHintData* hint) {
   auto* s = static_cast<ClaimScanState*>(palloc0(sizeof(ClaimScanState)));
   s->cb.func = free_scan;
   s->cb.arg = s;
   MemoryContextRegisterResetCallback(CurrentMemoryContext, &s->cb);
-  char err[kErrLen];
-  bool ok = run_core(
-      [&](std::string*) {
-        core::ClaimScanConfig cfg;
-        cfg.limits.max = c->max;
-        cfg.limits.per_key = c->per_key;
-        cfg.now_ms = c->now_ms;
-        cfg.aging_ms = c->aging_ms;
-        cfg.scan_limit = c->scan_limit;
-        cfg.from_frontier = c->from_frontier;
-        for (int p = 0; p < 4; p++) {
-          cfg.frontier[p] = c->frontier[p];
-          cfg.floor[p] = c->floor[p];
-        }
-        cfg.key_walk_filtered = c->key_walk_filtered;
-        s->impl = new ScanImpl(cfg, core::ClaimScanHint{h->window, h->window_front, h->claims});
-        return true;
-      },
-      err);
-  if (!ok) scan_failed("begin", err);
+  ErrorRecord err;
+  if (!scan_impl_new(cfg, hint, &s->impl, &err)) scan_failed("begin", &err);
   return s;
 }
 
 void scan_next(ClaimScanState* s, ScanStepData* out) {
-  *out = ScanStepData{};
-  char err[kErrLen];
-  bool ok = run_core(
-      [&](std::string* why) {
-        const core::ScanRead& rd = s->impl->scan.next();
-        switch (rd.kind) {
-          case core::ScanReadKind::Window:
-            out->kind = ScanStep::Window;
-            break;
-          case core::ScanReadKind::KeyHeads:
-            out->kind = ScanStep::KeyHeads;
-            break;
-          case core::ScanReadKind::HeadsOfKeys:
-            out->kind = ScanStep::HeadsOfKeys;
-            break;
-          case core::ScanReadKind::Done:
-            out->kind = ScanStep::Done;
-            break;
-          case core::ScanReadKind::Oldest:
-          case core::ScanReadKind::EarlierKeys:
-            // Reads of capabilities this store does not state (claim.cpp's config).
-            *why = "a read this store does not offer";
-            return false;
-        }
-        for (int p = 0; p < 4; p++) out->from[p] = rd.from[p];
-        out->window = rd.window;
-        out->at_floor = rd.at_floor;
-        out->max_keys = rd.max_keys;
-        out->per_key = rd.per_key;
-        s->impl->keys.clear();
-        for (const auto& k : rd.keys) s->impl->keys.push_back(k.c_str());
-        out->nkeys = static_cast<int>(s->impl->keys.size());
-        out->keys = s->impl->keys.data();
-        return true;
-      },
-      err);
-  if (!ok) scan_failed("next", err);
+  ErrorRecord err;
+  if (!scan_impl_next(s->impl, out, &err)) scan_failed("next", &err);
 }
 
 void scan_feed(ClaimScanState* s, const ScanRowsData* rows) {
-  char err[kErrLen];
-  bool ok = run_core(
-      [&](std::string*) {
-        std::vector<core::ScanRow> got(static_cast<size_t>(rows->n));
-        for (int i = 0; i < rows->n; i++) {
-          core::ScanRow& r = got[static_cast<size_t>(i)];
-          r.id = rows->ids[i];
-          r.priority = rows->priority[i];
-          r.has_key = rows->keys[i] != nullptr;
-          if (r.has_key) r.key = rows->keys[i];
-          r.ready_at_ms = rows->ready_at_ms[i];
-          r.leased = rows->leased[i];
-          r.expired = rows->expired[i];
-          r.key_below = rows->key_below != nullptr && rows->key_below[i];
-        }
-        s->impl->scan.feed(std::move(got));
-        return true;
-      },
-      err);
-  if (!ok) scan_failed("feed", err);
+  ErrorRecord err;
+  if (!scan_impl_feed(s->impl, rows, &err)) scan_failed("feed", &err);
 }
 
 void scan_outcome(ClaimScanState* s, ScanOutcomeData* out, ScanHintData* hint) {
-  *out = ScanOutcomeData{};
-  char err[kErrLen];
-  bool ok = run_core(
-      [&](std::string*) {
-        const core::ClaimScanResult& r = s->impl->scan.result();
-        out->nchosen = static_cast<int>(r.chosen.size());
-        out->chosen = r.chosen.data();
-        out->heads_added = r.heads_added;
-        out->at_floor = r.at_floor;
-        for (int p = 0; p < 4; p++) {
-          out->from[p] = r.from[p];
-          out->first[p] = r.first[p];
-          out->highest[p] = r.highest[p];
-          out->upto[p] = r.upto[p];
-        }
-        out->next_ready_ms = r.next_ready_ms;
-        out->nexpired = static_cast<int>(r.expired.size());
-        out->expired = r.expired.data();
-        s->impl->passed.clear();
-        for (const auto& p : r.passed) s->impl->passed.push_back(ScanPassedData{p.id, p.priority, p.key.c_str()});
-        out->npassed = static_cast<int>(s->impl->passed.size());
-        out->passed = s->impl->passed.data();
-        *hint = ScanHintData{s->impl->hint.window, s->impl->hint.window_front, s->impl->hint.claims};
-        return true;
-      },
-      err);
-  if (!ok) scan_failed("outcome", err);
+  ErrorRecord err;
+  if (!scan_impl_outcome(s->impl, out, hint, &err)) scan_failed("outcome", &err);
 }
 
 void scan_end(ClaimScanState* s) { free_scan(s); }
 
-int scan_hand_over(const int64* chosen, const bool* got, int nchosen, const FetchedData* fetched, int* order,
+int scan_hand_over(const int64_t* chosen, const bool* got, int nchosen, const FetchedData* fetched, int* order,
                    int* give_back, int* give_back_row, int* ngive) {
   int count = 0;
-  *ngive = 0;
-  char err[kErrLen];
-  bool ok = run_core(
-      [&](std::string*) {
-        std::vector<int64_t> ids(chosen, chosen + nchosen);
-        std::vector<bool> leased(got, got + nchosen);
-        std::vector<core::FetchedRow> rows;
-        rows.reserve(static_cast<size_t>(fetched->n));
-        for (int r = 0; r < fetched->n; r++) {
-          core::FetchedRow f;
-          f.id = fetched->ids[r];
-          f.has_key = fetched->keys[r] != nullptr;
-          if (f.has_key) f.key = fetched->keys[r];
-          f.seq = fetched->seqs[r];
-          f.valid = fetched->valid[r];
-          rows.push_back(std::move(f));
-        }
-        const core::HandOver h = core::hand_over(ids, leased, rows);
-        for (size_t r : h.rows)
-          if (count < nchosen) order[count++] = static_cast<int>(r);
-        for (size_t i = 0; i < h.give_back.size() && *ngive < nchosen; i++) {
-          give_back[*ngive] = static_cast<int>(h.give_back[i]);
-          give_back_row[(*ngive)++] = static_cast<int>(h.give_back_row[i]);
-        }
-        return true;
-      },
-      err);
-  if (!ok) scan_failed("hand-over", err);
+  ErrorRecord err;
+  if (!scan_impl_hand_over(chosen, got, nchosen, fetched, order, give_back, give_back_row, ngive, &count, &err))
+    scan_failed("hand-over", &err);
   return count;
 }
 

@@ -11,13 +11,8 @@
 // forms are accepted for leases this session took. The lease goes when the
 // completing transaction commits.
 
-#include <string>
-
-#include "core/webhook_delivery.hpp"
-#include "pg/boundary.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/claim_frontier.hpp"
-#include "pg/guard.hpp"
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/recovery_guard.hpp"
@@ -196,12 +191,14 @@ static Datum nack_one(FunctionCallInfo fcinfo, const LeaseToken* lease) {
 // the _v2 ones.
 //   relay_ack(ids bigint[], leases uuid[]): 0.2.0;  relay_ack(ids bigint[]): 0.1.0
 //   relay_nack(id, error, retry_in, lease uuid): 0.2.0;  relay_nack(id, error, retry_in): 0.1.0
-RELAYBUS_SQL_FUNCTION(relay_ack_v2) {
+extern "C" Datum relay_ack_v2(PG_FUNCTION_ARGS) {
   return ack_deliveries(fcinfo, PG_ARGISNULL(1) ? nullptr : PG_GETARG_ARRAYTYPE_P(1));
 }
-RELAYBUS_SQL_FUNCTION(relay_ack_v1) { return ack_deliveries(fcinfo, nullptr); }
-RELAYBUS_SQL_FUNCTION(relay_nack_v2) { return nack_one(fcinfo, PG_ARGISNULL(3) ? nullptr : PG_GETARG_UUID_P(3)); }
-RELAYBUS_SQL_FUNCTION(relay_nack_v1) { return nack_one(fcinfo, nullptr); }
+extern "C" Datum relay_ack_v1(PG_FUNCTION_ARGS) { return ack_deliveries(fcinfo, nullptr); }
+extern "C" Datum relay_nack_v2(PG_FUNCTION_ARGS) {
+  return nack_one(fcinfo, PG_ARGISNULL(3) ? nullptr : PG_GETARG_UUID_P(3));
+}
+extern "C" Datum relay_nack_v1(PG_FUNCTION_ARGS) { return nack_one(fcinfo, nullptr); }
 
 // The symbols sql/relaybus--0.1.0.sql names (that script is frozen: it is what
 // 0.1.0 installs have), which 0.2.0 installs made before the _v2 entry points

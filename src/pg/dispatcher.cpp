@@ -208,7 +208,7 @@ static bool lanes_still_mine() {
 
 // Hands one batch of a notify handler's deliveries over; returns how many.
 static int dispatch_notify(const HandlerEntry* h) {
-  bool ack = h->options.ack;
+  bool ack = h->ack;
   ClaimRequest req = {};
   req.handler_id = h->id;
   req.max = isolation_left > 0 ? 1 : guc_batch_size;
@@ -219,7 +219,7 @@ static int dispatch_notify(const HandlerEntry* h) {
     if (req.max <= 0) return 0;
   }
   req.per_key = ack ? 1 : req.max;  // fire mode sends a key's run in order in one transaction
-  req.lease_ms = h->options.lease_ms;
+  req.lease_ms = h->lease_ms;
   claim_lanes(&req);
   // Ack mode: the lease waits for the consumer's relay_ack, and relay_claim of
   // the handler may take it over (a consumer draining at start).
@@ -256,8 +256,8 @@ static int dispatch_notify(const HandlerEntry* h) {
     // Ack mode adds the lease field below: it counts against the limit.
     // "inline_payload": false sends every delivery by reference: any role
     // that can connect may LISTEN, only relay_consumer may call relay_payload.
-    bool by_reference = !h->options.inline_payload ||
-                        static_cast<int>(strlen(json)) + (ack ? kLeaseFieldLen : 0) > guc_notify_payload_limit;
+    bool by_reference =
+        !h->inline_payload || static_cast<int>(strlen(json)) + (ack ? kLeaseFieldLen : 0) > guc_notify_payload_limit;
     if (by_reference) {
       json = notify_reference_json(row);
       if (key != nullptr && !ack) held_keys[nheld++] = key;

@@ -2,7 +2,6 @@
 // ChangeMessageVisibility). The new end is counted from now; the same checks
 // as a completion apply (pg/leases.hpp), and nothing is written to a table.
 
-#include "pg/boundary.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
@@ -24,7 +23,7 @@ using namespace relaybus;
 using namespace relaybus::pg;
 
 // relay_extend(id bigint, lease uuid, extend_by interval DEFAULT NULL) RETURNS timestamptz
-RELAYBUS_SQL_FUNCTION(relay_extend) {
+extern "C" Datum relay_extend(PG_FUNCTION_ARGS) {
   refuse_during_recovery("relay_extend()");
   if (PG_ARGISNULL(0)) ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("id must not be NULL")));
   int64 id = PG_GETARG_INT64(0);
@@ -51,7 +50,7 @@ RELAYBUS_SQL_FUNCTION(relay_extend) {
   spi_end(&scope);
   if (extend_ms < 0) {
     const HandlerEntry* h = catalog_handler_by_id(handler_id);
-    extend_ms = h != nullptr ? h->options.lease_ms : 30000;
+    extend_ms = h != nullptr ? h->lease_ms : 30000;
   }
   TimestampTz now = GetCurrentTimestamp();
   TimestampTz until = TimestampTzPlusMilliseconds(now, extend_ms);

@@ -3,7 +3,6 @@
 // costs the same at any backlog (docs/operations.md, Monitoring).
 #include <cmath>
 
-#include "pg/boundary.hpp"
 #include "pg/pg_compat.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/worker_state.hpp"
@@ -47,7 +46,7 @@ static HandlerCounters* copy_counters(int* n) {
 // relay._handler_totals(): per handler, the counters since server start that
 // relay._handler_counters() lacks: published, the latency sum (seconds), and
 // the pending count (NULL until counted: pending_counter.hpp).
-RELAYBUS_SQL_FUNCTION(relay_handler_totals) {
+extern "C" Datum relay_handler_totals(PG_FUNCTION_ARGS) {
   InitMaterializedSRF(fcinfo, 0);
   auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
   int n = 0;
@@ -68,7 +67,7 @@ RELAYBUS_SQL_FUNCTION(relay_handler_totals) {
 // completion) per handler, as a Prometheus histogram: le in seconds, powers of
 // 4 from 2^10 us (1 ms) to 2^34 us (4.8 h), then +Infinity (= delivered).
 // Bucket b of the counters holds latencies below 2^b us.
-RELAYBUS_SQL_FUNCTION(relay_handler_latency_buckets) {
+extern "C" Datum relay_handler_latency_buckets(PG_FUNCTION_ARGS) {
   InitMaterializedSRF(fcinfo, 0);
   auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
   int n = 0;
@@ -97,7 +96,7 @@ RELAYBUS_SQL_FUNCTION(relay_handler_latency_buckets) {
 // be trusted with it: with the class as a parameter the planner may walk the
 // primary key past every row of other handlers and classes (270 ms at 200k
 // pending), which is the cost this view exists to avoid.
-RELAYBUS_SQL_FUNCTION(relay_oldest_pending) {
+extern "C" Datum relay_oldest_pending(PG_FUNCTION_ARGS) {
   if (PG_ARGISNULL(0)) PG_RETURN_NULL();
   int32 handler_id = PG_GETARG_INT32(0);
   Oid ns = get_namespace_oid("relay", false);
@@ -140,6 +139,6 @@ RELAYBUS_SQL_FUNCTION(relay_oldest_pending) {
 extern "C" {
 PG_FUNCTION_INFO_V1(relay_pending_counted);
 }
-RELAYBUS_SQL_FUNCTION(relay_pending_counted) {
+extern "C" Datum relay_pending_counted(PG_FUNCTION_ARGS) {
   PG_RETURN_BOOL(pending_counted_for(MyDatabaseId, get_extension_oid("relaybus", true)));
 }

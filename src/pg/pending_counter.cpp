@@ -1,6 +1,5 @@
 #include "pg/pending_counter.hpp"
 
-#include "pg/boundary.hpp"
 #include "pg/claim_frontier.hpp"
 #include "pg/spi_support.hpp"
 #include "pg/worker_state.hpp"
@@ -66,7 +65,7 @@ using namespace relaybus::pg;
 // relay._recount_pending(): counts the database's pending deliveries again
 // (after rows were written by other means, e.g. pg_restore). Waits for the
 // writers in progress and holds publishers back while it counts.
-RELAYBUS_SQL_FUNCTION(relay_recount_pending) {
+extern "C" Datum relay_recount_pending(PG_FUNCTION_ARGS) {
   Oid extension = get_extension_oid("relaybus", false);
   LockRelationOid(deliveries_oid(), ShareLock);
   count_locked(extension);
@@ -77,7 +76,7 @@ RELAYBUS_SQL_FUNCTION(relay_recount_pending) {
 
 // relay._count_pending(handler_id, delta): for SQL functions that insert into
 // or delete from relay.deliveries (relay_replay): applied at commit.
-RELAYBUS_SQL_FUNCTION(relay_count_pending) {
+extern "C" Datum relay_count_pending(PG_FUNCTION_ARGS) {
   if (PG_ARGISNULL(0) || PG_ARGISNULL(1)) PG_RETURN_VOID();
   count_pending_at_commit(PG_GETARG_INT32(0), PG_GETARG_INT64(1));
   // Rows came back with their old ids (relay_replay): claims look from the head.

@@ -8,17 +8,14 @@
 // event id order within a key are commit order. The delivery rows, one per
 // routed handler, are written directly (delivery_writer.hpp), not through SPI.
 
-#include <string>
 #include <string_view>
-#include <unordered_map>
 
 #include "core/lane_hash.hpp"
-#include "core/topic.hpp"
 #include "pg/boundary.hpp"
+#include "pg/cpp/batch_seqs.h"
 #include "pg/catalog_cache.hpp"
 #include "pg/dedupe.hpp"
 #include "pg/delivery_writer.hpp"
-#include "pg/guard.hpp"
 #include "pg/key_counter.hpp"
 #include "pg/pg_includes.hpp"
 #include "pg/publish_args.hpp"
@@ -281,41 +278,6 @@ static Datum publish_event(FunctionCallInfo fcinfo, text* dedupe_key) {
 
 namespace relaybus::pg {
 
-// Per event of a batch, its seq from the counters the upsert returned: the
-// statement returns each key's last seq; the batch's occurrences of that key
-// take the values just below it, in batch order.
-static bool assign_batch_seqs(int n, char** keys, const int* key_lens, const bool* key_nulls, int nresult,
-                              char** result_keys, const int64* result_last, int64* seqs, int16* lanes,
-                              std::string* why) {
-  std::unordered_map<std::string_view, int64> counts;
-  counts.reserve(nresult * 2 + 1);
-  for (int i = 0; i < n; i++)
-    if (!key_nulls[i]) counts[std::string_view(keys[i], key_lens[i])]++;
-  std::unordered_map<std::string_view, int64> next;
-  next.reserve(nresult * 2 + 1);
-  for (int j = 0; j < nresult; j++) {
-    std::string_view k(result_keys[j]);
-    auto c = counts.find(k);
-    if (c == counts.end()) {
-      *why = "key counter returned for a key not in the batch";
-      return false;
-    }
-    next[k] = result_last[j] - c->second + 1;
-  }
-  for (int i = 0; i < n; i++) {
-    if (key_nulls[i]) continue;
-    std::string_view k(keys[i], key_lens[i]);
-    auto it = next.find(k);
-    if (it == next.end()) {
-      *why = "no key counter returned for a key of the batch";
-      return false;
-    }
-    seqs[i] = it->second++;
-    lanes[i] = static_cast<int16>(core::lane_for_key(k));
-  }
-  return true;
-}
-
 // A batch's dedupe keys (plain arrays: this runs between PostgreSQL calls).
 struct BatchDedupe {
   int n;        // events as called
@@ -556,13 +518,9 @@ static Datum publish_events(FunctionCallInfo fcinfo, ArrayType* dedupe_keys) {
       }
       spi_end(&scope);
     }
-    char err[kErrLen];
-    if (!run_core(
-            [&](std::string* why) {
-              return assign_batch_seqs(n, keys, key_lens, key_nulls, nres, rkeys, rlast, seqs, lanes, why);
-            },
-            err))
-      elog(ERROR, "relaybus: %s", err);
+    ErrorRecord err;
+    if (!assign_batch_seqs(n, keys, key_lens, key_nulls, nres, rkeys, rlast, seqs, lanes, &err))
+      raise_error_in("relaybus", &err);
   }
 
   // Event ids in batch order, drawn after the keys' counters are locked.
@@ -589,14 +547,14 @@ static Datum publish_events(FunctionCallInfo fcinfo, ArrayType* dedupe_keys) {
 // the _v2 ones.
 //   relay_publish(topic, payload, key, headers, priority, not_before, dedupe_key): 0.2.0
 //   relay_publish(topic, payload, key, headers, priority, not_before): 0.1.0
-RELAYBUS_SQL_FUNCTION(relay_publish_v2) {
+extern "C" Datum relay_publish_v2(PG_FUNCTION_ARGS) {
   return publish_event(fcinfo, PG_ARGISNULL(6) ? nullptr : PG_GETARG_TEXT_PP(6));
 }
-RELAYBUS_SQL_FUNCTION(relay_publish_v1) { return publish_event(fcinfo, nullptr); }
-RELAYBUS_SQL_FUNCTION(relay_publish_batch_v2) {
+extern "C" Datum relay_publish_v1(PG_FUNCTION_ARGS) { return publish_event(fcinfo, nullptr); }
+extern "C" Datum relay_publish_batch_v2(PG_FUNCTION_ARGS) {
   return publish_events(fcinfo, PG_ARGISNULL(6) ? nullptr : PG_GETARG_ARRAYTYPE_P(6));
 }
-RELAYBUS_SQL_FUNCTION(relay_publish_batch_v1) { return publish_events(fcinfo, nullptr); }
+extern "C" Datum relay_publish_batch_v1(PG_FUNCTION_ARGS) { return publish_events(fcinfo, nullptr); }
 
 // The symbols sql/relaybus--0.1.0.sql names (that script is frozen: it is what
 // 0.1.0 installs have), which 0.2.0 installs made before the _v2 entry points

@@ -1,9 +1,7 @@
 #include "pg/publish_args.hpp"
 
-#include <string_view>
-
-#include "core/topic.hpp"
-#include "pg/guard.hpp"
+#include "pg/boundary.hpp"
+#include "pg/cpp/topic_check.h"
 #include "pg/settings.hpp"
 #include "pg/spi_support.hpp"
 
@@ -18,13 +16,8 @@ void read_publish_common(FunctionCallInfo fcinfo, int headers_arg, int priority_
   if (PG_ARGISNULL(0)) ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("topic must not be NULL")));
   int topic_len = 0;
   out->topic = text_arg(fcinfo, 0, &topic_len);
-  char err[kErrLen];
-  std::string_view topic(out->topic, topic_len);
-  if (!run_core([&](std::string* why) { return core::is_valid_topic(topic, why); }, err))
-    ereport(ERROR,
-            (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("invalid topic \"%s\"", out->topic), errdetail("%s", err),
-             errhint("A topic is dot-separated segments of letters, digits, '_' and '-', "
-                     "such as order.created.")));
+  ErrorRecord err;
+  if (!check_topic(out->topic, topic_len, &err)) raise_error(&err);
 
   out->headers_null = PG_ARGISNULL(headers_arg);
   out->headers = out->headers_null ? (Datum)0 : PG_GETARG_DATUM(headers_arg);

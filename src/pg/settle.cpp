@@ -1,8 +1,9 @@
 #include "pg/settle.hpp"
 
-#include "core/webhook_delivery.hpp"
+#include "pg/boundary.hpp"
 #include "pg/catalog_cache.hpp"
 #include "pg/claim_frontier.hpp"
+#include "pg/cpp/failure_decision.h"
 #include "pg/spi_support.hpp"
 #include "pg/worker_state.hpp"
 
@@ -51,8 +52,6 @@ SavedPlan dead_plan = {
     {INT8ARRAYOID, TEXTARRAYOID, INT4ARRAYOID},
     nullptr,
     PlanShape::IndexScans};
-
-const core::HandlerOptions kDefaultOptions;
 
 // (id, index into the settlements), sorted by id: results come back by id.
 struct IdIndex {
@@ -128,13 +127,17 @@ void judge_failures(Settlement* s, int n) {
     int32 handler_id = DatumGetInt32(spi_col(r, 2, &isnull));
     int32 attempt = DatumGetInt32(spi_col(r, 3, &isnull));
     const HandlerEntry* h = catalog_handler_by_id(handler_id);
-    const core::HandlerOptions& opts = h != nullptr ? h->options : kDefaultOptions;
+    const HandlerConfig* config = h != nullptr ? h->config : nullptr;
     for_each_with_id(idx, n, id, [&](int i) {
       bool permanent = s[i].outcome == SettleOutcome::Dead;
-      core::FailureDecision d =
-          core::decide_failure(opts, permanent, attempt + 1, s[i].retry_in_ms, pg_prng_uint64(&pg_global_prng_state));
-      s[i].outcome = d.dead ? SettleOutcome::Dead : SettleOutcome::Retry;
-      s[i].retry_in_ms = d.dead ? 0 : d.retry_in_ms;
+      bool dead = false;
+      int64 retry_in_ms = 0;
+      ErrorRecord err;
+      if (!decide_failure(config, permanent, attempt + 1, s[i].retry_in_ms, pg_prng_uint64(&pg_global_prng_state),
+                          &dead, &retry_in_ms, &err))
+        raise_error(&err);
+      s[i].outcome = dead ? SettleOutcome::Dead : SettleOutcome::Retry;
+      s[i].retry_in_ms = dead ? 0 : retry_in_ms;
     });
   }
 }

@@ -82,7 +82,7 @@ static int execute(SavedPlan* p, Snapshot snapshot, Datum* values, const char* n
   }
   PG_CATCH();
   {
-    // A caller that catches the error (pg_guard) goes on in this
+    // A caller that catches the error (pg_catch) goes on in this
     // transaction: its own statements must not run under these settings.
     plan_settings_pop(level, false);
     PG_RE_THROW();

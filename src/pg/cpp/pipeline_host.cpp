@@ -1,0 +1,288 @@
+#include "pg/cpp/pipeline_host.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/delivery_pipeline.hpp"
+#include "core/http_engine.hpp"
+#include "core/kafka_sink.hpp"
+#include "core/outbound_policy.hpp"
+#include "core/routing_sink.hpp"
+#include "pg/cpp/handler_config.hpp"
+#include "pg/cpp/invoke.hpp"
+
+namespace relaybus::pg {
+
+namespace {
+
+static_assert(sizeof(core::Receipt) == sizeof(uint64_t[2]), "a receipt carries a lease token");
+
+// The dispatcher's side of core::DeliveryPipeline (queue, claim-ahead, breaker,
+// expiry, classification and batching are the pipeline's).
+std::unique_ptr<core::HttpEngine> engine;
+std::unique_ptr<core::HttpSink> sink;
+// kafka handlers' deliveries: the same pipeline, routed to the producers.
+std::unique_ptr<core::KafkaSink> kafka_sink;
+std::unique_ptr<core::RoutingSink> router;
+std::vector<std::string> kafka_log_lines;  // librdkafka's, logged after each wait
+std::unique_ptr<core::DeliveryPipeline> pipeline;
+std::string engine_allowlist;
+// Claimed in the open transaction: enqueued once it committed.
+struct Staged {
+  std::shared_ptr<const core::PipelineHandler> handler;
+  std::vector<core::ClaimedDelivery> claimed;
+  int64_t expires_ms;
+};
+std::vector<Staged> staged;
+
+// The store over SPI and the lease table: PostgreSQL only through the glue
+// (pg_call). The plain arrays are kept across batches.
+class PgDeliveryStore final : public core::DeliveryStore {
+ public:
+  void complete(const std::vector<core::Completion>& batch) override {
+    results_.clear();
+    results_.reserve(batch.size());
+    for (const core::Completion& c : batch) {
+      PipelineResult r;
+      r.id = c.id;
+      std::memcpy(r.receipt, &c.receipt, sizeof(r.receipt));
+      r.handler_key = c.handler_key;
+      r.outcome = c.outcome == core::CompletionOutcome::Delivered ? ResultOutcome::Delivered
+                  : c.outcome == core::CompletionOutcome::Dead    ? ResultOutcome::Dead
+                                                                  : ResultOutcome::Retry;
+      r.retry_in_ms = c.retry_in_ms;
+      r.error = c.error.c_str();
+      r.status = c.status;
+      r.breaker_open_until_ms = c.breaker_open_until_ms;
+      results_.push_back(r);
+    }
+    const int n = static_cast<int>(results_.size());
+    pg_call([&](ErrorRecord* err) { return store_complete(results_.data(), n, err); });
+  }
+  void release(const std::vector<core::ClaimedDelivery>& never_sent) override {
+    released_.clear();
+    released_.reserve(never_sent.size());
+    for (const core::ClaimedDelivery& d : never_sent) {
+      ReleasedLease l;
+      l.id = d.message.id;
+      std::memcpy(l.receipt, &d.receipt, sizeof(l.receipt));
+      released_.push_back(l);
+    }
+    const int n = static_cast<int>(released_.size());
+    pg_call([&](ErrorRecord* err) { return store_release(released_.data(), n, err); });
+  }
+
+ private:
+  std::vector<PipelineResult> results_;
+  std::vector<ReleasedLease> released_;
+};
+PgDeliveryStore store;
+
+// For the calls whose failure changes nothing (the old answer stands).
+template <typename F>
+void quietly(F&& f) noexcept {
+  ErrorRecord ignored;
+  (void)invoke_cpp(&ignored, f);
+}
+
+}  // namespace
+
+bool host_ensure(const char* setting, int max_in_flight, ErrorRecord* err) noexcept {
+  return invoke_cpp(err, [&] {
+    if (engine && engine_allowlist == setting) return;
+    core::HttpEngineOptions opts;
+    std::string why;
+    if (!core::parse_allowlist(setting, &opts.allow, &why))
+      throw std::runtime_error(why.empty() ? "invalid value" : why);
+    if (engine) {
+      engine->set_allowlist(opts.allow);
+      engine_allowlist = setting;
+      return;
+    }
+    opts.max_total = std::clamp(max_in_flight, 1, 4096);
+    engine = std::make_unique<core::HttpEngine>(opts);
+    engine_allowlist = setting;
+    if (!engine->ok()) {
+      engine.reset();
+      throw std::runtime_error("libcurl could not be initialized");
+    }
+    sink = std::make_unique<core::HttpSink>(*engine);
+    kafka_sink = std::make_unique<core::KafkaSink>();
+    if (!kafka_sink->ok()) {
+      kafka_sink.reset();
+      sink.reset();
+      engine.reset();
+      throw std::runtime_error("the kafka producers' wake-up pipe could not be made");
+    }
+    router = std::make_unique<core::RoutingSink>(*sink, *kafka_sink);
+    core::PipelineOptions po;
+    po.max_in_flight = opts.max_total;
+    pipeline = std::make_unique<core::DeliveryPipeline>(*router, po, std::random_device{}());
+  });
+}
+
+bool host_running() noexcept { return engine != nullptr; }
+
+bool host_allowlist_is(const char* setting) noexcept { return engine_allowlist == setting; }
+
+int host_room(int32_t handler_id, core::HandlerKind kind, const HandlerConfig* config, int64_t now_ms) noexcept {
+  int capacity = 0;
+  quietly([&] {
+    router->set_kind(handler_id, kind);
+    capacity = pipeline->room(handler_id, config->options.concurrency, now_ms);
+  });
+  return capacity;
+}
+
+bool host_stage(int32_t handler_id, core::HandlerKind kind, const char* name, const HandlerConfig* config,
+                const StageRow* rows, int n, int64_t expires_ms, ErrorRecord* err) noexcept {
+  return invoke_cpp(err, [&] {
+    auto handler = std::make_shared<core::PipelineHandler>();
+    handler->key = handler_id;
+    handler->kind = kind;
+    handler->name = name;
+    handler->target = config->target;
+    handler->options = config->options;
+    Staged s{std::move(handler), {}, expires_ms};
+    s.claimed.reserve(n);
+    for (int i = 0; i < n; i++) {
+      const StageRow& r = rows[i];
+      core::ClaimedDelivery d;
+      d.message.id = r.id;
+      d.message.event_id = r.event_id;
+      d.message.topic = r.topic;
+      d.message.has_key = r.key != nullptr;
+      if (r.key != nullptr) d.message.key = r.key;
+      d.message.seq = r.seq;
+      d.message.attempt = r.attempt;
+      d.message.published_at_ms = r.published_at_ms;
+      if (r.headers_json != nullptr) d.message.headers_json = r.headers_json;
+      d.message.payload_json = r.payload_json != nullptr ? r.payload_json : "null";
+      std::memcpy(static_cast<void*>(&d.receipt), r.receipt, sizeof(r.receipt));
+      d.published = r.published;
+      s.claimed.push_back(std::move(d));
+    }
+    staged.push_back(std::move(s));
+  });
+}
+
+bool host_enqueue_staged() noexcept {
+  if (staged.empty()) return false;
+  quietly([&] {
+    for (auto& s : staged) pipeline->enqueue(s.handler, std::move(s.claimed), s.expires_ms);
+    staged.clear();
+  });
+  return true;
+}
+
+void host_drop_staged() noexcept {
+  quietly([&] { staged.clear(); });
+}
+
+size_t host_queued() noexcept { return pipeline ? pipeline->queued() : 0; }
+
+size_t host_in_flight() noexcept { return router ? router->in_flight() : 0; }
+
+bool host_pump(int64_t now_ms, ErrorRecord* err) noexcept {
+  return invoke_cpp(err, [&] { pipeline->pump(store, now_ms); });
+}
+
+bool host_release_queued(ErrorRecord* err) noexcept {
+  if (!pipeline) return true;
+  return invoke_cpp(err, [&] { pipeline->release_queued(store); });
+}
+
+bool host_flush(int64_t now_ms, size_t* n, ErrorRecord* err) noexcept {
+  *n = 0;
+  return invoke_cpp(err, [&] { *n = pipeline->flush(store, now_ms); });
+}
+
+bool host_flush_paused(int64_t now_ms) noexcept {
+  bool paused = false;
+  quietly([&] { paused = pipeline->flush_paused(now_ms); });
+  return paused;
+}
+
+size_t host_collect(int64_t now_ms) noexcept {
+  if (!pipeline) return 0;
+  size_t n = 0;
+  quietly([&] { n = pipeline->collect(now_ms); });
+  return n;
+}
+
+bool host_completion_due(int64_t now_ms) noexcept {
+  if (!pipeline) return false;
+  bool due = false;
+  quietly([&] { due = pipeline->completion_due(now_ms); });
+  return due;
+}
+
+void host_retain_kafka(const int32_t* ids, int n) noexcept {
+  if (!kafka_sink) return;
+  quietly([&] { kafka_sink->retain_handlers(std::vector<int>(ids, ids + n)); });
+}
+
+void host_shutdown() noexcept {
+  quietly([&] {
+    pipeline.reset();
+    router.reset();
+    kafka_sink.reset();
+    sink.reset();
+    engine.reset();
+  });
+}
+
+int host_socket_count() noexcept {
+  int count = 0;
+  quietly([&] { count = engine && engine->ready_fd() < 0 ? static_cast<int>(engine->sockets().size()) : 0; });
+  return count;
+}
+
+int host_wait_plan(int64_t now_ms, SocketWait* sockets, int cap, WaitPlan* plan) noexcept {
+  *plan = WaitPlan{-1, kafka_sink ? kafka_sink->wait_fd() : -1, -1, -1};
+  if (!engine) return 0;
+  int nsock = 0;
+  plan->engine_fd = engine->ready_fd();
+  quietly([&] {
+    if (plan->engine_fd < 0)
+      for (const auto& w : engine->sockets()) {
+        if ((!w.read && !w.write) || nsock >= cap) continue;
+        sockets[nsock++] = SocketWait{w.fd, w.read, w.write};
+      }
+    plan->engine_timeout_ms = engine->timeout_ms();
+    plan->next_probe_ms = pipeline->next_probe_ms(now_ms);
+  });
+  return nsock;
+}
+
+void host_after_wait(int engine_fd, const SocketWait* ready, int n, bool kafka_ready, bool timed_out) noexcept {
+  if (!engine) return;
+  quietly([&] {
+    // Served here, on this thread: the reports become results that the loop
+    // collects next; librdkafka's lines go to the server log.
+    if (kafka_ready) {
+      kafka_sink->poll();
+      kafka_log_lines = kafka_sink->take_log();
+    }
+    for (int i = 0; i < n; i++) {
+      if (engine_fd >= 0 && ready[i].fd == engine_fd)
+        engine->on_ready();
+      else if (ready[i].read || ready[i].write)
+        engine->on_socket(ready[i].fd, ready[i].read, ready[i].write);
+    }
+    if (engine->timeout_ms() == 0 || timed_out) engine->on_timeout();
+  });
+}
+
+int host_log_count() noexcept { return static_cast<int>(kafka_log_lines.size()); }
+
+const char* host_log_line(int i) noexcept { return kafka_log_lines[static_cast<size_t>(i)].c_str(); }
+
+void host_log_clear() noexcept { kafka_log_lines.clear(); }
+
+}  // namespace relaybus::pg
