@@ -280,6 +280,19 @@ for order in forward reverse; do
     routes_compare "$order" "$TMP/got"
 done
 
+# A session with standard_conforming_strings = off reads a backslash in a
+# literal as an escape: the edition's regular expressions must not change.
+own_sql -c "SELECT relay_create_handler('scs_pull', 'pull')" -c "SELECT relay_route('scs.*', 'scs_pull')" >/dev/null \
+    || fail "standard_conforming_strings fixtures"
+PGOPTIONS='-c standard_conforming_strings=off' own_sql -c "SELECT relay_publish('scsxb', '{}')" \
+    -c "SELECT relay_publish('scs.b', '{}')" >/dev/null || fail "publish with standard_conforming_strings = off"
+check_eq "standard_conforming_strings = off: 'scs.*' takes scs.b, not scsxb" "0|1" \
+    "$(own_sql -c "SELECT count(*) FILTER (WHERE topic = 'scsxb'), count(*) FILTER (WHERE topic = 'scs.b')
+                     FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id WHERE h.name = 'scs_pull'")"
+check_eq "standard_conforming_strings = off: topic scs/b is refused with 22023" "22023" \
+    "$(PGOPTIONS='-c standard_conforming_strings=off' psql -X -q -At -v VERBOSITY=verbose -U "$OWNER" -d "$DB" \
+        -c "SELECT relay_publish('scs/b', '{}')" </dev/null 2>&1 | sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p')"
+
 # ---------------------------------------------------------------- guarantees
 log "guarantees"
 own_sql -c "SELECT relay_create_handler('g_pull', 'pull')" -c "SELECT relay_route('g.#', 'g_pull')" >/dev/null \
