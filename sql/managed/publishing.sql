@@ -105,6 +105,20 @@ BEGIN
                 WINDOW w AS (PARTITION BY e.key)) s;
     END IF;
     eids := ARRAY(SELECT nextval('relay.event_id_seq') FROM generate_series(1, cardinality(payloads)) AS o ORDER BY o);
+    -- One handler (most topics): the rows in the order unnest gives them, with
+    -- no join and no sort of the payloads.
+    IF cardinality(hids) = 1 THEN
+        INSERT INTO relay.deliveries (id, event_id, seq, published_at, not_before, handler_id, attempt,
+                                      lane, priority, topic, wire_topic, key, payload, headers)
+        SELECT nextval('relay.delivery_id_seq'), e.eid, e.seq, now(), coalesce(_publish_rows.not_before, now()),
+               hids[1], 0, CASE WHEN e.key IS NULL THEN e.eid % 64 ELSE relay.lane_of(e.key) END,
+               _publish_rows.priority, _publish_rows.topic, wires[1], e.key, e.p, _publish_rows.headers
+          FROM unnest(eids, coalesce(seqs, '{}'), keys, payloads) AS e(eid, seq, key, p);
+        IF kinds[1] <> 'pull' THEN
+            PERFORM relay._wake(hids, kinds);
+        END IF;
+        RETURN eids;
+    END IF;
     INSERT INTO relay.deliveries (id, event_id, seq, published_at, not_before, handler_id, attempt,
                                   lane, priority, topic, wire_topic, key, payload, headers)
     SELECT nextval('relay.delivery_id_seq'), e.eid, e.seq, now(), coalesce(_publish_rows.not_before, now()),
@@ -257,7 +271,9 @@ $$;
 CREATE FUNCTION relay._batch_keys(what text, keys text[], n integer)
 RETURNS text[] LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    k text[];
+    k   text[];
+    bad integer;
+    lim integer;
 BEGIN
     IF keys IS NULL THEN
         RETURN NULL;
@@ -265,16 +281,23 @@ BEGIN
     IF array_ndims(keys) > 1 THEN
         RAISE EXCEPTION '%s must be a one-dimensional array', what USING ERRCODE = 'array_subscript_error';
     END IF;
-    k := ARRAY(SELECT x FROM unnest(keys) WITH ORDINALITY AS t(x, o) ORDER BY o);
+    k := CASE WHEN array_lower(keys, 1) = 1 THEN keys
+              ELSE ARRAY(SELECT x FROM unnest(keys) WITH ORDINALITY AS t(x, o) ORDER BY o) END;
     IF cardinality(k) <> n THEN
         RAISE EXCEPTION '%s must have as many elements as payloads', what
             USING ERRCODE = 'array_subscript_error', DETAIL = n || ' payloads, ' || cardinality(k) || ' ' || what || 's.';
     END IF;
-    FOR i IN 1 .. n LOOP
-        IF k[i] IS NOT NULL THEN
-            PERFORM relay._check_key(what, k[i], i);
-        END IF;
-    END LOOP;
+    -- Read only when a key is there to check, as _check_key reads it.
+    IF cardinality(array_remove(k, NULL)) > 0 THEN
+        lim := relay._setting('max_key_bytes', 'B', 512, 1, 2048);
+    END IF;
+    -- The first key _check_key would refuse, in one statement; it words the error.
+    SELECT t.o::integer INTO bad FROM unnest(k) WITH ORDINALITY AS t(x, o)
+     WHERE octet_length(t.x) > lim OR (what = 'key' AND t.x = '')
+     ORDER BY t.o LIMIT 1;
+    IF bad IS NOT NULL THEN
+        PERFORM relay._check_key(what, k[bad], bad);
+    END IF;
     RETURN k;
 END
 $$;
@@ -303,8 +326,10 @@ BEGIN
     IF array_ndims(payloads) > 1 THEN
         RAISE EXCEPTION 'payloads must be a one-dimensional array' USING ERRCODE = 'array_subscript_error';
     END IF;
-    -- Subscripts from 1, whatever the caller's lower bound.
-    p := ARRAY(SELECT x FROM unnest(payloads) WITH ORDINALITY AS t(x, o) ORDER BY o);
+    -- Subscripts from 1, whatever the caller's lower bound (copied only when
+    -- it is not 1).
+    p := CASE WHEN array_lower(payloads, 1) = 1 THEN payloads
+              ELSE ARRAY(SELECT x FROM unnest(payloads) WITH ORDINALITY AS t(x, o) ORDER BY o) END;
     n := cardinality(p);
     IF n > 10000 THEN
         RAISE EXCEPTION 'too many events in one batch: %', n
