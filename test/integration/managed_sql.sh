@@ -42,10 +42,21 @@ TREE=$TMP/pg
 mkdir -p "$TREE$libdir" "$TREE$sharedir"
 (cd "$libdir" && tar cf - --exclude='relaybus*' .) | (cd "$TREE$libdir" && tar xf -) || die "copy of $libdir failed"
 (cd "$sharedir" && tar cf - --exclude='relaybus*' .) | (cd "$TREE$sharedir" && tar xf -) || die "copy of $sharedir failed"
+# Libraries the binaries find by a path relative to themselves (the PyPI
+# wheel of PostgreSQL 16 keeps its libpq beside its install) come along.
+bindir=$("$SYS_PG_CONFIG" --bindir)
+for rpath in $(for b in "$bindir"/*; do readelf -d "$b" 2>/dev/null; done |
+                 sed -n 's/.*(R[UN]*PATH).*\[\(.*\)\]/\1/p' | tr ':' '\n' | sort -u); do
+    [[ $rpath == '$ORIGIN'/* ]] || continue
+    dep=$(realpath -m "$bindir/${rpath#\$ORIGIN/}")
+    [[ -d $dep && $dep != "$libdir"/* ]] || continue
+    mkdir -p "$TREE$dep"
+    (cd "$dep" && tar cf - .) | (cd "$TREE$dep" && tar xf -) || die "copy of $dep failed"
+done
 chmod -R a+rX "$TMP"
 TREE_PG_CONFIG=$TREE$libdir/bin/pg_config
 check_eq "no relaybus file in the cluster's lib and share directories" "" \
-    "$(find "$TREE" -name 'relaybus*' | head -3)"
+    "$(find "$TREE$libdir" "$TREE$sharedir" -name 'relaybus*' | head -3)"
 
 RELAYBUS_PRELOAD='' PG_CONFIG=$TREE_PG_CONFIG bash "$ROOT/test/cluster.sh" start "$CLUSTER" >/dev/null \
     || die "cluster did not start"
