@@ -137,6 +137,32 @@ check_eq "managed: the application's row arrived" "kept" \
 check_eq "managed: everything arrived as it was" "$before" "$(state "$mdb" "$OWNER")"
 continues "managed" "$mdb" "$max_event" "$OWNER"
 
+# A whole-database dump of the SQL edition (what an operator or a managed
+# service's export takes) restores as it is: schema, functions, grants, rows
+# and sequences, by the owner, into a new database of the same cluster.
+# Its leases (an UNLOGGED table, like the extension's shared memory) stay.
+check "pg_dump -Fc --no-unlogged-table-data of the whole managed database" \
+    pg_dump -Fc --no-unlogged-table-data -f "$TMP/whole.dump" -d "$mdb" -U "$OWNER"
+m_su -d postgres -c "CREATE DATABASE managed_copy OWNER $OWNER" >/dev/null || die "managed_copy"
+check "the owner restores it into a new database (pg_restore --exit-on-error)" \
+    pg_restore --exit-on-error -h "$MANAGED" -p "$mport" -U "$OWNER" -d managed_copy "$TMP/whole.dump"
+cdb="host=$MANAGED port=$mport dbname=managed_copy"
+check_eq "the restored copy holds the same state" "$(state "$mdb" "$OWNER")" "$(state "$cdb" "$OWNER")"
+check_eq "the restored copy holds no lease: what was leased is claimable" "0|k1:1,k2:1" \
+    "$(psql -X -q -At -v ON_ERROR_STOP=1 -d "$cdb" -U "$OWNER" </dev/null \
+        -c "SELECT (SELECT count(*) FROM relay.leases),
+                   (SELECT string_agg(key || ':' || seq, ',' ORDER BY key) FROM relay_claim('mv_pull', 10)
+                     WHERE key IN ('k1', 'k2'))")"
+
+check_eq "the restored copy publishes: k2 continues at seq 3" "3" \
+    "$(psql -X -q -At -v ON_ERROR_STOP=1 -d "$cdb" -U "$OWNER" </dev/null \
+        -c "SELECT relay_publish('mv.b', '{\"n\": 20}', 'k2')" \
+        -c "SELECT max(seq) FROM relay.deliveries WHERE key = 'k2'" | tail -1)"
+check_eq "the restored copy keeps the grants: relay_publisher may publish, not read" "t|f" \
+    "$(m_su -d managed_copy -c "SELECT has_function_privilege('relay_publisher',
+            'relay_publish(text, jsonb, text, jsonb, integer, timestamptz, text)', 'EXECUTE'),
+          has_table_privilege('relay_publisher', 'relay.deliveries', 'SELECT')")"
+
 # ---------------------------------------------------------------- managed -> extension
 log "back: the managed edition's data into a new database with the extension"
 # The SQL edition's leases are its own (the extension keeps them in shared
