@@ -37,13 +37,17 @@ LANE_TIMEOUT=${RELAYBUS_LANE_TIMEOUT:-1800}
 # The suites every lane runs (test/run_all.sh names; integration/NAME is
 # test/integration/NAME.sh): workers and NOTIFY, pull, http, wake-ups, DDL
 # hooks, crash recovery, dump/restore, the extension's upgrade scripts and
-# install script (the same catalog both ways), old snapshots, many databases.
+# install script (the same catalog both ways), old snapshots, many databases,
+# and the managed SQL edition (its suites on a cluster without the library, a
+# move between the editions).
 LANE_SUITES="regress isolation pgtap
     integration/lifecycle integration/worker_signals integration/many_databases
     integration/notify_delivery integration/notify_ack integration/notify_leases integration/notify_payload
     integration/pull_consumers integration/http_delivery integration/wakeup integration/ddl_hooks
     integration/crash integration/backup_restore integration/upgrade_backlog integration/lease_upgrade
-    integration/catalog_parity integration/old_snapshot"
+    integration/catalog_parity integration/old_snapshot integration/managed_sql integration/edition_move"
+# RELAYBUS_LANE_SUITES replaces that list (while developing: one suite on every major).
+LANE_SUITES=${RELAYBUS_LANE_SUITES:-$LANE_SUITES}
 # The wheel's PostgreSQL 16 has no contrib: the suites that read
 # pg_stat_statements cannot run there (docs/versions.md).
 NEEDS_PG_STAT_STATEMENTS="integration/pull_consumers integration/old_snapshot"

@@ -176,19 +176,22 @@ END
 $$;
 
 -- A route pattern as a regular expression over '.' || topic: '*' one segment,
--- '#' zero or more (core::topic_matches).
+-- '#' zero or more (core::topic_matches). The dot is written [.]: a session
+-- with standard_conforming_strings = off reads '\.' as '.', any character.
 CREATE FUNCTION relay._pattern_regex(pattern text) RETURNS text
 LANGUAGE sql IMMUTABLE STRICT AS $$
-    SELECT '^' || string_agg(CASE seg WHEN '*' THEN '\.[^.]+' WHEN '#' THEN '(\.[^.]+)*'
-                                  ELSE '\.' || seg END, '' ORDER BY i) || '$'
+    SELECT '^' || string_agg(CASE seg WHEN '*' THEN '[.][^.]+' WHEN '#' THEN '([.][^.]+)*'
+                                  ELSE '[.]' || seg END, '' ORDER BY i) || '$'
       FROM unnest(string_to_array(pattern, '.')) WITH ORDINALITY AS t(seg, i)
 $$;
 
 -- core::pattern_specificity: 0 for an exact topic, else 1 + '*'s + 100 * '#'s.
 -- A wildcard is a whole segment (relay._validate_route), so its characters
--- count its segments; one expression, which the planner inlines.
+-- count its segments; one expression, which the planner inlines. Not STRICT:
+-- the planner does not inline a STRICT function whose body (a CASE) is not
+-- strict, and then plans the body again at each call.
 CREATE FUNCTION relay._pattern_specificity(pattern text) RETURNS integer
-LANGUAGE sql IMMUTABLE STRICT AS $$
+LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN pattern !~ '[*#]' THEN 0
                 ELSE 1 + (length(pattern) - length(replace(pattern, '*', '')))
                        + 100 * (length(pattern) - length(replace(pattern, '#', ''))) END

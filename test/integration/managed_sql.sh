@@ -42,10 +42,21 @@ TREE=$TMP/pg
 mkdir -p "$TREE$libdir" "$TREE$sharedir"
 (cd "$libdir" && tar cf - --exclude='relaybus*' .) | (cd "$TREE$libdir" && tar xf -) || die "copy of $libdir failed"
 (cd "$sharedir" && tar cf - --exclude='relaybus*' .) | (cd "$TREE$sharedir" && tar xf -) || die "copy of $sharedir failed"
+# Libraries the binaries find by a path relative to themselves (the PyPI
+# wheel of PostgreSQL 16 keeps its libpq beside its install) come along.
+bindir=$("$SYS_PG_CONFIG" --bindir)
+for rpath in $(for b in "$bindir"/*; do readelf -d "$b" 2>/dev/null; done |
+                 sed -n 's/.*(R[UN]*PATH).*\[\(.*\)\]/\1/p' | tr ':' '\n' | sort -u); do
+    [[ $rpath == '$ORIGIN'/* ]] || continue
+    dep=$(realpath -m "$bindir/${rpath#\$ORIGIN/}")
+    [[ -d $dep && $dep != "$libdir"/* ]] || continue
+    mkdir -p "$TREE$dep"
+    (cd "$dep" && tar cf - .) | (cd "$TREE$dep" && tar xf -) || die "copy of $dep failed"
+done
 chmod -R a+rX "$TMP"
 TREE_PG_CONFIG=$TREE$libdir/bin/pg_config
 check_eq "no relaybus file in the cluster's lib and share directories" "" \
-    "$(find "$TREE" -name 'relaybus*' | head -3)"
+    "$(find "$TREE$libdir" "$TREE$sharedir" -name 'relaybus*' | head -3)"
 
 RELAYBUS_PRELOAD='' PG_CONFIG=$TREE_PG_CONFIG bash "$ROOT/test/cluster.sh" start "$CLUSTER" >/dev/null \
     || die "cluster did not start"
@@ -279,6 +290,26 @@ for order in forward reverse; do
          GROUP BY 1, 2" | tr '|' '\t' >"$TMP/got"
     routes_compare "$order" "$TMP/got"
 done
+
+# A session with standard_conforming_strings = off reads a backslash in a
+# literal as an escape: the edition's regular expressions must not change.
+# PostgreSQL 19 no longer has the setting's off state: there, it is refused.
+own_sql -c "SELECT relay_create_handler('scs_pull', 'pull')" -c "SELECT relay_route('scs.*', 'scs_pull')" >/dev/null \
+    || fail "standard_conforming_strings fixtures"
+if ((MAJOR >= 19)); then
+    check_eq "PostgreSQL $MAJOR refuses standard_conforming_strings = off" \
+        "FATAL:  non-standard string literals are not supported" \
+        "$(PGOPTIONS='-c standard_conforming_strings=off' own_sql -c "SELECT 1" 2>&1 | grep -o 'FATAL: .*')"
+else
+    PGOPTIONS='-c standard_conforming_strings=off' own_sql -c "SELECT relay_publish('scsxb', '{}')" \
+        -c "SELECT relay_publish('scs.b', '{}')" >/dev/null || fail "publish with standard_conforming_strings = off"
+    check_eq "standard_conforming_strings = off: 'scs.*' takes scs.b, not scsxb" "0|1" \
+        "$(own_sql -c "SELECT count(*) FILTER (WHERE topic = 'scsxb'), count(*) FILTER (WHERE topic = 'scs.b')
+                         FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id WHERE h.name = 'scs_pull'")"
+    check_eq "standard_conforming_strings = off: topic scs/b is refused with 22023" "22023" \
+        "$(PGOPTIONS='-c standard_conforming_strings=off' psql -X -q -At -v VERBOSITY=verbose -U "$OWNER" -d "$DB" \
+            -c "SELECT relay_publish('scs/b', '{}')" </dev/null 2>&1 | sed -n 's/^ERROR:  \([0-9A-Z]\{5\}\):.*/\1/p')"
+fi
 
 # ---------------------------------------------------------------- guarantees
 log "guarantees"
