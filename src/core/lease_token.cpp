@@ -47,7 +47,7 @@ std::string format_lease_token(uint64_t hi, uint64_t lo) {
 }
 
 int64_t http_lease_ms(int64_t lease_ms, int64_t timeout_ms, int64_t margin_ms) {
-  const int64_t floor_ms = std::max<int64_t>(timeout_ms, 0) + std::max<int64_t>(margin_ms, 0);
+  const int64_t floor_ms = std::max<int64_t>(timeout_ms, 0) + 2 * std::max<int64_t>(margin_ms, 0);
   return std::min(kDayMs, std::max({lease_ms, floor_ms, int64_t{1000}}));
 }
 
