@@ -17,7 +17,6 @@
 namespace relaybus::agent {
 
 namespace {
-constexpr const char* kClaimSignature = "relay._agent_claim(integer,integer,bigint,integer)";
 // A handler whose statement failed (not a lost connection) waits this long.
 constexpr int64_t kHandlerErrorBackoffMs = 1000;
 // Notify iterations of one handler in a row before the others get a turn.
@@ -33,13 +32,17 @@ Agent::Connect Agent::connect_and_check() {
     return Connect::Retry;
   }
   try {
+    // By name in pg_proc: resolving relay._agent_claim(...) would fail for a
+    // role without USAGE on schema relay instead of answering.
     PgResult r = conn_.exec(
         "SELECT current_user, current_database(), pg_is_in_recovery(),"
         " EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'relaybus'),"
-        " to_regprocedure($1) IS NOT NULL,"
-        " coalesce(to_regprocedure($1) IS NOT NULL AND has_function_privilege(to_regprocedure($1), 'EXECUTE'), false),"
-        " current_setting('server_version'), pg_backend_pid()",
-        {std::string(kClaimSignature)});
+        " c.n = 5, c.n = 5 AND c.may, current_setting('server_version'), pg_backend_pid()"
+        " FROM (SELECT count(*) AS n, coalesce(bool_and(has_schema_privilege(n.oid, 'USAGE')"
+        "                                  AND has_function_privilege(p.oid, 'EXECUTE')), false) AS may"
+        "         FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace"
+        "        WHERE n.nspname = 'relay' AND p.proname IN ('_agent_handlers', '_agent_claim', '_agent_notify',"
+        "                                                    '_agent_settle', '_agent_release')) c");
     nlohmann::json where = {{"user", r.text(0, 0)}, {"database", r.text(0, 1)}};
     if (r.text(0, 3) == "t") {
       where["hint"] = "the in-server workers deliver a database with the extension; run the agent only against the managed SQL edition (docs/managed.md)";
@@ -281,7 +284,29 @@ int64_t Agent::wait_ms(int64_t now) {
   return std::max<int64_t>(0, t);
 }
 
+void Agent::on_notifications(const std::vector<std::pair<std::string, std::string>>& notes) {
+  for (const auto& [channel, payload] : notes) {
+    if (channel != "relaybus") continue;
+    if (payload == "catalog") {
+      catalog_dirty_ = true;
+      mark_all_due();
+      continue;
+    }
+    auto it = handlers_.find(atoi(payload.c_str()));
+    if (it != handlers_.end())
+      it->second.due = true;
+    else
+      catalog_dirty_ = true;  // a handler this agent has not loaded yet
+  }
+}
+
 void Agent::wait(int wake_fd, int64_t timeout_ms) {
+  std::vector<std::pair<std::string, std::string>> queued;
+  conn_.queued_notifications(&queued);
+  if (!queued.empty()) {
+    on_notifications(queued);
+    timeout_ms = 0;
+  }
   std::vector<pollfd> fds;
   fds.push_back({wake_fd, POLLIN, 0});
   const int pg_fd = conn_.ok() ? conn_.socket() : -1;
@@ -311,19 +336,7 @@ void Agent::wait(int wake_fd, int64_t timeout_ms) {
         log_warn("connection lost", {{"while", "waiting"}});
         reconnect_at_ms_ = wall_ms();
       }
-      for (const auto& [channel, payload] : notes) {
-        if (channel != "relaybus") continue;
-        if (payload == "catalog") {
-          catalog_dirty_ = true;
-          mark_all_due();
-          continue;
-        }
-        auto it = handlers_.find(atoi(payload.c_str()));
-        if (it != handlers_.end())
-          it->second.due = true;
-        else
-          catalog_dirty_ = true;  // a handler this agent has not loaded yet
-      }
+      on_notifications(notes);
     }
     if (ready >= 0) {
       if (fds[engine_from].revents != 0) engine_->on_ready();

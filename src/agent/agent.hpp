@@ -67,6 +67,7 @@ class Agent final : public core::DeliveryStore {
   void mark_all_due();
   int64_t wait_ms(int64_t now);
   void wait(int wake_fd, int64_t timeout_ms);
+  void on_notifications(const std::vector<std::pair<std::string, std::string>>& notes);
 
   AgentConfig cfg_;
   PgConn conn_;

@@ -59,11 +59,16 @@ bool PgConn::poll_notifications(std::vector<std::pair<std::string, std::string>>
     close();
     return false;
   }
+  queued_notifications(out);
+  return true;
+}
+
+void PgConn::queued_notifications(std::vector<std::pair<std::string, std::string>>* out) {
+  if (conn_ == nullptr) return;
   while (PGnotify* n = PQnotifies(conn_)) {
     out->emplace_back(n->relname, n->extra);
     PQfreemem(n);
   }
-  return true;
 }
 
 std::string array_literal(const std::vector<std::optional<std::string>>& items) {

@@ -53,6 +53,9 @@ class PgConn {
   // Reads what the server sent; the notifications' channel and payload, in
   // order. False if the connection broke (closed).
   bool poll_notifications(std::vector<std::pair<std::string, std::string>>* out);
+  // The notifications libpq already read (a statement reads those that
+  // arrive while it runs: the socket then shows nothing more to read).
+  void queued_notifications(std::vector<std::pair<std::string, std::string>>* out);
 
  private:
   PGconn* conn_ = nullptr;
