@@ -207,16 +207,18 @@ void Agent::complete(const std::vector<core::Completion>& batch) {
   for (int i = 0; i < r.rows(); i++) {
     const int64_t id = r.integer(i, 0);
     const std::string result = r.text(i, 1);
-    const core::Completion* c = by_id[id];
+    auto found = by_id.find(id);
+    if (found == by_id.end()) continue;
+    const core::Completion& c = *found->second;
     if (result == "stale") {
       log_warn("result not recorded: the lease is no longer held (it ran out or was taken over)",
-               {{"id", id}, {"handler", c == nullptr ? "" : c->handler}});
+               {{"id", id}, {"handler", c.handler}, {"outcome", core::completion_outcome_name(c.outcome)}});
     } else if (result == "dead") {
-      log_warn("dead letter", {{"id", id}, {"handler", c->handler}, {"error", c->error}, {"status", c->status}});
+      log_warn("dead letter", {{"id", id}, {"handler", c.handler}, {"error", c.error}, {"status", c.status}});
     } else if (result == "retry") {
-      log_info("retry", {{"id", id}, {"handler", c->handler}, {"error", c->error}, {"retry_in_ms", c->retry_in_ms}});
+      log_info("retry", {{"id", id}, {"handler", c.handler}, {"error", c.error}, {"retry_in_ms", c.retry_in_ms}});
     } else {
-      log_debug("delivered", {{"id", id}, {"handler", c->handler}});
+      log_debug("delivered", {{"id", id}, {"handler", c.handler}});
     }
   }
   // A settled delivery may have been the head of its key: claim again.
@@ -270,7 +272,7 @@ int64_t Agent::wait_ms(int64_t now) {
       if (h.pipe->kind == core::HandlerKind::Notify) return 0;
       if (pipeline_->room(h.pipe->key, h.pipe->options.concurrency, now) > 0) return 0;
     }
-    if (catalog_dirty_) return 0;
+    if (catalog_dirty_) t = std::min(t, catalog_retry_at_ms_ - now);
   } else {
     t = std::min(t, reconnect_at_ms_ - now);
   }
@@ -409,12 +411,13 @@ int Agent::run(const std::atomic<bool>& stop, int wake_fd) {
     }
     now = wall_ms();
     if (conn_.ok() && !draining) {
-      if (catalog_dirty_) {
+      if (catalog_dirty_ && now >= catalog_retry_at_ms_) {
         try {
           load_handlers();
           catalog_dirty_ = false;
         } catch (const PgError& e) {
           on_pg_error(e, "loading handlers", nullptr);
+          catalog_retry_at_ms_ = wall_ms() + kHandlerErrorBackoffMs;
         }
       }
       if (now >= next_poll_ms_) {

@@ -76,6 +76,7 @@ class Agent final : public core::DeliveryStore {
   std::unique_ptr<core::DeliveryPipeline> pipeline_;
   std::map<int, Handler> handlers_;
   bool catalog_dirty_ = true;
+  int64_t catalog_retry_at_ms_ = 0;  // after a failed load
   int connect_failures_ = 0;
   int64_t reconnect_at_ms_ = 0;
   int64_t next_poll_ms_ = 0;
