@@ -1,0 +1,26 @@
+#include "core/json_log.hpp"
+
+#include <gtest/gtest.h>
+
+using relaybus::core::json_log_line;
+
+TEST(JsonLog, OneLineWithTheFixedFieldsAndTheOthers) {
+  EXPECT_EQ(json_log_line(1700000000123, "info", "connected", {{"pid", 42}, {"database", "app"}}),
+            "{\"database\":\"app\",\"level\":\"info\",\"msg\":\"connected\",\"pid\":42,"
+            "\"ts\":\"2023-11-14T22:13:20.123Z\"}\n");
+}
+
+TEST(JsonLog, NoFieldsAndNonObjectFields) {
+  EXPECT_EQ(json_log_line(0, "warn", "x", nlohmann::json::object()),
+            "{\"level\":\"warn\",\"msg\":\"x\",\"ts\":\"1970-01-01T00:00:00.000Z\"}\n");
+  EXPECT_EQ(json_log_line(0, "warn", "x", nlohmann::json::array({1, 2})),
+            "{\"level\":\"warn\",\"msg\":\"x\",\"ts\":\"1970-01-01T00:00:00.000Z\"}\n");
+}
+
+TEST(JsonLog, EscapesAndReplacesInvalidUtf8) {
+  const std::string line = json_log_line(0, "error", "a \"quoted\"\nline", {{"error", std::string("bad \xff byte")}});
+  EXPECT_EQ(line.find('\n'), line.size() - 1);  // one line: the message's newline is escaped
+  EXPECT_NE(line.find("\"msg\":\"a \\\"quoted\\\"\\nline\""), std::string::npos);
+  EXPECT_NE(line.find("\"error\":\"bad \xef\xbf\xbd byte\""), std::string::npos);
+  EXPECT_TRUE(nlohmann::json::accept(line));
+}
