@@ -8,6 +8,7 @@
 
 #include "agent/log.hpp"
 #include "core/backoff.hpp"
+#include "core/clock.hpp"
 #include "core/error_class.hpp"
 #include "core/handler_config.hpp"
 #include "core/lease_token.hpp"
@@ -15,6 +16,9 @@
 #include "core/version.hpp"
 
 namespace relaybus::agent {
+
+using core::monotonic_ms;
+using core::wall_ms;
 
 namespace {
 // A handler whose statement failed (not a lost connection) waits this long.

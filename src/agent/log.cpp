@@ -1,9 +1,9 @@
 #include "agent/log.hpp"
 
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 
+#include "core/clock.hpp"
 #include "core/json_log.hpp"
 
 namespace relaybus::agent {
@@ -26,19 +26,9 @@ void set_log_level(LogLevel level) { g_level = static_cast<int>(level); }
 
 void log(LogLevel level, std::string_view msg, nlohmann::json fields) {
   if (static_cast<int>(level) < g_level.load()) return;
-  const std::string text = core::json_log_line(wall_ms(), kNames[static_cast<int>(level)], msg, fields);
+  const std::string text = core::json_log_line(core::wall_ms(), kNames[static_cast<int>(level)], msg, fields);
   fwrite(text.data(), 1, text.size(), stderr);
   fflush(stderr);
-}
-
-int64_t wall_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-int64_t monotonic_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 }  // namespace relaybus::agent

@@ -20,7 +20,4 @@ inline void log_info(std::string_view m, nlohmann::json f = nlohmann::json::obje
 inline void log_warn(std::string_view m, nlohmann::json f = nlohmann::json::object()) { log(LogLevel::Warn, m, std::move(f)); }
 inline void log_error(std::string_view m, nlohmann::json f = nlohmann::json::object()) { log(LogLevel::Error, m, std::move(f)); }
 
-int64_t wall_ms();
-int64_t monotonic_ms();
-
 }  // namespace relaybus::agent

@@ -1,3 +1,4 @@
+#include "core/clock.hpp"
 #include "core/json_log.hpp"
 
 #include <gtest/gtest.h>
@@ -23,4 +24,16 @@ TEST(JsonLog, EscapesAndReplacesInvalidUtf8) {
   EXPECT_NE(line.find("\"msg\":\"a \\\"quoted\\\"\\nline\""), std::string::npos);
   EXPECT_NE(line.find("\"error\":\"bad \xef\xbf\xbd byte\""), std::string::npos);
   EXPECT_TRUE(nlohmann::json::accept(line));
+}
+
+TEST(Clock, WallIsUnixMillisecondsAndMonotonicNeverGoesBack) {
+  const int64_t wall = relaybus::core::wall_ms();
+  EXPECT_GT(wall, int64_t{1700000000000});  // after 2023-11-14
+  EXPECT_LT(wall, int64_t{4102444800000});  // before 2100
+  int64_t last = relaybus::core::monotonic_ms();
+  for (int i = 0; i < 1000; i++) {
+    const int64_t now = relaybus::core::monotonic_ms();
+    EXPECT_GE(now, last);
+    last = now;
+  }
 }
