@@ -75,7 +75,6 @@ DECLARE
     ack     boolean;
     inline  boolean;
     r       record;
-    msg     jsonb;
     body    text;
     n       integer := 0;
 BEGIN
@@ -95,13 +94,14 @@ BEGIN
     LOOP
         body := NULL;
         IF inline THEN
-            msg := jsonb_build_object('id', r.id, 'key', r.key, 'seq', r.seq, 'topic', r.topic,
-                                      'attempt', r.attempt, 'headers', r.headers, 'payload', r.payload,
-                                      'event_id', r.event_id);
+            body := jsonb_build_object('id', r.id, 'key', r.key, 'seq', r.seq, 'topic', r.topic,
+                                       'attempt', r.attempt, 'headers', r.headers, 'payload', r.payload,
+                                       'event_id', r.event_id)::text;
             IF ack THEN
-                msg := msg || jsonb_build_object('lease', r.lease);
+                -- After the object's fields, as the extension's dispatcher
+                -- appends it (jsonb would sort it among them).
+                body := left(body, -1) || ', "lease": "' || r.lease || '"}';
             END IF;
-            body := msg::text;
             IF octet_length(body) > payload_limit THEN
                 body := NULL;
             END IF;

@@ -17,6 +17,10 @@
 #  (4) kill -9 of an agent with requests in flight, a new agent: nothing
 #      lost, key order kept, duplicates only of what was in flight
 #  (5) two agents on one database: nothing delivered twice, key order kept
+#  (6) the receipts: a result with a wrong token, or after the lease ran out,
+#      changes nothing; a release gives a delivery back uncharged
+#  (7) ack-mode notify (the lease in the message, completed by relay_ack) and
+#      notify by reference (a payload above --notify-payload-limit)
 export PGHOST=${PGHOST:-/nonexistent} PGPORT=${PGPORT:-1}
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
@@ -260,5 +264,59 @@ check "(5) no result was refused for a lost lease" bash -c "! grep -q 'lease is 
 kill -TERM "$A5" "$B5"
 wait_pid "$A5" 30
 wait_pid "$B5" 30
+
+
+# ================================================================ (6) receipts
+log "(6) every result is fenced by its lease token"
+own -c "SELECT relay_create_handler('hf', 'http', '$URL/hf', '{\"backoff_base\": \"1h\", \"backoff_max\": \"1h\"}')" \
+    -c "SELECT relay_route('six.#', 'hf')" -c "SELECT relay_publish('six.x', jsonb_build_object('n', n)) FROM generate_series(1, 4) n" \
+    >/dev/null || die "handler"
+HF=$(own -c "SELECT id FROM relay.handlers WHERE name = 'hf'")
+as_agent() { psql_q -U agent_login -d "$DB" "$@"; }
+as_agent -c "SELECT id || ' ' || lease FROM relay._agent_claim($HF, 4, 1000, 1) ORDER BY id" >"$TMP/six.claimed"
+check_eq "(6) the agent's role claims the four (a 1 s lease)" 4 "$(line_count "$TMP/six.claimed")"
+read -r d1 t1 < <(sed -n 1p "$TMP/six.claimed")
+read -r d2 t2 < <(sed -n 2p "$TMP/six.claimed")
+read -r d3 t3 < <(sed -n 3p "$TMP/six.claimed")
+read -r d4 t4 < <(sed -n 4p "$TMP/six.claimed")
+settle() { as_agent -c "SELECT result FROM relay._agent_settle(ARRAY[$1]::bigint[], ARRAY['$2']::uuid[], ARRAY['$3'], ARRAY[0]::bigint[], ARRAY['e']::text[], ARRAY[0])"; }
+check_eq "(6) a forged token: stale" stale "$(settle "$d1" "$(python3 -c 'import uuid; print(uuid.uuid4())')" delivered)"
+check_eq "(6) ... and the delivery is still there, unchanged" "1|0" \
+    "$(own -c "SELECT count(*), max(attempt) FROM relay.deliveries WHERE id = $d1")"
+check_eq "(6) its own token: delivered (deleted)" "delivered|0" \
+    "$(settle "$d1" "$t1" delivered)|$(own -c "SELECT count(*) FROM relay.deliveries WHERE id = $d1")"
+check_eq "(6) ... and not twice" stale "$(settle "$d1" "$t1" delivered)"
+check_eq "(6) a retry: attempt 1, ready later" "retry|1|t" \
+    "$(settle "$d2" "$t2" retry)|$(own -c "SELECT attempt, last_error IS NOT NULL FROM relay.deliveries WHERE id = $d2")"
+check_eq "(6) a release: 1, the delivery ready again, no attempt charged" "1|0" \
+    "$(as_agent -c "SELECT relay._agent_release(ARRAY[$d4]::bigint[], ARRAY['$t4']::uuid[])")|$(own -c "SELECT attempt FROM relay.deliveries WHERE id = $d4")"
+sleep 1.5
+check_eq "(6) its own token after the lease ran out: stale, nothing changed" "stale|0" \
+    "$(settle "$d3" "$t3" dead)|$(own -c "SELECT count(*) FROM relay.dead_letters WHERE id = $d3")"
+check_eq "(6) a bad outcome: 22023" 22023 \
+    "$(as_agent -c "DO \$\$ BEGIN PERFORM relay._agent_settle(ARRAY[$d3]::bigint[], ARRAY['$t3']::uuid[], ARRAY['gone'], ARRAY[0]::bigint[], ARRAY[NULL]::text[], ARRAY[0]); EXCEPTION WHEN OTHERS THEN RAISE NOTICE '%', SQLSTATE; END \$\$" 2>&1 | sed -n 's/^NOTICE: *//p')"
+
+# ================================================================ (7) ack mode, by reference
+log "(7) notify in ack mode and by reference"
+own -c "SELECT relay_create_handler('na', 'notify', 'agent_ack', '{\"ack\": true}')" -c "SELECT relay_route('seven.a', 'na')" \
+    -c "SELECT relay_create_handler('nr', 'notify', 'agent_ref')" -c "SELECT relay_route('seven.r', 'nr')" >/dev/null ||
+    die "handlers"
+start_client c7a "$DB" agent_ack --ack || die "listen_client did not start"
+start_client c7r "$DB" agent_ref --fetch-ref --ack-ref || die "listen_client did not start"
+start_agent a7 --poll-interval 200ms --notify-payload-limit 200
+A7=$AGENT_PID
+publish_keyed seven 2 4 5 seven.a
+published_of seven
+own -c "SELECT relay_publish('seven.r', jsonb_build_object('big', repeat('x', 300), 'n', n)) FROM generate_series(1, 5) n" >/dev/null
+check "(7) ack mode: all 20 acked by the client" wait_until 60 pending_is na 0
+check "(7) by reference: all 5 fetched and acked" wait_until 60 pending_is nr 0
+analyze --published "$TMP/seven.pub" "$TMP/c7a.out" || die "deliveries.py failed"
+check_eq "(7) ack mode: every event once, in key order, one at a time per key" "20 20 0 0 0" \
+    "$(r lines) $(r distinct) $(r missing) $(r dups) $(r order_violations)"
+check_eq "(7) ack mode: every message carries its lease" 20 "$(grep -c '"lease": "[0-9a-f-]*"}' "$TMP/c7a.out")"
+check_eq "(7) by reference: 5 messages with \"ref\": true and the lease, each payload fetched" "5 5" \
+    "$(grep -c '"ref": true' "$TMP/c7r.out") $(grep -c 'fetched=.*xxxxxxxxxx' "$TMP/c7r.out")"
+kill -TERM "$A7"
+wait_pid "$A7" 30
 
 finish
