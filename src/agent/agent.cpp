@@ -79,7 +79,9 @@ Agent::Connect Agent::connect_and_check() {
         " set_config('idle_in_transaction_session_timeout', '0', false),"
         " set_config('default_transaction_isolation', 'read committed', false),"
         " set_config('default_transaction_read_only', 'off', false),"
-        " set_config('search_path', 'pg_catalog, pg_temp', false)");
+        " set_config('search_path', 'pg_catalog, pg_temp', false),"
+        " set_config('relaybus.claim_scan_limit', $1, false)",
+        {std::to_string(cfg_.claim_scan_limit)});
     conn_.exec("LISTEN relaybus");
     where["server_version"] = r.text(0, 6);
     where["pid"] = r.integer(0, 7);

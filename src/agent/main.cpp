@@ -33,12 +33,13 @@ const char* kUsage =
     "  --database CONNINFO         libpq connection string or URI (env RELAYBUS_AGENT_DATABASE);\n"
     "                              e.g. 'host=a,b sslmode=verify-full target_session_attrs=read-write'\n"
     "  --poll-interval DURATION    look for ready deliveries without a wake-up this often (default 1s)\n"
-    "  --batch-size N              deliveries per claim and per notify iteration, 1..10000 (default 100)\n"
+    "  --batch-size N              deliveries per claim and per notify iteration, 1..10000 (default 1000)\n"
     "  --http-allowlist CSV        hosts and CIDRs http handlers may reach although loopback, private,\n"
     "                              link-local or metadata addresses (env RELAYBUS_AGENT_HTTP_ALLOWLIST)\n"
     "  --ca-file FILE              PEM trust store for https webhooks (default: the system's)\n"
     "  --max-in-flight N           http requests in flight and queued, all handlers (default 256)\n"
     "  --notify-payload-limit N    largest NOTIFY sent inline, 200..7999 bytes (default 7900)\n"
+    "  --claim-scan-limit N        rows a claim reads per priority class, 100..1000000 (default 1000)\n"
     "  --drain-timeout DURATION    on SIGTERM, how long requests in flight may finish (default 10s)\n"
     "  --log-level LEVEL           debug, info, warn or error (default info)\n"
     "  --version, --help\n"
@@ -113,6 +114,9 @@ int main(int argc, char** argv) {
     } else if (arg == "--notify-payload-limit") {
       if (!parse_int(value, 200, 7999, &n)) return usage_error("--notify-payload-limit must be 200..7999");
       cfg.notify_payload_limit = static_cast<int>(n);
+    } else if (arg == "--claim-scan-limit") {
+      if (!parse_int(value, 100, 1000000, &n)) return usage_error("--claim-scan-limit must be 100..1000000");
+      cfg.claim_scan_limit = static_cast<int>(n);
     } else if (arg == "--http-allowlist") {
       cfg.http_allowlist = value;
     } else if (arg == "--ca-file") {
