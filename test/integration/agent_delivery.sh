@@ -7,11 +7,13 @@
 #
 #  (1) refusals: a database with the extension (run_all.sh's cluster), one
 #      without the edition, a role without relay_agent: exit 2, one log line;
-#      an unreachable server: a log line per attempt, retried with backoff
+#      an unreachable server, a wrong password: a log line per attempt,
+#      retried with backoff
 #  (2) one agent, polling only every 30 s, so that what arrives was woken by
 #      the publishers' NOTIFY: http (signed, per key in order) and notify
-#      deliveries of committed publishes, never a rolled-back one; its
-#      backend terminated: it reconnects and goes on; SIGTERM: exit 0
+#      deliveries of committed publishes, never a rolled-back one; a handler
+#      created meanwhile is served at once; its backend terminated: it
+#      reconnects and goes on; SIGTERM: exit 0
 #  (3) a receiver answering 500: retried with backoff, a dead letter after
 #      max_attempts; an address the SSRF guard refuses: a dead letter at once
 #  (4) kill -9 of an agent with requests in flight, a new agent: nothing
@@ -21,6 +23,8 @@
 #      changes nothing; a release gives a delivery back uncharged
 #  (7) ack-mode notify (the lease in the message, completed by relay_ack) and
 #      notify by reference (a payload above --notify-payload-limit)
+#  (8) a server restart with requests in flight: the agent reconnects,
+#      settles what was in flight, nothing is lost, key order kept
 export PGHOST=${PGHOST:-/nonexistent} PGPORT=${PGPORT:-1}
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
@@ -124,6 +128,24 @@ check "(1) ... still running, with a growing delay (500, 1000, 2000 ms)" \
 kill -TERM "$pid"
 wait_pid "$pid" 20
 check_eq "(1) ... and SIGTERM stops it (exit 0)" 0 "$WAIT_RC"
+# A wrong password: the server refuses it; tried again like any connection failure.
+psql_q -U postgres -d postgres -c "CREATE ROLE agent_pw LOGIN PASSWORD 'right-pw' IN ROLE relay_agent" >/dev/null
+sed -i '1i local all agent_pw scram-sha-256' "$CLUSTER/data/pg_hba.conf"
+psql_q -U postgres -d postgres -c "SELECT pg_reload_conf()" >/dev/null
+"$AGENT" --database "$(conninfo agent_pw) password=wrong-pw" 2>"$TMP/badpw.log" &
+pid=$!
+bg_track "$pid"
+badpw_attempts() { (($(grep -c 'password authentication failed for user' "$TMP/badpw.log") >= 2)); }
+check "(1) a wrong password: libpq's message in a log line per attempt, tried again" wait_until 30 badpw_attempts
+check "(1) ... still running" kill -0 "$pid"
+kill -TERM "$pid"
+wait_pid "$pid" 20
+"$AGENT" --database "$(conninfo agent_pw) password=right-pw" 2>"$TMP/goodpw.log" &
+pid=$!
+bg_track "$pid"
+check "(1) the right password: connected" wait_until 30 log_has goodpw '"msg":"handlers loaded"'
+kill -TERM "$pid"
+wait_pid "$pid" 20
 own -c "CREATE TABLE pub_log (id bigint PRIMARY KEY, key text)" >/dev/null
 
 # ================================================================ (2) one agent, woken by NOTIFY
@@ -167,6 +189,11 @@ check_eq "(2) notify: per key in order, gapless, no rolled-back event" "0 0 0" \
     "$(r order_violations) $(r seq_gap_keys) $(r rolled_back_seen)"
 check "(2) notify: the extension's payload (jsonb text: id, key, seq, topic, attempt, headers, payload, event_id)" \
     grep -qE $'\t''\{"id": [0-9]+, "key": "two[0-9]", "seq": [0-9]+, "topic": "two.x", "attempt": 1, "headers": null, "payload": \{"i": [0-9]+, "t": [0-9]+\}, "event_id": [0-9]+\}$' "$TMP/c2.out"
+
+own -c "SELECT relay_create_handler('hs_new', 'http', '$URL/hs_new')" -c "SELECT relay_route('twoc.#', 'hs_new')" \
+    -c "SELECT relay_publish('twoc.x', jsonb_build_object('n', n)) FROM generate_series(1, 3) n" >/dev/null
+check "(2) a handler created meanwhile: its events arrive (the 'catalog' NOTIFY reloaded the agent)" \
+    wait_requests "$LOG" /hs_new 3 15
 
 psql_q -U postgres -d postgres -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
     WHERE application_name = 'relaybus-agent' AND usename = 'agent_login'" >/dev/null
@@ -318,5 +345,28 @@ check_eq "(7) by reference: 5 messages with \"ref\": true and the lease, each pa
     "$(grep -c '"ref": true' "$TMP/c7r.out") $(grep -c 'fetched=.*xxxxxxxxxx' "$TMP/c7r.out")"
 kill -TERM "$A7"
 wait_pid "$A7" 30
+
+
+# ================================================================ (8) a server restart
+log "(8) a server restart with requests in flight"
+own -c "SELECT relay_create_handler('hr', 'http', '$URL/hr', '{\"concurrency\": 4}')" -c "SELECT relay_route('eight.#', 'hr')" \
+    >/dev/null || die "handler"
+recv_plan "$RECV_PORT" /hr '[{"delay": 0.05, "repeat": true}]' || die "receiver plan"
+start_agent a8 --poll-interval 200ms
+A8=$AGENT_PID
+publish_keyed eight 5 30 10 eight.x
+published_of eight
+check "(8) deliveries under way" wait_requests "$LOG" /hr 40 60
+PG_CONFIG=$TREE_PG_CONFIG bash "$ROOT/test/cluster.sh" restart "$CLUSTER" >/dev/null || die "restart failed"
+check "(8) the agent saw the connection go" wait_until 30 log_has a8 '"msg":"connection lost"'
+eight_connects() { (($(grep -c '"msg":"connected"' "$TMP/a8.log") >= 2)); }
+check "(8) ... and reconnected" wait_until 60 eight_connects
+check "(8) everything is delivered" wait_until 120 pending_is hr 0
+py_facts eight "$LOG" /hr "$TMP/eight.pub" <"$INTEG_DIR/agent_http.py"
+log "(8) committed 300, requests $(r requests), duplicated $(r dups), out of order $(r order)"
+check_eq "(8) every committed event delivered, none extra" "300 0 0" "$(r distinct) $(r missing) $(r extra)"
+check_eq "(8) per key in order, gapless (first arrivals)" 0 "$(r order)"
+kill -TERM "$A8"
+wait_pid "$A8" 30
 
 finish
