@@ -49,7 +49,8 @@ Agent::Connect Agent::connect_and_check() {
         "                                                    '_agent_settle', '_agent_release')) c");
     nlohmann::json where = {{"user", r.text(0, 0)}, {"database", r.text(0, 1)}};
     if (r.text(0, 3) == "t") {
-      where["hint"] = "the in-server workers deliver a database with the extension; run the agent only against the managed SQL edition (docs/managed.md)";
+      where["hint"] =
+          "the in-server workers deliver a database with the extension; run the agent only against the managed SQL edition (docs/managed.md)";
       log_error("refusing a database where the relaybus extension is installed", where);
       conn_.close();
       return Connect::Fatal;
@@ -138,9 +139,9 @@ void Agent::load_handlers() {
 
 void Agent::serve_notify(Handler& h) {
   for (int round = 0; round < kNotifyRounds; round++) {
-    PgResult r = conn_.exec("SELECT relay._agent_notify($1, $2, $3)",
-                            {std::to_string(h.pipe->key), std::to_string(cfg_.batch_size),
-                             std::to_string(cfg_.notify_payload_limit)});
+    PgResult r = conn_.exec(
+        "SELECT relay._agent_notify($1, $2, $3)",
+        {std::to_string(h.pipe->key), std::to_string(cfg_.batch_size), std::to_string(cfg_.notify_payload_limit)});
     const long long n = r.integer(0, 0);
     if (n > 0) log_debug("notified", {{"handler", h.pipe->name}, {"count", n}});
     if (n < cfg_.batch_size) {
@@ -240,8 +241,8 @@ void Agent::release(const std::vector<core::ClaimedDelivery>& never_sent) {
     ids.emplace_back(std::to_string(d.message.id));
     leases.emplace_back(core::format_lease_token(d.receipt.a, d.receipt.b));
   }
-  PgResult r = conn_.exec("SELECT relay._agent_release($1::bigint[], $2::uuid[])",
-                          {array_literal(ids), array_literal(leases)});
+  PgResult r =
+      conn_.exec("SELECT relay._agent_release($1::bigint[], $2::uuid[])", {array_literal(ids), array_literal(leases)});
   log_debug("released", {{"count", r.integer(0, 0)}});
 }
 
@@ -284,8 +285,7 @@ int64_t Agent::wait_ms(int64_t now) {
   }
   const int64_t e = engine_->timeout_ms();
   if (e >= 0) t = std::min(t, e);
-  if (pipeline_->waiting() > 0)
-    t = std::min<int64_t>(t, pipeline_->flush_paused(now) ? 100 : 2);
+  if (pipeline_->waiting() > 0) t = std::min<int64_t>(t, pipeline_->flush_paused(now) ? 100 : 2);
   if (pipeline_->queued() > 0) t = std::min<int64_t>(t, 100);
   const int64_t probe = pipeline_->next_probe_ms(now);
   if (probe >= 0) t = std::min(t, probe - now);

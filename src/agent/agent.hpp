@@ -23,10 +23,10 @@ namespace relaybus::agent {
 struct AgentConfig {
   std::string database;  // libpq conninfo or URI
   int64_t poll_interval_ms = 1000;
-  int batch_size = 1000;             // deliveries per claim (and per notify iteration)
-  int notify_payload_limit = 7900;   // bytes; larger deliveries go by reference
-  int claim_scan_limit = 1000;       // relaybus.claim_scan_limit of the agent's session
-  int max_in_flight = 256;           // http requests in flight and queued, all handlers
+  int batch_size = 1000;            // deliveries per claim (and per notify iteration)
+  int notify_payload_limit = 7900;  // bytes; larger deliveries go by reference
+  int claim_scan_limit = 1000;      // relaybus.claim_scan_limit of the agent's session
+  int max_in_flight = 256;          // http requests in flight and queued, all handlers
   int64_t http_lease_margin_ms = 2000;
   std::string http_allowlist;        // hosts and CIDRs the SSRF guard lets through
   std::string ca_file;               // webhooks' TLS trust store; empty: the system's

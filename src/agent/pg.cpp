@@ -39,14 +39,14 @@ PgResult PgConn::exec(const std::string& sql, const std::vector<std::optional<st
   std::vector<const char*> values;
   values.reserve(params.size());
   for (const auto& p : params) values.push_back(p ? p->c_str() : nullptr);
-  PGresult* r = PQexecParams(conn_, sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(), nullptr,
-                             nullptr, 0);
+  PGresult* r =
+      PQexecParams(conn_, sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(), nullptr, nullptr, 0);
   const ExecStatusType st = r == nullptr ? PGRES_FATAL_ERROR : PQresultStatus(r);
   if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) return PgResult(r);
   const char* state = r == nullptr ? nullptr : PQresultErrorField(r, PG_DIAG_SQLSTATE);
   std::string sqlstate = state == nullptr ? "" : state;
-  std::string message = trimmed(r != nullptr && PQresultErrorMessage(r)[0] != '\0' ? PQresultErrorMessage(r)
-                                                                                   : PQerrorMessage(conn_));
+  std::string message =
+      trimmed(r != nullptr && PQresultErrorMessage(r)[0] != '\0' ? PQresultErrorMessage(r) : PQerrorMessage(conn_));
   if (r != nullptr) PQclear(r);
   const bool lost = PQstatus(conn_) != CONNECTION_OK;
   if (lost) close();

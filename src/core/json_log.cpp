@@ -4,8 +4,7 @@
 
 namespace relaybus::core {
 
-std::string json_log_line(int64_t unix_ms, std::string_view level, std::string_view msg,
-                          const nlohmann::json& fields) {
+std::string json_log_line(int64_t unix_ms, std::string_view level, std::string_view msg, const nlohmann::json& fields) {
   nlohmann::json line = nlohmann::json::object();
   line["ts"] = format_rfc3339_ms(unix_ms);
   line["level"] = std::string(level);

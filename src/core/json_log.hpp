@@ -15,7 +15,6 @@
 
 namespace relaybus::core {
 
-std::string json_log_line(int64_t unix_ms, std::string_view level, std::string_view msg,
-                          const nlohmann::json& fields);
+std::string json_log_line(int64_t unix_ms, std::string_view level, std::string_view msg, const nlohmann::json& fields);
 
 }  // namespace relaybus::core
