@@ -33,6 +33,8 @@ Agent::Connect Agent::connect_and_check() {
   std::string why;
   if (!conn_.connect(cfg_.database, &why)) {
     log_error("cannot connect to the database", {{"error", why}});
+    std::lock_guard<std::mutex> lock(metrics_.mu);
+    metrics_.connect_failures++;
     return Connect::Retry;
   }
   try {
@@ -134,6 +136,10 @@ void Agent::load_handlers() {
     next.emplace(h.pipe->key, std::move(h));
   }
   handlers_ = std::move(next);
+  {
+    std::lock_guard<std::mutex> lock(metrics_.mu);
+    for (const auto& [id, h] : handlers_) metrics_.handlers[h.pipe->name];
+  }
   log_info("handlers loaded", {{"notify", notify}, {"http", http}});
 }
 
@@ -143,7 +149,11 @@ void Agent::serve_notify(Handler& h) {
         "SELECT relay._agent_notify($1, $2, $3)",
         {std::to_string(h.pipe->key), std::to_string(cfg_.batch_size), std::to_string(cfg_.notify_payload_limit)});
     const long long n = r.integer(0, 0);
-    if (n > 0) log_debug("notified", {{"handler", h.pipe->name}, {"count", n}});
+    if (n > 0) {
+      log_debug("notified", {{"handler", h.pipe->name}, {"count", n}});
+      std::lock_guard<std::mutex> lock(metrics_.mu);
+      metrics_.handlers[h.pipe->name].notified += static_cast<uint64_t>(n);
+    }
     if (n < cfg_.batch_size) {
       h.due = false;
       return;
@@ -217,6 +227,11 @@ void Agent::complete(const std::vector<core::Completion>& batch) {
     auto found = by_id.find(id);
     if (found == by_id.end()) continue;
     const core::Completion& c = *found->second;
+    {
+      std::lock_guard<std::mutex> lock(metrics_.mu);
+      Metrics::PerHandler& m = metrics_.handlers[c.handler];
+      (result == "stale" ? m.stale : result == "dead" ? m.dead : result == "retry" ? m.retried : m.delivered)++;
+    }
     if (result == "stale") {
       log_warn("result not recorded: the lease is no longer held (it ran out or was taken over)",
                {{"id", id}, {"handler", c.handler}, {"outcome", core::completion_outcome_name(c.outcome)}});
@@ -250,8 +265,17 @@ void Agent::on_pg_error(const PgError& e, const char* what, Handler* h) {
   const int64_t now = wall_ms();
   if (e.connection_lost) {
     log_warn("connection lost", {{"while", what}, {"error", e.what()}});
+    set_connected(false);
+    {
+      std::lock_guard<std::mutex> lock(metrics_.mu);
+      metrics_.connections_lost++;
+    }
     reconnect_at_ms_ = now;  // the first reconnect at once, then with backoff
     return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(metrics_.mu);
+    metrics_.statement_errors++;
   }
   log_error(std::string(what) + " failed",
             {{"sqlstate", e.sqlstate},
@@ -259,6 +283,19 @@ void Agent::on_pg_error(const PgError& e, const char* what, Handler* h) {
              {"error", e.what()},
              {"handler", h == nullptr ? "" : h->pipe->name}});
   if (h != nullptr) h->retry_at_ms = now + kHandlerErrorBackoffMs;
+}
+
+void Agent::set_connected(bool up) {
+  std::lock_guard<std::mutex> lock(metrics_.mu);
+  metrics_.connected = up;
+}
+
+void Agent::publish_gauges() {
+  std::lock_guard<std::mutex> lock(metrics_.mu);
+  metrics_.in_flight = pipeline_->in_flight();
+  for (const auto& [id, h] : handlers_)
+    if (h.pipe->kind == core::HandlerKind::Http)
+      metrics_.handlers[h.pipe->name].breaker_open = pipeline_->breaker_open(id);
 }
 
 void Agent::mark_all_due() {
@@ -343,6 +380,9 @@ void Agent::wait(int wake_fd, int64_t timeout_ms) {
       if (!conn_.poll_notifications(&notes)) {
         log_warn("connection lost", {{"while", "waiting"}});
         reconnect_at_ms_ = wall_ms();
+        set_connected(false);
+        std::lock_guard<std::mutex> lock(metrics_.mu);
+        metrics_.connections_lost++;
       }
       on_notifications(notes);
     }
@@ -376,6 +416,15 @@ int Agent::run(const std::atomic<bool>& stop, int wake_fd) {
   core::PipelineOptions po;
   po.max_in_flight = cfg_.max_in_flight;
   pipeline_ = std::make_unique<core::DeliveryPipeline>(*sink_, po, std::random_device{}());
+  MetricsServer metrics_server(metrics_);
+  if (!cfg_.metrics_addr.empty()) {
+    int port = 0;
+    if (!metrics_server.start(cfg_.metrics_addr, &port, &why)) {
+      log_error("invalid --metrics-addr", {{"error", why}});
+      return kExitConfig;
+    }
+    log_info("metrics listening", {{"address", cfg_.metrics_addr}, {"port", port}});
+  }
   log_info("relaybus-agent starting", {{"version", core::kVersion},
                                        {"poll_interval_ms", cfg_.poll_interval_ms},
                                        {"batch_size", cfg_.batch_size},
@@ -410,6 +459,7 @@ int Agent::run(const std::atomic<bool>& stop, int wake_fd) {
         reconnect_at_ms_ = wall_ms() + delay;
         log_info("reconnecting later", {{"in_ms", delay}, {"failures", connect_failures_}});
       } else {
+        set_connected(true);
         connect_failures_ = 0;
         catalog_dirty_ = true;
         next_poll_ms_ = 0;
@@ -456,6 +506,7 @@ int Agent::run(const std::atomic<bool>& stop, int wake_fd) {
         on_pg_error(e, "settling results", nullptr);
       }
     }
+    publish_gauges();
     wait(wake_fd, draining ? std::min<int64_t>(wait_ms(wall_ms()), 50) : wait_ms(wall_ms()));
   }
   if (pipeline_->waiting() > 0) {

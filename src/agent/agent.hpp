@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/metrics.hpp"
 #include "agent/pg.hpp"
 #include "core/delivery_pipeline.hpp"
 #include "core/http_engine.hpp"
@@ -33,6 +34,7 @@ struct AgentConfig {
   int64_t drain_timeout_ms = 10000;  // SIGTERM: how long in-flight requests may finish
   int64_t reconnect_base_ms = 500;   // reconnect backoff: doubling from here...
   int64_t reconnect_max_ms = 30000;  // ...to here
+  std::string metrics_addr;          // HOST:PORT of /metrics and /healthz; empty: none
 };
 
 constexpr int kExitOk = 0;
@@ -69,9 +71,12 @@ class Agent final : public core::DeliveryStore {
   int64_t wait_ms(int64_t now);
   void wait(int wake_fd, int64_t timeout_ms);
   void on_notifications(const std::vector<std::pair<std::string, std::string>>& notes);
+  void set_connected(bool up);
+  void publish_gauges();
 
   AgentConfig cfg_;
   PgConn conn_;
+  Metrics metrics_;
   std::unique_ptr<core::HttpEngine> engine_;
   std::unique_ptr<core::HttpSink> sink_;
   std::unique_ptr<core::DeliveryPipeline> pipeline_;

@@ -40,6 +40,7 @@ const char* kUsage =
     "  --max-in-flight N           http requests in flight and queued, all handlers (default 256)\n"
     "  --notify-payload-limit N    largest NOTIFY sent inline, 200..7999 bytes (default 7900)\n"
     "  --claim-scan-limit N        rows a claim reads per priority class, 100..1000000 (default 1000)\n"
+    "  --metrics-addr HOST:PORT    serve GET /metrics (Prometheus) and /healthz there (default: none)\n"
     "  --drain-timeout DURATION    on SIGTERM, how long requests in flight may finish (default 10s)\n"
     "  --log-level LEVEL           debug, info, warn or error (default info)\n"
     "  --version, --help\n"
@@ -119,6 +120,8 @@ int main(int argc, char** argv) {
       cfg.claim_scan_limit = static_cast<int>(n);
     } else if (arg == "--http-allowlist") {
       cfg.http_allowlist = value;
+    } else if (arg == "--metrics-addr") {
+      cfg.metrics_addr = value;
     } else if (arg == "--ca-file") {
       cfg.ca_file = value;
     } else if (arg == "--log-level") {

@@ -82,6 +82,13 @@ start_agent() {
     bg_track "$AGENT_PID"
 }
 log_has() { grep -qF -- "$2" "$TMP/$1.log"; }
+# metric_is AGENT_LOG METRIC VALUE: the agent's /metrics (--metrics-addr
+# 127.0.0.1:0: the port is in its log) shows METRIC (with its labels) at VALUE.
+metric_is() {
+    local port
+    port=$(grep -o '"port":[0-9]*' "$TMP/$1.log" | head -1 | cut -d: -f2)
+    [[ -n "$port" && "$(curl -s "http://127.0.0.1:$port/metrics" | awk -v m="$2" '$1 == m { print $2 }')" == "$3" ]]
+}
 # run_agent_once NAME CONNINFO: an agent expected to exit by itself; its code in WAIT_RC.
 run_agent_once() {
     "$AGENT" --database "$2" --log-level debug 2>"$TMP/$1.log" &
@@ -159,7 +166,7 @@ own -c "SELECT relay_create_handler('hs', 'http', '$URL/hs', '{\"secret\": \"$SE
     -c "SELECT relay_create_handler('nf', 'notify', 'agent_chan')" -c "SELECT relay_route('two.#', 'nf')" >/dev/null ||
     die "handlers"
 start_client c2 "$DB" agent_chan || die "listen_client did not start"
-start_agent a2 --poll-interval 30s
+start_agent a2 --poll-interval 30s --metrics-addr 127.0.0.1:0
 A2=$AGENT_PID
 check "(2) the agent connects" wait_until 30 log_has a2 '"msg":"handlers loaded"'
 sleep 1
@@ -175,6 +182,9 @@ check "(2) the 200 committed events reach the receiver (the poll is 30 s: NOTIFY
     wait_requests "$LOG" /hs 200 25
 check "(2) ... and the LISTEN client" wait_lines "$TMP/c2.out" 200 25
 check "(2) nothing is left to deliver" wait_until 20 pending_is hs 0
+check "(2) /metrics: 200 delivered (hs), 200 NOTIFYs sent (nf), connected" wait_until 10 bash -c \
+    "$(declare -f metric_is); TMP='$TMP'; metric_is a2 'relaybus_agent_delivered_total{handler=\"hs\"}' 200 &&
+     metric_is a2 'relaybus_agent_notified_total{handler=\"nf\"}' 200 && metric_is a2 relaybus_agent_up 1"
 py_facts two "$LOG" /hs "$TMP/two.pub" --rolled-back "$TMP/two.rb" --secret "$SECRET" <"$INTEG_DIR/agent_http.py"
 check_eq "(2) http: 200 requests, 200 events, none missing, none extra" "200 200 0 0" \
     "$(r requests) $(r distinct) $(r missing) $(r extra)"
@@ -213,7 +223,7 @@ own -c "SELECT relay_create_handler('hfail', 'http', '$URL/hfail', '{\"max_attem
     -c "SELECT relay_create_handler('hssrf', 'http', 'http://127.0.0.2:$RECV_PORT/hssrf', '{\"max_attempts\": 5}')" \
     -c "SELECT relay_route('three.ssrf', 'hssrf')" >/dev/null || die "handlers"
 recv_plan "$RECV_PORT" /hfail '[{"status": 500, "repeat": true}]' || die "receiver plan"
-start_agent a3 --poll-interval 200ms
+start_agent a3 --poll-interval 200ms --metrics-addr 127.0.0.1:0
 A3=$AGENT_PID
 own -c "SELECT relay_publish('three.fail', '{\"n\": 1}', 'three')" -c "SELECT relay_publish('three.ssrf', '{\"n\": 2}')" >/dev/null
 dead_rows() { [[ "$(own -c "SELECT count(*) FROM relay.dead_letters WHERE handler IN ('hfail', 'hssrf')")" == 2 ]]; }
@@ -225,6 +235,9 @@ check "(3) ... retried with backoff (a retry line before the dead letter)" log_h
 check_eq "(3) an address the SSRF guard refuses (127.0.0.2, not allow-listed): a dead letter at the first attempt" \
     "1|t" "$(own -c "SELECT attempts, last_error LIKE '%not allowed%' FROM relay.dead_letters WHERE handler = 'hssrf'")"
 check_eq "(3) ... and nothing reached the receiver" 0 "$(recv_count "$LOG" /hssrf)"
+check "(3) /metrics: hfail retried 2 and dead 1, hssrf dead 1" wait_until 10 bash -c \
+    "$(declare -f metric_is); TMP='$TMP'; metric_is a3 'relaybus_agent_retried_total{handler=\"hfail\"}' 2 &&
+     metric_is a3 'relaybus_agent_dead_total{handler=\"hfail\"}' 1 && metric_is a3 'relaybus_agent_dead_total{handler=\"hssrf\"}' 1"
 
 # ================================================================ (4) kill -9
 log "(4) kill -9 of an agent with requests in flight"
