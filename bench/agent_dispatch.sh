@@ -14,27 +14,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-20000}
-make -s managed agent >/dev/null
-script=$(ls build/relaybus-managed--*.sql | head -1)
-ext=$(mktemp -d /tmp/relaybus-bench-ext.XXXXXX)
-man=$(mktemp -d /tmp/relaybus-bench-man.XXXXXX)
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true; bash test/cluster.sh destroy "$ext" >/dev/null 2>&1 || true; bash test/cluster.sh destroy "$man" >/dev/null 2>&1 || true' EXIT
-conf=$'shared_buffers = 512MB\nmax_wal_size = 4GB\ncheckpoint_timeout = 30min\nsynchronous_commit = off'
-RELAYBUS_PRELOAD=relaybus RELAYBUS_EXTRA_CONF="$conf" bash test/cluster.sh start "$ext" >/dev/null
-RELAYBUS_PRELOAD='' RELAYBUS_EXTRA_CONF="$conf" bash test/cluster.sh start "$man" >/dev/null
-cp "$script" "$man/managed.sql"
-chmod 644 "$man/managed.sql"
-
-on() { # cluster-dir command...: runs with the cluster's environment
-    local d=$1
-    shift
-    (
-        # shellcheck disable=SC1091
-        source "$d/env"
-        "$@"
-    )
-}
+make -s agent >/dev/null
+source bench/two_editions.sh
 q() { on "$1" psql -X -q -At -v ON_ERROR_STOP=1 -c "$2"; }
 setup='SELECT relay_create_handler($$bench$$, $$notify$$, $$bench_chan$$); SELECT relay_route($$bench.#$$, $$bench$$);'
 q "$ext" 'CREATE EXTENSION relaybus' >/dev/null
@@ -45,12 +26,12 @@ q "$man" "CREATE ROLE bench_agent LOGIN IN ROLE relay_agent" >/dev/null
 # A listener on each (NOTIFY's queue is written only for a database with one).
 for d in "$ext" "$man"; do
     on "$d" bash -c 'exec psql -X -q -c "LISTEN bench_chan" -c "SELECT pg_sleep(100000)" >/dev/null 2>&1' &
-    pids+=($!)
+    BENCH_PIDS+=($!)
 done
 source "$man/env"
 ./relaybus-agent --database "host=$PGHOST port=$PGPORT dbname=postgres user=bench_agent" --poll-interval 1s \
     --log-level warn ${AGENT_OPTS:-} 2>"$man/agent.log" &
-pids+=($!)
+BENCH_PIDS+=($!)
 
 # drain DIR KEYS: events/s of a backlog of N events.
 drain() {

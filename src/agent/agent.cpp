@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <random>
 
-#include "agent/log.hpp"
+#include "core/json_log.hpp"
 #include "core/backoff.hpp"
 #include "core/clock.hpp"
 #include "core/error_class.hpp"
@@ -17,6 +17,10 @@
 
 namespace relaybus::agent {
 
+using core::log_debug;
+using core::log_error;
+using core::log_info;
+using core::log_warn;
 using core::monotonic_ms;
 using core::wall_ms;
 

@@ -18,12 +18,13 @@
 #include <string>
 
 #include "agent/agent.hpp"
-#include "agent/log.hpp"
+#include "core/json_log.hpp"
 #include "core/duration.hpp"
 #include "core/version.hpp"
 
 using namespace relaybus;
 using namespace relaybus::agent;
+using core::log_error;
 
 namespace {
 
@@ -79,6 +80,16 @@ int main(int argc, char** argv) {
   AgentConfig cfg;
   if (const char* env = getenv("RELAYBUS_AGENT_DATABASE")) cfg.database = env;
   if (const char* env = getenv("RELAYBUS_AGENT_HTTP_ALLOWLIST")) cfg.http_allowlist = env;
+  struct IntOption {
+    long lo, hi;
+    int* target;
+  };
+  const std::map<std::string, IntOption> int_options = {
+      {"--batch-size", {1, 10000, &cfg.batch_size}},
+      {"--max-in-flight", {1, 100000, &cfg.max_in_flight}},
+      {"--notify-payload-limit", {200, 7999, &cfg.notify_payload_limit}},
+      {"--claim-scan-limit", {100, 1000000, &cfg.claim_scan_limit}},
+  };
   for (int i = 1; i < argc; i++) {
     std::string arg = argv[i], value;
     if (arg == "--help" || arg == "-h") {
@@ -98,26 +109,18 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) return usage_error("option " + arg + " needs a value");
       value = argv[++i];
     }
-    long n = 0;
     std::string why;
-    if (arg == "--database") {
+    if (auto it = int_options.find(arg); it != int_options.end()) {
+      long n = 0;
+      if (!parse_int(value, it->second.lo, it->second.hi, &n))
+        return usage_error(arg + " must be " + std::to_string(it->second.lo) + ".." + std::to_string(it->second.hi));
+      *it->second.target = static_cast<int>(n);
+    } else if (arg == "--database") {
       cfg.database = value;
     } else if (arg == "--poll-interval" || arg == "--drain-timeout") {
       auto ms = core::parse_duration_ms(value, &why);
       if (!ms || *ms < 1 || *ms > 3600000) return usage_error(arg + " must be a duration from 1ms to 1h: " + value);
       (arg == "--poll-interval" ? cfg.poll_interval_ms : cfg.drain_timeout_ms) = *ms;
-    } else if (arg == "--batch-size") {
-      if (!parse_int(value, 1, 10000, &n)) return usage_error("--batch-size must be 1..10000");
-      cfg.batch_size = static_cast<int>(n);
-    } else if (arg == "--max-in-flight") {
-      if (!parse_int(value, 1, 100000, &n)) return usage_error("--max-in-flight must be 1..100000");
-      cfg.max_in_flight = static_cast<int>(n);
-    } else if (arg == "--notify-payload-limit") {
-      if (!parse_int(value, 200, 7999, &n)) return usage_error("--notify-payload-limit must be 200..7999");
-      cfg.notify_payload_limit = static_cast<int>(n);
-    } else if (arg == "--claim-scan-limit") {
-      if (!parse_int(value, 100, 1000000, &n)) return usage_error("--claim-scan-limit must be 100..1000000");
-      cfg.claim_scan_limit = static_cast<int>(n);
     } else if (arg == "--http-allowlist") {
       cfg.http_allowlist = value;
     } else if (arg == "--metrics-addr") {
@@ -125,9 +128,9 @@ int main(int argc, char** argv) {
     } else if (arg == "--ca-file") {
       cfg.ca_file = value;
     } else if (arg == "--log-level") {
-      LogLevel level;
-      if (!parse_log_level(value, &level)) return usage_error("--log-level must be debug, info, warn or error");
-      set_log_level(level);
+      core::LogLevel level;
+      if (!core::parse_log_level(value, &level)) return usage_error("--log-level must be debug, info, warn or error");
+      core::set_log_level(level);
     } else {
       return usage_error("unknown option " + arg);
     }

@@ -11,24 +11,12 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/prometheus.hpp"
 #include "core/version.hpp"
 
 namespace relaybus::agent {
 
-namespace {
-std::string label(const std::string& v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\' || c == '"') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
-}  // namespace
+using core::prometheus_label;
 
 std::string Metrics::render() {
   std::lock_guard<std::mutex> lock(mu);
@@ -58,11 +46,11 @@ std::string Metrics::render() {
   for (const Field& f : kFields) {
     head(f.name, f.type, f.help);
     for (const auto& [h, c] : handlers)
-      o += std::string(f.name) + "{handler=\"" + label(h) + "\"} " + std::to_string(c.*(f.member)) + "\n";
+      o += std::string(f.name) + "{handler=\"" + prometheus_label(h) + "\"} " + std::to_string(c.*(f.member)) + "\n";
   }
   head("relaybus_agent_breaker_open", "gauge", "1 while the http handler's circuit breaker is open.");
   for (const auto& [h, c] : handlers)
-    o += "relaybus_agent_breaker_open{handler=\"" + label(h) + "\"} " + (c.breaker_open ? "1" : "0") + "\n";
+    o += "relaybus_agent_breaker_open{handler=\"" + prometheus_label(h) + "\"} " + (c.breaker_open ? "1" : "0") + "\n";
   auto one = [&](const char* name, const char* type, const char* help, uint64_t v) {
     head(name, type, help);
     o += std::string(name) + " " + std::to_string(v) + "\n";

@@ -17,4 +17,23 @@ namespace relaybus::core {
 
 std::string json_log_line(int64_t unix_ms, std::string_view level, std::string_view msg, const nlohmann::json& fields);
 
+// The process's log: json_log_line of the wall clock on stderr, one write and
+// flush a line, lines below the level set left out (default Info).
+enum class LogLevel { Debug, Info, Warn, Error };
+bool parse_log_level(std::string_view text, LogLevel* out);  // "debug", "info", "warn", "error"
+void set_log_level(LogLevel level);
+void log(LogLevel level, std::string_view msg, const nlohmann::json& fields = nlohmann::json::object());
+inline void log_debug(std::string_view m, const nlohmann::json& f = nlohmann::json::object()) {
+  log(LogLevel::Debug, m, f);
+}
+inline void log_info(std::string_view m, const nlohmann::json& f = nlohmann::json::object()) {
+  log(LogLevel::Info, m, f);
+}
+inline void log_warn(std::string_view m, const nlohmann::json& f = nlohmann::json::object()) {
+  log(LogLevel::Warn, m, f);
+}
+inline void log_error(std::string_view m, const nlohmann::json& f = nlohmann::json::object()) {
+  log(LogLevel::Error, m, f);
+}
+
 }  // namespace relaybus::core

@@ -37,3 +37,14 @@ TEST(Clock, WallIsUnixMillisecondsAndMonotonicNeverGoesBack) {
     last = now;
   }
 }
+
+TEST(JsonLog, LogLevels) {
+  relaybus::core::LogLevel level = relaybus::core::LogLevel::Error;
+  ASSERT_TRUE(relaybus::core::parse_log_level("debug", &level));
+  EXPECT_EQ(level, relaybus::core::LogLevel::Debug);
+  ASSERT_TRUE(relaybus::core::parse_log_level("warn", &level));
+  EXPECT_EQ(level, relaybus::core::LogLevel::Warn);
+  EXPECT_FALSE(relaybus::core::parse_log_level("INFO", &level));
+  EXPECT_FALSE(relaybus::core::parse_log_level("", &level));
+  EXPECT_EQ(level, relaybus::core::LogLevel::Warn);
+}
