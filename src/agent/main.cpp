@@ -151,6 +151,13 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  Agent agent(cfg);
-  return agent.run(g_stop, pipe_fds[0]);
+  // The loop catches the database's errors; anything else is a bug, said in
+  // one line rather than an abort.
+  try {
+    Agent agent(cfg);
+    return agent.run(g_stop, pipe_fds[0]);
+  } catch (const std::exception& e) {
+    log_error("relaybus-agent failed", {{"error", e.what()}});
+    return kExitRuntime;
+  }
 }
