@@ -25,6 +25,10 @@
 #      notify by reference (a payload above --notify-payload-limit)
 #  (8) a server restart with requests in flight: the agent reconnects,
 #      settles what was in flight, nothing is lost, key order kept
+#  (9) a standby: refused as in recovery and tried again; an agent given both
+#      hosts with target_session_attrs=read-write follows a failover to the
+#      promoted standby: nothing committed (and replicated) is lost, key order
+#      kept
 export PGHOST=${PGHOST:-/nonexistent} PGPORT=${PGPORT:-1}
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
@@ -35,8 +39,13 @@ AGENT=$ROOT/relaybus-agent
 DB=agentdb
 OWNER=relay_owner
 
-trap 'stop_bare_cluster; cleanup' EXIT
-trap 'stop_bare_cluster; cleanup; echo "$TEST_NAME: interrupted"; echo "$PASSED passed, $((FAILED + 1)) failed"; exit 1' INT TERM
+STANDBY=
+stop_standby() {
+    [[ -n "$STANDBY" && -d "$STANDBY" ]] &&
+        PG_CONFIG=$TREE_PG_CONFIG bash "$ROOT/test/cluster.sh" destroy "$STANDBY" >/dev/null 2>&1
+}
+trap 'stop_standby; stop_bare_cluster; cleanup' EXIT
+trap 'stop_standby; stop_bare_cluster; cleanup; echo "$TEST_NAME: interrupted"; echo "$PASSED passed, $((FAILED + 1)) failed"; exit 1' INT TERM
 
 python3 -c 'import standardwebhooks' 2>/dev/null ||
     die "the PyPI package standardwebhooks is needed (scripts/install-deps.sh installs it)"
@@ -381,5 +390,58 @@ check_eq "(8) every committed event delivered, none extra" "300 0 0" "$(r distin
 check_eq "(8) per key in order, gapless (first arrivals)" 0 "$(r order)"
 kill -TERM "$A8"
 wait_pid "$A8" 30
+
+
+# ================================================================ (9) a standby, a failover
+log "(9) a standby and a failover"
+STANDBY=$TMP/standby
+mkdir -p "$STANDBY/log"
+touch "$STANDBY/.relaybus-test-cluster"
+chown -R postgres:postgres "$STANDBY" 2>/dev/null
+as_postgres() { if ((EUID == 0)); then (cd "$TMP" && runuser -u postgres -- "$@"); else "$@"; fi; }
+as_postgres pg_basebackup -h "$PGHOST" -p "$PGPORT" -U postgres -D "$STANDBY/data" -R -X stream -c fast \
+    -d "application_name=agent_standby" >"$TMP/basebackup.out" 2>&1 || die "pg_basebackup: $(cat "$TMP/basebackup.out")"
+SPORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+printf "port = %s\nunix_socket_directories = '%s'\n" "$SPORT" "$STANDBY" >>"$STANDBY/data/postgresql.conf"
+PG_CONFIG=$TREE_PG_CONFIG bash "$ROOT/test/cluster.sh" start "$STANDBY" >"$TMP/standby.out" 2>&1 ||
+    die "standby: $(cat "$TMP/standby.out")"
+on_standby() { psql -X -q -At -h "$STANDBY" -p "$SPORT" -U postgres -d "$DB" "$@" </dev/null; }
+check_eq "(9) the standby is in recovery" t "$(on_standby -c "SELECT pg_is_in_recovery()")"
+"$AGENT" --database "host=$STANDBY port=$SPORT dbname=$DB user=agent_login" 2>"$TMP/standby_agent.log" &
+pid=$!
+bg_track "$pid"
+in_recovery_twice() { (($(grep -c '"msg":"the server is in recovery (a standby): trying again"' "$TMP/standby_agent.log") >= 2)); }
+check "(9) an agent pointed at the standby: a log line per attempt, tried again" wait_until 30 in_recovery_twice
+check "(9) ... with the hint" log_has standby_agent "target_session_attrs=read-write"
+kill -TERM "$pid"
+wait_pid "$pid" 20
+
+# Synchronous: a publish commits once the standby has it, so a failover loses
+# nothing committed.
+psql_q -U postgres -d postgres -c "ALTER SYSTEM SET synchronous_standby_names = 'agent_standby'" \
+    -c "SELECT pg_reload_conf()" >/dev/null
+own -c "SELECT relay_create_handler('hfo', 'http', '$URL/hfo', '{\"concurrency\": 4, \"timeout\": \"2s\", \"lease\": \"2s\"}')" \
+    -c "SELECT relay_route('nine.#', 'hfo')" >/dev/null || die "handler"
+recv_plan "$RECV_PORT" /hfo '[{"delay": 0.05, "repeat": true}]' || die "receiver plan"
+"$AGENT" --database "host=$PGHOST,$STANDBY port=$PGPORT,$SPORT dbname=$DB user=agent_login target_session_attrs=read-write connect_timeout=2" \
+    --http-allowlist 127.0.0.1 --poll-interval 200ms --log-level debug 2>"$TMP/a9.log" &
+A9=$!
+bg_track "$A9"
+check "(9) the agent given both hosts connects to the primary" wait_until 30 log_has a9 "\"host\":\"$PGHOST\""
+publish_keyed nine 5 30 10 nine.x
+published_of nine
+check "(9) deliveries under way" wait_requests "$LOG" /hfo 40 60
+PG_CONFIG=$TREE_PG_CONFIG bash "$ROOT/test/cluster.sh" stop-immediate "$CLUSTER" >/dev/null
+on_standby -c "SELECT pg_promote()" >/dev/null
+check "(9) the standby is promoted" wait_until 30 bash -c "[[ \"\$(psql -X -At -h '$STANDBY' -p $SPORT -U postgres -d postgres -c 'SELECT pg_is_in_recovery()' </dev/null)\" == f ]]"
+check "(9) the agent follows it" wait_until 60 log_has a9 "\"host\":\"$STANDBY\""
+fo_pending_zero() { [[ "$(on_standby -c "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id WHERE h.name = 'hfo'")" == 0 ]]; }
+check "(9) everything is delivered from the new primary" wait_until 120 fo_pending_zero
+py_facts nine "$LOG" /hfo "$TMP/nine.pub" <"$INTEG_DIR/agent_http.py"
+log "(9) committed 300, requests $(r requests), duplicated $(r dups), out of order $(r order)"
+check_eq "(9) every committed event delivered, none extra" "300 0 0" "$(r distinct) $(r missing) $(r extra)"
+check_eq "(9) per key in order, gapless (first arrivals)" 0 "$(r order)"
+kill -TERM "$A9"
+wait_pid "$A9" 30
 
 finish
