@@ -444,4 +444,7 @@ check_eq "(9) per key in order, gapless (first arrivals)" 0 "$(r order)"
 kill -TERM "$A9"
 wait_pid "$A9" 30
 
+# finish() clears the EXIT trap: the clusters go first.
+stop_standby
+stop_bare_cluster
 finish
