@@ -395,16 +395,9 @@ wait_pid "$A8" 30
 # ================================================================ (9) a standby, a failover
 log "(9) a standby and a failover"
 STANDBY=$TMP/standby
-mkdir -p "$STANDBY/log"
-touch "$STANDBY/.relaybus-test-cluster"
-chown -R postgres:postgres "$STANDBY" 2>/dev/null
-as_postgres() { if ((EUID == 0)); then (cd "$TMP" && runuser -u postgres -- "$@"); else "$@"; fi; }
-as_postgres pg_basebackup -h "$PGHOST" -p "$PGPORT" -U postgres -D "$STANDBY/data" -R -X stream -c fast \
-    -d "application_name=agent_standby" >"$TMP/basebackup.out" 2>&1 || die "pg_basebackup: $(cat "$TMP/basebackup.out")"
-SPORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-printf "port = %s\nunix_socket_directories = '%s'\n" "$SPORT" "$STANDBY" >>"$STANDBY/data/postgresql.conf"
-PG_CONFIG=$TREE_PG_CONFIG bash "$ROOT/test/cluster.sh" start "$STANDBY" >"$TMP/standby.out" 2>&1 ||
+PG_CONFIG=$TREE_PG_CONFIG start_standby "$PGHOST" "$PGPORT" "$STANDBY" agent_standby 2>"$TMP/standby.out" ||
     die "standby: $(cat "$TMP/standby.out")"
+SPORT=$STANDBY_PORT
 on_standby() { psql -X -q -At -h "$STANDBY" -p "$SPORT" -U postgres -d "$DB" "$@" </dev/null; }
 check_eq "(9) the standby is in recovery" t "$(on_standby -c "SELECT pg_is_in_recovery()")"
 "$AGENT" --database "host=$STANDBY port=$SPORT dbname=$DB user=agent_login" 2>"$TMP/standby_agent.log" &
