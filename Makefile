@@ -8,6 +8,7 @@
 #                           (RELAYBUS_MATRIX="17 18" for some; .ci/run runs both)
 #   make demo               build, start a throwaway cluster, publish and consume
 #   make mongo              build ./relaybus-mongo (the MongoDB sidecar, docs/mongo.md)
+#   make agent              build ./relaybus-agent (delivers the managed SQL edition, docs/managed.md)
 #   make managed            build/relaybus-managed--VERSION.sql, the SQL edition (docs/managed.md)
 
 EXTENSION   = relaybus
@@ -67,7 +68,7 @@ $(BOUNDARY_CHECKED): $(OBJS) scripts/check-boundary.sh
 	bash scripts/check-boundary.sh $(includedir_server) $(OBJS:.o=.d)
 	@touch $@
 $(shlib): $(BOUNDARY_CHECKED)
-else ifneq ($(filter-out test test-matrix demo deps managed,$(or $(MAKECMDGOALS),all)),)
+else ifneq ($(filter-out test test-matrix demo deps managed agent,$(or $(MAKECMDGOALS),all)),)
 $(error $(PG_CONFIG) not found: run `make deps` first (make test and make demo install it themselves))
 endif
 
@@ -88,10 +89,13 @@ $(MANAGED_SQL): sql/relaybus.sql $(wildcard sql/managed/*.sql) scripts/managed-s
 # Header dependencies (-MD), so an incremental build never mixes old and new layouts.
 -include $(OBJS:.o=.d)
 
-.PHONY: test test-matrix demo deps core-test mongo managed format format-check
+.PHONY: test test-matrix demo deps core-test mongo agent managed format format-check
 # relaybus-mongo, the MongoDB sidecar (src/core + src/mongo, libmongoc): not part of PGXS.
 mongo:
 	$(MAKE) -C src/mongo
+# relaybus-agent, the managed SQL edition's deliverer (src/core + src/agent, libpq): not part of PGXS.
+agent:
+	$(MAKE) -C src/agent
 deps:
 	bash scripts/install-deps.sh
 # run_all.sh and demo.sh print their summary last. On failure make would print

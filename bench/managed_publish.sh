@@ -33,26 +33,7 @@ if [[ "${1:-}" == --instructions ]]; then
 fi
 SECS=${1:-10}
 CALLS=${1:-300}
-make -s managed >/dev/null
-script=$(ls build/relaybus-managed--*.sql | head -1)
-ext=$(mktemp -d /tmp/relaybus-bench-ext.XXXXXX)
-man=$(mktemp -d /tmp/relaybus-bench-man.XXXXXX)
-trap 'bash test/cluster.sh destroy "$ext" >/dev/null 2>&1 || true; bash test/cluster.sh destroy "$man" >/dev/null 2>&1 || true' EXIT
-conf=$'shared_buffers = 512MB\nmax_wal_size = 4GB\ncheckpoint_timeout = 30min\nsynchronous_commit = off'
-RELAYBUS_PRELOAD=relaybus RELAYBUS_EXTRA_CONF="$conf" bash test/cluster.sh start "$ext" >/dev/null
-RELAYBUS_PRELOAD='' RELAYBUS_EXTRA_CONF="$conf" bash test/cluster.sh start "$man" >/dev/null
-cp "$script" "$man/managed.sql"
-chmod 644 "$man/managed.sql"
-
-on() { # cluster-dir command...: runs with the cluster's environment
-    local d=$1
-    shift
-    (
-        # shellcheck disable=SC1091
-        source "$d/env"
-        "$@"
-    )
-}
+source bench/two_editions.sh
 setup='SELECT relay_create_handler($$bench$$, $$pull$$); SELECT relay_route($$bench.event$$, $$bench$$);'
 on "$ext" psql -X -q -v ON_ERROR_STOP=1 -c 'CREATE EXTENSION relaybus' -c "$setup" >/dev/null
 on "$man" psql -X -q -v ON_ERROR_STOP=1 -f "$man/managed.sql" -c "$setup" >/dev/null

@@ -255,6 +255,8 @@ RETURNS text AS 'MODULE_PATHNAME', 'relay_nack_v2' LANGUAGE C VOLATILE;
 CREATE FUNCTION relay_extend(id bigint, lease uuid, extend_by interval DEFAULT NULL)
 RETURNS timestamptz AS 'MODULE_PATHNAME', 'relay_extend' LANGUAGE C VOLATILE;
 -- @managed end pull
+-- @managed begin agent
+-- @managed end agent
 
 -- Administration (SQL; SECURITY DEFINER with a fixed search_path) ----------------
 

@@ -595,6 +595,12 @@ if [[ $MONGO_WANTED == yes ]]; then
     add_job ferretdb-build "" 1000002 job_step ferretdb-build bash test/ferretdb/build.sh
     add_job mongo-build "build" 1000001 job_step mongo-build make -s -C src/mongo -j"$JOBS"
 fi
+AGENT_WANTED=no
+for t in test/integration/agent_*.sh; do
+    [[ -x "$t" ]] && wanted "integration/$(basename "$t" .sh)" && AGENT_WANTED=yes
+done
+# relaybus-agent (src/agent) links the objects the extension's build made.
+[[ $AGENT_WANTED == yes ]] && add_job agent-build "build" 1000001 job_step agent-build make -s -C src/agent -j"$JOBS"
 if [[ -f test/core/Makefile ]]; then
     # After mongo-build: the core tests' compile would share the two cores
     # with it, and relaybus-mongo's build leads to the longest suites.
@@ -615,7 +621,9 @@ done
 for t in test/integration/*.sh; do
     [[ -x "$t" ]] && ! grep -q 'mongo_lib\.sh' "$t" || continue
     name="integration/$(basename "$t" .sh)"
-    wanted "$name" && add_job "$name" "build cluster" "" job_integration "$t"
+    needs="build cluster"
+    [[ $name == integration/agent_* ]] && needs+=" agent-build"
+    wanted "$name" && add_job "$name" "$needs" "" job_integration "$t"
 done
 shopt -u nullglob
 

@@ -162,14 +162,15 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION relay._claim(handler_name text, max_rows integer, lease_for interval, per_key integer)
+-- The claim of a handler's ready deliveries (relay_claim's, and
+-- relaybus-agent's for the handlers it delivers): what relay._claim does once
+-- the handler was found and may be claimed. lease_ms: the leases' length.
+CREATE FUNCTION relay._claim_handler(h relay.handlers, max_rows integer, lease_ms bigint, per_key integer)
 RETURNS TABLE (id bigint, event_id bigint, topic text, key text, seq bigint, payload jsonb,
                headers jsonb, attempt integer, priority integer, published_at timestamptz,
                lease_until timestamptz, lease uuid)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    h        relay.handlers;
-    lease_ms bigint;
     until    timestamptz;
     aging    bigint := relay._setting('priority_aging', 'ms', 10000, 0, 2147483647);
     scan     bigint := relay._setting('claim_scan_limit', '', 10000, 100, 1000000);
@@ -186,29 +187,6 @@ DECLARE
     tokens   uuid[] := '{}';
     t        uuid;
 BEGIN
-    PERFORM relay._refuse_in_recovery('relay_claim');
-    IF handler_name IS NULL THEN
-        RAISE EXCEPTION 'handler must not be NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    PERFORM relay._check_between('max', max_rows, 1, 10000, NULL);
-    per_key := coalesce(per_key, 1);
-    PERFORM relay._check_between('per_key', per_key, 1, 10000, NULL);
-    SELECT * INTO h FROM relay.handlers x WHERE x.name = handler_name;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'handler "%" does not exist', handler_name USING ERRCODE = 'undefined_object';
-    END IF;
-    IF h.kind <> 'pull' AND NOT (h.kind = 'notify' AND coalesce((h.options ->> 'ack')::boolean, false)) THEN
-        RAISE EXCEPTION 'handler "%" is not a pull handler or an ack-mode notify handler', handler_name
-            USING ERRCODE = 'wrong_object_type',
-                  DETAIL = CASE WHEN h.kind = 'notify'
-                                THEN 'It is a fire-and-forget notify handler: its deliveries complete when sent.'
-                                ELSE 'It is a ' || h.kind || ' handler; its deliveries are handed over by the background workers.' END;
-    END IF;
-    lease_ms := coalesce(relay._lease_ms('lease', lease_for), relay._option_ms(h.options, 'lease', 30000));
-    IF h.paused THEN
-        RETURN;
-    END IF;
-
     -- A row this transaction completed is no lease to its own claims (they
     -- may take the delivery again, as the extension's do); other sessions
     -- see it leased until the completion commits. Rows of completions that
@@ -334,6 +312,41 @@ BEGIN
           FROM unnest(taken, tokens) WITH ORDINALITY AS x(id, token, o)
           JOIN relay.deliveries d ON d.id = x.id
          ORDER BY x.o;
+END
+$$;
+
+CREATE FUNCTION relay._claim(handler_name text, max_rows integer, lease_for interval, per_key integer)
+RETURNS TABLE (id bigint, event_id bigint, topic text, key text, seq bigint, payload jsonb,
+               headers jsonb, attempt integer, priority integer, published_at timestamptz,
+               lease_until timestamptz, lease uuid)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    h        relay.handlers;
+    lease_ms bigint;
+BEGIN
+    PERFORM relay._refuse_in_recovery('relay_claim');
+    IF handler_name IS NULL THEN
+        RAISE EXCEPTION 'handler must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    PERFORM relay._check_between('max', max_rows, 1, 10000, NULL);
+    per_key := coalesce(per_key, 1);
+    PERFORM relay._check_between('per_key', per_key, 1, 10000, NULL);
+    SELECT * INTO h FROM relay.handlers x WHERE x.name = handler_name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'handler "%" does not exist', handler_name USING ERRCODE = 'undefined_object';
+    END IF;
+    IF h.kind <> 'pull' AND NOT (h.kind = 'notify' AND coalesce((h.options ->> 'ack')::boolean, false)) THEN
+        RAISE EXCEPTION 'handler "%" is not a pull handler or an ack-mode notify handler', handler_name
+            USING ERRCODE = 'wrong_object_type',
+                  DETAIL = CASE WHEN h.kind = 'notify'
+                                THEN 'It is a fire-and-forget notify handler: its deliveries complete when sent.'
+                                ELSE 'It is a ' || h.kind || ' handler; its deliveries are handed over by the background workers.' END;
+    END IF;
+    lease_ms := coalesce(relay._lease_ms('lease', lease_for), relay._option_ms(h.options, 'lease', 30000));
+    IF h.paused THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM relay._claim_handler(h, max_rows, lease_ms, per_key);
 END
 $$;
 

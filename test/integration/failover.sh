@@ -66,16 +66,8 @@ on "$prim" "$pport" fo -c "CREATE EXTENSION relaybus" \
     -c "CREATE TABLE pub_log (id bigint PRIMARY KEY, key text)" >/dev/null || die "could not set up the primary"
 
 log "replica: pg_basebackup -R"
-mkdir -p "$repl/log"
-touch "$repl/.relaybus-test-cluster"
-chown -R postgres:postgres "$repl" 2>/dev/null
-as_postgres() { if ((EUID == 0)); then (cd "$base" && runuser -u postgres -- "$@"); else "$@"; fi; }
-as_postgres pg_basebackup -h "$prim" -p "$pport" -U postgres -D "$repl/data" -R -X stream -c fast \
-    -d "application_name=fo_replica" >"$TMP/basebackup.out" 2>&1 || die "pg_basebackup: $(cat "$TMP/basebackup.out")"
-rport=$(python3 -c 'import socket
-s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-printf "port = %s\nunix_socket_directories = '%s'\n" "$rport" "$repl" >>"$repl/data/postgresql.conf"
-bash "$CLUSTER_SH" start "$repl" >"$TMP/replica.out" 2>&1 || die "replica: $(cat "$TMP/replica.out")"
+start_standby "$prim" "$pport" "$repl" fo_replica 2>"$TMP/replica.out" || die "replica: $(cat "$TMP/replica.out")"
+rport=$STANDBY_PORT
 streaming() { [[ $(on "$prim" "$pport" postgres -c "SELECT state FROM pg_stat_replication
                                                       WHERE application_name = 'fo_replica'") == streaming ]]; }
 wait_until 30 streaming || die "the replica does not stream"

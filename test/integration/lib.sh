@@ -189,6 +189,29 @@ after_dispatcher_kill() {
     check "it is a new process ($old -> $NEW_DISPATCHER)" test -n "$NEW_DISPATCHER" -a "$NEW_DISPATCHER" != "$old"
 }
 
+# start_standby HOST PORT DIR APP_NAME: a streaming standby of the server at
+# HOST:PORT (pg_basebackup -R, as application_name APP_NAME) in DIR, started
+# by test/cluster.sh (with PG_CONFIG's binaries) on a free port and its own
+# socket directory DIR; sets STANDBY_PORT. Returns 1 with the tool's output
+# on stderr.
+start_standby() {
+    local host=$1 port=$2 dir=$3 app=$4
+    local backup=(pg_basebackup -h "$host" -p "$port" -U postgres -D "$dir/data" -R -X stream -c fast
+                  -d "application_name=$app")
+    mkdir -p "$dir/log"
+    touch "$dir/.relaybus-test-cluster"
+    chown -R postgres:postgres "$dir" 2>/dev/null
+    if ((EUID == 0)); then
+        (cd "$dir" && runuser -u postgres -- "${backup[@]}") >"$dir/log/basebackup.out" 2>&1
+    else
+        "${backup[@]}" >"$dir/log/basebackup.out" 2>&1
+    fi || { cat "$dir/log/basebackup.out" >&2; return 1; }
+    STANDBY_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    printf "port = %s\nunix_socket_directories = '%s'\n" "$STANDBY_PORT" "$dir" >>"$dir/data/postgresql.conf"
+    bash "$RELAYBUS_ROOT/test/cluster.sh" start "$dir" >"$dir/log/start.out" 2>&1 ||
+        { cat "$dir/log/start.out" >&2; return 1; }
+}
+
 # ---------------------------------------------------------------- the LISTEN client
 build_client() {
     local src=$INTEG_DIR/listen_client.cpp tmp

@@ -12,19 +12,18 @@
 # and PGPORT at it before the first query.
 export PGHOST=${PGHOST:-/nonexistent} PGPORT=${PGPORT:-1}
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/managed_lib.sh"
 
 ROOT=$RELAYBUS_ROOT
 VERSION=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$ROOT/relaybus.control")
 SCRIPT=$ROOT/build/relaybus-managed--$VERSION.sql
 SYS_PG_CONFIG=$PG_CONFIG
 MAJOR=$("$SYS_PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
-CLUSTER=$TMP/cluster
 OWNER=relay_owner
 DB=managed
 
-stop_cluster() { [[ -d "$CLUSTER" ]] && PG_CONFIG=$TREE_PG_CONFIG bash "$ROOT/test/cluster.sh" destroy "$CLUSTER" >/dev/null 2>&1; }
-trap 'stop_cluster; cleanup' EXIT
-trap 'stop_cluster; cleanup; echo "$TEST_NAME: interrupted"; echo "$PASSED passed, $((FAILED + 1)) failed"; exit 1' INT TERM
+trap 'stop_bare_cluster; cleanup' EXIT
+trap 'stop_bare_cluster; cleanup; echo "$TEST_NAME: interrupted"; echo "$PASSED passed, $((FAILED + 1)) failed"; exit 1' INT TERM
 
 # ---------------------------------------------------------------- the script
 log "building the managed script"
@@ -33,36 +32,10 @@ check "the managed script names no library, C function or extension" \
     bash -c "! grep -nE \"MODULE_PATHNAME|LANGUAGE C\\b|CREATE EXTENSION|pg_extension_config_dump\" '$SCRIPT' | grep -v ':\s*--'"
 
 # ---------------------------------------------------------------- a PostgreSQL without relaybus
-# PostgreSQL's binaries are relocatable (scripts/pg-tree.sh): a copy of the
-# system's lib and share directories, every relaybus file left out.
 log "copying PostgreSQL $MAJOR without relaybus"
-libdir=$(dirname "$("$SYS_PG_CONFIG" --bindir)")
-sharedir=$("$SYS_PG_CONFIG" --sharedir)
-TREE=$TMP/pg
-mkdir -p "$TREE$libdir" "$TREE$sharedir"
-(cd "$libdir" && tar cf - --exclude='relaybus*' .) | (cd "$TREE$libdir" && tar xf -) || die "copy of $libdir failed"
-(cd "$sharedir" && tar cf - --exclude='relaybus*' .) | (cd "$TREE$sharedir" && tar xf -) || die "copy of $sharedir failed"
-# Libraries the binaries find by a path relative to themselves (the PyPI
-# wheel of PostgreSQL 16 keeps its libpq beside its install) come along.
-bindir=$("$SYS_PG_CONFIG" --bindir)
-for rpath in $(for b in "$bindir"/*; do readelf -d "$b" 2>/dev/null; done |
-                 sed -n 's/.*(R[UN]*PATH).*\[\(.*\)\]/\1/p' | tr ':' '\n' | sort -u); do
-    [[ $rpath == '$ORIGIN'/* ]] || continue
-    dep=$(realpath -m "$bindir/${rpath#\$ORIGIN/}")
-    [[ -d $dep && $dep != "$libdir"/* ]] || continue
-    mkdir -p "$TREE$dep"
-    (cd "$dep" && tar cf - .) | (cd "$TREE$dep" && tar xf -) || die "copy of $dep failed"
-done
-chmod -R a+rX "$TMP"
-TREE_PG_CONFIG=$TREE$libdir/bin/pg_config
+bare_cluster || die "the cluster without relaybus did not start"
 check_eq "no relaybus file in the cluster's lib and share directories" "" \
-    "$(find "$TREE$libdir" "$TREE$sharedir" -name 'relaybus*' | head -3)"
-
-RELAYBUS_PRELOAD='' PG_CONFIG=$TREE_PG_CONFIG bash "$ROOT/test/cluster.sh" start "$CLUSTER" >/dev/null \
-    || die "cluster did not start"
-# shellcheck disable=SC1091
-source "$CLUSTER/env"
-PATH="$TREE$libdir/bin:$PATH"
+    "$(find "${TREE_DIRS[@]}" -name 'relaybus*' | head -3)"
 su_sql() { psql -X -q -At -v ON_ERROR_STOP=1 -U postgres "$@" </dev/null; }
 own_sql() { psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" "$@" </dev/null; }
 
@@ -124,7 +97,7 @@ run_suite_tool() {
     local tool=$1 dir=$2
     shift 2
     (cd "$ROOT" && "$tool" --use-existing --dbname="$DB" --user="$OWNER" --host="$PGHOST" --port="$PGPORT" \
-        --bindir="$TREE$libdir/bin" --inputdir="$dir" --outputdir="$dir/out" "$@") >"$dir/log" 2>&1
+        --bindir="$(dirname "$TREE_PG_CONFIG")" --inputdir="$dir" --outputdir="$dir/out" "$@") >"$dir/log" 2>&1
 }
 # suite_ok LOG NAME: the tool passed NAME (15: "test NAME ... ok"; 16 and
 # later: "ok N - NAME", TAP).

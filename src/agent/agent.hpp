@@ -1,0 +1,93 @@
+#pragma once
+
+// relaybus-agent's loop (docs/managed.md, "relaybus-agent"): one libpq
+// connection to a database of the managed SQL edition, LISTEN relaybus for
+// wake-ups with a poll as fallback, notify handlers delivered by the
+// edition's server-side iteration (relay._agent_notify), http handlers by
+// core's pipeline and HTTP engine, each result settled on its lease token
+// (relay._agent_settle). One thread.
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/metrics.hpp"
+#include "agent/pg.hpp"
+#include "core/delivery_pipeline.hpp"
+#include "core/http_engine.hpp"
+
+namespace relaybus::agent {
+
+struct AgentConfig {
+  std::string database;  // libpq conninfo or URI
+  int64_t poll_interval_ms = 1000;
+  int batch_size = 1000;            // deliveries per claim (and per notify iteration)
+  int notify_payload_limit = 7900;  // bytes; larger deliveries go by reference
+  int claim_scan_limit = 1000;      // relaybus.claim_scan_limit of the agent's session
+  int max_in_flight = 256;          // http requests in flight and queued, all handlers
+  int64_t http_lease_margin_ms = 2000;
+  std::string http_allowlist;        // hosts and CIDRs the SSRF guard lets through
+  std::string ca_file;               // webhooks' TLS trust store; empty: the system's
+  int64_t drain_timeout_ms = 10000;  // SIGTERM: how long in-flight requests may finish
+  int64_t reconnect_base_ms = 500;   // reconnect backoff: doubling from here...
+  int64_t reconnect_max_ms = 30000;  // ...to here
+  std::string metrics_addr;          // HOST:PORT of /metrics and /healthz; empty: none
+};
+
+constexpr int kExitOk = 0;
+constexpr int kExitRuntime = 1;
+constexpr int kExitConfig = 2;
+
+class Agent final : public core::DeliveryStore {
+ public:
+  explicit Agent(AgentConfig config);
+  // Runs until stop is set (signals), or a fatal configuration error. Returns
+  // the exit code.
+  int run(const std::atomic<bool>& stop, int wake_fd);
+
+  // core::DeliveryStore
+  void complete(const std::vector<core::Completion>& batch) override;
+  void release(const std::vector<core::ClaimedDelivery>& never_sent) override;
+
+ private:
+  struct Handler {
+    std::shared_ptr<const core::PipelineHandler> pipe;
+    bool paused = false;
+    bool due = true;
+    int64_t lease_ms = 30000;  // http: the agent's lease (core::http_lease_ms)
+    int64_t retry_at_ms = 0;   // after an error of this handler's statement
+  };
+  enum class Connect { Ok, Retry, Fatal };
+
+  Connect connect_and_check();
+  void load_handlers();
+  void serve_notify(Handler& h);
+  void claim_http(Handler& h, int64_t now);
+  void on_pg_error(const PgError& e, const char* what, Handler* h);
+  void mark_all_due();
+  int64_t wait_ms(int64_t now);
+  void wait(int wake_fd, int64_t timeout_ms);
+  void on_notifications(const std::vector<std::pair<std::string, std::string>>& notes);
+  void set_connected(bool up);
+  void publish_gauges();
+
+  AgentConfig cfg_;
+  PgConn conn_;
+  Metrics metrics_;
+  std::unique_ptr<core::HttpEngine> engine_;
+  std::unique_ptr<core::HttpSink> sink_;
+  std::unique_ptr<core::DeliveryPipeline> pipeline_;
+  std::map<int, Handler> handlers_;
+  bool catalog_dirty_ = true;
+  int64_t catalog_retry_at_ms_ = 0;  // after a failed load
+  int connect_failures_ = 0;
+  int64_t reconnect_at_ms_ = 0;
+  int64_t next_poll_ms_ = 0;
+  int64_t engine_deadline_ms_ = -1;
+  bool fatal_ = false;
+};
+
+}  // namespace relaybus::agent

@@ -1,0 +1,55 @@
+#pragma once
+
+// relaybus-agent's counters and a small HTTP server for them: GET /metrics
+// (Prometheus text format 0.0.4) and GET /healthz (200 "ok" while connected,
+// else 503). The server has its own thread, so that a scrape never waits for
+// a statement of the loop; the loop updates the counters under the mutex.
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace relaybus::agent {
+
+class Metrics {
+ public:
+  struct PerHandler {
+    uint64_t delivered = 0;  // http: settled as delivered
+    uint64_t retried = 0;    // http: a failed attempt, retried later
+    uint64_t dead = 0;       // http: moved to the dead letters
+    uint64_t stale = 0;      // http: a result refused, the lease no longer held
+    uint64_t notified = 0;   // notify: NOTIFYs sent
+    bool breaker_open = false;
+  };
+
+  std::mutex mu;
+  std::map<std::string, PerHandler> handlers;
+  bool connected = false;
+  uint64_t connect_failures = 0;
+  uint64_t connections_lost = 0;
+  uint64_t statement_errors = 0;
+  uint64_t in_flight = 0;
+
+  std::string render();  // takes mu
+};
+
+class MetricsServer {
+ public:
+  explicit MetricsServer(Metrics& metrics) : metrics_(metrics) {}
+  ~MetricsServer() { stop(); }
+  // HOST:PORT (PORT 0: any free one). False with *why; else the port bound.
+  bool start(const std::string& address, int* port, std::string* why);
+  void stop();
+
+ private:
+  void serve();
+  Metrics& metrics_;
+  int listen_fd_ = -1;
+  int stop_pipe_[2] = {-1, -1};
+  std::thread thread_;
+};
+
+}  // namespace relaybus::agent
