@@ -111,6 +111,29 @@ parse_plain() {
     awk '{ print $1 + 0, $3 + 0 }' <<<"$line"
 }
 
+# The wall time of each job in earlier runs, for the order of the next.
+TIMES_FILE=${RELAYBUS_CACHE:-$HOME/.cache/relaybus}/job-times
+declare -A JOB_SECS=()
+# save_job_times: this run's wall time per job, for the next run's order.
+save_job_times() {
+    local name tmp
+    mkdir -p "$(dirname "$TIMES_FILE")" 2>/dev/null || return 0
+    tmp=$(mktemp "$TIMES_FILE.XXXXXX") || return 0
+    {
+        for name in "${!JOB_SECS[@]}"; do echo "$name ${JOB_SECS[$name]}"; done
+        if [[ -f "$TIMES_FILE" ]]; then cat "$TIMES_FILE"; fi
+    } | awk '!seen[$1]++' | sort >"$tmp" && mv -f "$tmp" "$TIMES_FILE"
+}
+
+# test/run_all.sh --save-job-times NAME SECS...: what a run records at its end
+# (test/integration/run_all_times.sh).
+if [[ "${1:-}" == --save-job-times ]]; then
+    shift
+    while (($# >= 2)); do JOB_SECS[$1]=$2; shift 2; done
+    save_job_times
+    exit 0
+fi
+
 if [[ "${1:-}" == --parse ]]; then
     (($# >= 3)) || { echo "usage: $0 --parse {gtest|regress|tap|plain} LOGFILE [RC]" >&2; exit 2; }
     read -r p f < <("parse_$2" "$3")
@@ -234,8 +257,7 @@ record_suite() {
 # ended, the longest first by its wall time in earlier runs
 # ($RELAYBUS_CACHE/job-times), so that a long suite does not start last.
 POOL_SIZE=${RELAYBUS_TEST_JOBS:-$((3 * JOBS))}
-TIMES_FILE=${RELAYBUS_CACHE:-$HOME/.cache/relaybus}/job-times
-declare -A JOB_CMD=() JOB_NEEDS=() JOB_PRIO=() JOB_PID=() JOB_RC=() JOB_SECS=() JOB_T0=() STEP_OK=()
+declare -A JOB_CMD=() JOB_NEEDS=() JOB_PRIO=() JOB_PID=() JOB_RC=() JOB_T0=() STEP_OK=()
 PENDING=()
 RUNNING=()
 mkdir -p "$LOGDIR/jobs"
@@ -401,17 +423,6 @@ run_pool() {
         done
         ((${#PENDING[@]} + ${#RUNNING[@]} > 0)) && sleep 0.5
     done
-}
-
-# save_job_times: this run's wall time per job, for the next run's order.
-save_job_times() {
-    local name tmp
-    mkdir -p "$(dirname "$TIMES_FILE")" 2>/dev/null || return 0
-    tmp=$(mktemp "$TIMES_FILE.XXXXXX") || return 0
-    {
-        for name in "${!JOB_SECS[@]}"; do echo "$name ${JOB_SECS[$name]}"; done
-        [[ -f "$TIMES_FILE" ]] && cat "$TIMES_FILE"
-    } | awk '!seen[$1]++' | sort >"$tmp" && mv -f "$tmp" "$TIMES_FILE"
 }
 
 # ---------------------------------------------------------------- the jobs
