@@ -164,18 +164,6 @@ std::string errno_text(long err) {
 
 }  // namespace
 
-const char* http_outcome_name(HttpOutcome o) {
-  switch (o) {
-    case HttpOutcome::Success:
-      return "success";
-    case HttpOutcome::Retry:
-      return "retry";
-    case HttpOutcome::Fail:
-      return "fail";
-  }
-  return "?";
-}
-
 struct HttpEngine::Transfer {
   HttpEngine* engine = nullptr;
   CURL* easy = nullptr;

@@ -43,7 +43,6 @@ struct HttpRequest {
 };
 
 enum class HttpOutcome { Success, Retry, Fail };
-const char* http_outcome_name(HttpOutcome o);  // "success", "retry", "fail"
 
 struct HttpResult {
   uint64_t tag = 0;

@@ -43,14 +43,13 @@ bool http_completion_due();
 // Completes finished requests in one transaction; returns how many. If that
 // fails, they stay for a later try (their leases fence a late completion).
 int http_complete();
-// Waits for the latch, postmaster death, the engine's sockets or its timer, up
-// to timeout_ms, and lets the engine work. True if the latch was set or the
-// timeout passed; false if only sockets or the engine's own timer had activity.
-bool http_wait(long timeout_ms);
 size_t http_in_flight();  // http requests and kafka messages
 // Closes the kafka producers of handlers not among ids (dropped, paused or
 // no longer kafka); their messages in flight still complete.
 void http_retain_kafka(const int32* ids, int n);
+// The dispatcher stops (disabled, SIGTERM): the requests in flight get a
+// short while to finish, and what finished is completed; errors are logged.
+void drain_http_on_exit(MemoryContext cxt);
 void http_shutdown();
 
 }  // namespace relaybus::pg

@@ -39,16 +39,6 @@ static inline int relaybus_procno() {
 #endif
 }
 
-// Whether this process is a background worker (a parallel worker is one too).
-// 17 replaced the IsBackgroundWorker flag with the backend type.
-static inline bool relaybus_am_background_worker() {
-#if PG_VERSION_NUM >= 170000
-  return AmBackgroundWorkerProcess();
-#else
-  return IsBackgroundWorker;
-#endif
-}
-
 // Calls a PostgreSQL signal handler (die, ...) from inside relaybus's own
 // handler, declared with SIGNAL_ARGS, passing its arguments on: 19 gave
 // SIGNAL_ARGS a second argument (the sender's pid and uid).
