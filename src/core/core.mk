@@ -1,6 +1,6 @@
 # src/core, compiled once for everything that links it: the extension (the
 # top-level Makefile), the core tests (test/core/Makefile; their ASan build
-# aside) and relaybus-mongo (src/mongo/Makefile). Include with ROOT set to the
+# aside), relaybus-mongo and relaybus-agent (src/core/program.mk). Include with ROOT set to the
 # repository root; link $(CORE_OBJS), and -include $(CORE_OBJS:.o=.d) (the
 # header dependencies) after the includer's first target.
 #
