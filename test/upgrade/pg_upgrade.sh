@@ -83,8 +83,8 @@ early_fail() {
 build_install() {
     local major=$1 pgc=$2 dir=$ROOT/test/upgrade/build/pg$1 list f
     mkdir -p "$dir"
-    list=$(cd "$ROOT" && find Makefile relaybus.control sql src/core src/pg -type f \
-        ! -name '*.o' ! -name '*.d' ! -name '*.so' ! -name '*.bc' | sort)
+    list=$(cd "$ROOT" && find Makefile relaybus.control sql src/core src/pg scripts/check-boundary.sh -type f \
+        ! -name '*.o' ! -name '*.d' ! -name '*.so' ! -name '*.bc' ! -name '.boundary-checked' | sort)
     # Sources deleted since the last build must not be built from the copy.
     while IFS= read -r f; do
         grep -qxF "$f" <<<"$list" || rm -f "$dir/$f"
