@@ -46,6 +46,7 @@ PACKAGES=(
     python3-pip                              # standardwebhooks (python_deps)
     openssl                                  # test certificates
     curl
+    gdb                                      # ddl_hooks.sh holds an exiting dispatcher at a PostgreSQL function
 )
 # The server, its headers and pgTAP: Debian's packages for 15, 17, 18 and 19
 # (19 from the experimental suite); 16 from the PyPI wheel (pg16_deps below).

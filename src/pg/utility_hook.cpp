@@ -38,6 +38,7 @@ extern "C" {
 #include "nodes/parsenodes.h"
 #include "pgstat.h"
 #include "storage/latch.h"
+#include "storage/procarray.h"
 #include "tcop/utility.h"
 #include "utils/acl.h"
 #include "utils/fmgroids.h"
@@ -239,14 +240,20 @@ static Oid database_to_clear(Node* stmt, bool top_level) {
 }
 
 // Marks the database kept out (the launcher starts no dispatcher there, one
-// starting now leaves at once) and signals its running dispatchers.
-static void keep_out_begin(Oid dboid) {
+// starting now leaves at once) and signals its running dispatchers, whose
+// pids it writes to pids (nslots entries, 0 where none); returns their number.
+static int keep_out_begin(Oid dboid, int* pids) {
+  int n = 0;
   LWLockAcquire(workers->lock, LW_EXCLUSIVE);
   int d = database_slot(dboid, true);
   if (d >= 0) workers->databases[d].keep_out++;
   for (int s = 0; s < workers->nslots; s++)
-    if (workers->slots[s].dboid == dboid && workers->slots[s].pid != 0) kill(workers->slots[s].pid, SIGTERM);
+    if (workers->slots[s].dboid == dboid && workers->slots[s].pid != 0) {
+      pids[n++] = workers->slots[s].pid;
+      kill(workers->slots[s].pid, SIGTERM);
+    }
   LWLockRelease(workers->lock);
+  return n;
 }
 
 static void keep_out_end(Oid dboid) {
@@ -260,18 +267,24 @@ static void keep_out_end(Oid dboid) {
 // Waits (a few seconds at most, interruptibly) until the database's
 // dispatchers have exited: PostgreSQL would otherwise count them as other
 // sessions (and DROP DATABASE ... WITH (FORCE) by a non-superuser owner would
-// refuse to terminate them). SIGTERM ends a dispatcher at once, even in a lock
-// wait, so this is short; if one is stuck, PostgreSQL's own wait decides.
-static void wait_dispatchers_gone(Oid dboid) {
+// refuse to terminate them: they have no role). A dispatcher frees its slot
+// before it leaves the process array, so both are waited for. SIGTERM ends a
+// dispatcher at once, even in a lock wait, so this is short; if one is stuck,
+// PostgreSQL's own wait decides.
+static bool dispatchers_running(Oid dboid, const int* pids, int npids) {
+  bool running = false;
+  LWLockAcquire(workers->lock, LW_SHARED);
+  for (int s = 0; s < workers->nslots && !running; s++)
+    running = workers->slots[s].dboid == dboid && workers->slots[s].pid != 0;
+  LWLockRelease(workers->lock);
+  for (int i = 0; i < npids && !running; i++) running = BackendPidGetProc(pids[i]) != nullptr;
+  return running;
+}
+
+static void wait_dispatchers_gone(Oid dboid, const int* pids, int npids) {
   constexpr int kMaxWaitMs = 5000;
   constexpr int kStepMs = 10;
-  for (int waited = 0; waited < kMaxWaitMs; waited += kStepMs) {
-    bool running = false;
-    LWLockAcquire(workers->lock, LW_SHARED);
-    for (int s = 0; s < workers->nslots && !running; s++)
-      running = workers->slots[s].dboid == dboid && workers->slots[s].pid != 0;
-    LWLockRelease(workers->lock);
-    if (!running) return;
+  for (int waited = 0; waited < kMaxWaitMs && dispatchers_running(dboid, pids, npids); waited += kStepMs) {
     (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, kStepMs, PG_WAIT_EXTENSION);
     ResetLatch(MyLatch);
     CHECK_FOR_INTERRUPTS();
@@ -296,10 +309,11 @@ static void relay_process_utility(PlannedStmt* pstmt, const char* query, bool re
     call_next(pstmt, query, read_only_tree, context, params, env, dest, qc);
     return;
   }
-  keep_out_begin(dboid);
+  int* pids = static_cast<int*>(palloc0(sizeof(int) * workers->nslots));
+  int npids = keep_out_begin(dboid, pids);
   PG_TRY();
   {
-    wait_dispatchers_gone(dboid);
+    wait_dispatchers_gone(dboid, pids, npids);
     call_next(pstmt, query, read_only_tree, context, params, env, dest, qc);
   }
   PG_FINALLY();

@@ -106,6 +106,29 @@ out=$(psql -X -At -v ON_ERROR_STOP=1 -d postgres -U "$role" -c "DROP DATABASE \"
 check_eq "DROP DATABASE WITH (FORCE) by its non-superuser owner succeeds ($out)" 0 "$?"
 check "the other database is still served" wait_workers "$db" 1 20
 
+# A dispatcher gives up its slot before it leaves PostgreSQL's process array.
+# A drop that ran in that window found it there, and the owner may not
+# terminate a process that has no role (seen once in CI: "must be a member of
+# the role whose process is being terminated"). gdb holds the exiting
+# dispatcher inside ProcArrayRemove for 2 s: the drop must wait it out.
+log "DROP DATABASE WITH (FORCE) while a dispatcher is still leaving"
+new_db leaving ddl_leaving || die "could not create a database"
+psql_q -d postgres -c "ALTER DATABASE \"$leaving\" OWNER TO $role" >/dev/null
+check "the database is served before the drop" wait_workers "$leaving" 1 20
+lpid=$(dispatcher_pids "$leaving")
+gdb -q -batch -p "$lpid" -ex 'handle all nostop noprint pass' -ex 'break ProcArrayRemove' -ex 'continue' \
+    -ex 'shell sleep 2' -ex 'detach' >"$TMP/gdb_leaving.out" 2>&1 </dev/null &
+gdb_pid=$!
+bg_track "$gdb_pid"
+check "gdb holds the dispatcher ($lpid) at ProcArrayRemove" \
+    wait_until 30 grep -q '^Breakpoint 1 at' "$TMP/gdb_leaving.out"
+out=$(psql -X -At -v ON_ERROR_STOP=1 -d postgres -U "$role" -c "\\set VERBOSITY verbose" \
+    -c "DROP DATABASE \"$leaving\" WITH (FORCE)" 2>&1 </dev/null)
+check_eq "DROP DATABASE WITH (FORCE) by the owner waits for the leaving dispatcher ($out)" 0 "$?"
+wait "$gdb_pid"
+check "the dispatcher stopped at ProcArrayRemove on its way out" \
+    grep -q 'Breakpoint 1, .*ProcArrayRemove' "$TMP/gdb_leaving.out"
+
 # ---------------------------------------------------------------- DROP EXTENSION steps around the dispatcher
 # A dispatcher in the middle of an iteration holds locks on relay's tables and
 # takes more in another order than DROP EXTENSION does; racing, the two
