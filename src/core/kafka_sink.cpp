@@ -153,8 +153,12 @@ KafkaSink::Producer* KafkaSink::producer_for(const PipelineHandler& h, std::stri
   if (!parse_kafka_target(h.target, &target, why)) return nullptr;
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
   // A key has one message in flight at a time, so waiting to fill a batch
-  // (librdkafka's 5 ms) only delays it; the handler may say otherwise.
-  bool ok = conf_set(conf, "linger.ms", "0", why) && conf_set(conf, "client.id", "relaybus-" + h.name, why);
+  // (librdkafka's 5 ms) only delays it. murmur2_random puts a key where
+  // Kafka's Java client (so Kafka Streams, ksqlDB, Flink, Spring) would:
+  // consumers that co-partition by key rely on it; librdkafka's own default
+  // (CRC32) disagrees for most keys. The handler may say otherwise for both.
+  bool ok = conf_set(conf, "linger.ms", "0", why) && conf_set(conf, "partitioner", "murmur2_random", why) &&
+            conf_set(conf, "client.id", "relaybus-" + h.name, why);
   for (const auto& kv : h.options.producer) {
     if (!ok) break;
     if (!validate_kafka_property(kv.first, kv.second, why) || !conf_set(conf, kv.first, kv.second, why)) {
