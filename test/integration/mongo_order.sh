@@ -107,6 +107,11 @@ if wait_until 600 has_requests /order $((4 * N)) && wait_until 30 pending_is $DB
     pass "$((4 * N)) events delivered"
 else
     fail "got $(count_path /order) of $((4 * N)); pending $(stats_field $DB pending)"
+    # What the two live instances were doing: their message counts and last lines.
+    for i in b c; do
+        echo "    order_$i: $(grep -o '"msg":"[^"]*"' "$TMP/order_$i.err" | sort | uniq -c | sort -rn | head -8 | tr -s ' ' | tr '\n' ';')"
+        tail -n 5 "$TMP/order_$i.err" | sed 's/^/      /'
+    done
 fi
 while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done < <($PY "$INTEG/mongo_check.py" --receiver "$RPORT" \
     --path /order --published "$TMP/pub_b1" --published "$TMP/pub_b2" --published "$TMP/pub_p1" --published "$TMP/pub_p2")
