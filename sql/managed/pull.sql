@@ -279,11 +279,12 @@ BEGIN
         ), s3 AS (
             -- A run is in key order up to its first row with an earlier seq
             -- outside the window (before the head, or between two of its
-            -- rows): one index probe a row, only for the rows still wanted.
+            -- rows): one index range a row (both bounds in the index
+            -- condition), only for the rows still wanted.
             SELECT r.*, bool_and(r.key IS NULL OR NOT EXISTS (
                        SELECT 1 FROM relay.deliveries e
                         WHERE e.handler_id = h.id AND e.key = r.key AND e.seq < r.seq
-                          AND (r.prev_seq IS NULL OR e.seq > r.prev_seq)))
+                          AND e.seq > coalesce(r.prev_seq, '-9223372036854775808'::bigint)))
                        OVER (PARTITION BY r.key, CASE WHEN r.key IS NULL THEN r.id END ORDER BY r.pos) AS in_order
               FROM s2 r
              WHERE r.run_ok AND r.pos <= per_key
