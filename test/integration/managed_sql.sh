@@ -416,6 +416,22 @@ check_eq "a fresh table's backlog is claimed at the batch size (500 x 6, then no
 check_eq "every key claimed from its head in seq order, across batches, once each" "order|3000|3000|0" \
     "$(grep '^order' "$TMP/fresh.out")"
 
+# A small claim reads about its batch, not claim_scan_limit rows per class:
+# rows of relay.deliveries this transaction read for a claim of 10 from a
+# backlog of 20,000 (half of it keyed, 50 keys), before and after ANALYZE.
+fresh_sql() { psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$FRESH" "$@" </dev/null; }
+fresh_sql -c "SELECT relay_create_handler('c_big', 'pull')" -c "SELECT relay_route('cb.#', 'c_big')" \
+    -c "SELECT count(*) FROM (SELECT relay_publish('cb.e', jsonb_build_object('i', i), CASE WHEN i % 2 = 0 THEN 'cb' || (i % 50) END)
+                                FROM generate_series(1, 20000) i) x" >/dev/null || fail "claim: big backlog"
+read_by_claim() {
+    fresh_sql -c "BEGIN" -c "SELECT count(*) FROM relay_claim('c_big', 10)" \
+        -c "SELECT seq_tup_read + idx_tup_fetch <= 500 FROM pg_stat_xact_user_tables WHERE relid = 'relay.deliveries'::regclass" \
+        -c "ROLLBACK" | paste -sd'|'
+}
+check_eq "a claim of 10 from a backlog of 20,000 reads at most 500 rows (no statistics)" "10|t" "$(read_by_claim)"
+fresh_sql -c "ANALYZE relay.deliveries" >/dev/null
+check_eq "a claim of 10 from a backlog of 20,000 reads at most 500 rows (after ANALYZE)" "10|t" "$(read_by_claim)"
+
 # Two claimers in a loop (claim, record, ack, commit) on one backlog of 50
 # keys: no delivery is handed to both, none is lost, and each key's
 # deliveries are handed over in seq order across the two.
@@ -449,16 +465,16 @@ check_eq "two claimers: each key in seq order across both" "0" \
 # head is); unkeyed rows of classes 0 and 3 (class 3 first).
 edge() { own_sql -c "SET relaybus.priority_aging = 0" -c "$1"; }
 own_sql -c "SELECT relay_publish('ce.e', '{\"n\": 1}', 'ce0')" -c "SELECT relay_publish('ce.e', '{\"n\": 2}', 'ce0')" >/dev/null
-(echo "BEGIN; SELECT key || ' ' || seq FROM relay_claim('c_edge', 1); SELECT pg_sleep(4); ROLLBACK;") \
+(echo "BEGIN; SELECT key || ' ' || seq FROM relay_claim('c_edge', 1); SELECT pg_sleep(6); ROLLBACK;") \
     | psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" >"$TMP/edge_hold.out" 2>&1 &
 holder=$!
+for _ in $(seq 1 100); do [[ -s "$TMP/edge_hold.out" ]] && break; sleep 0.1; done
 own_sql -c "SELECT relay_publish('ce.e', '{\"n\": 1}', 'ce1', not_before => now() + interval '1 hour')" \
         -c "SELECT relay_publish('ce.e', '{\"n\": 2}', 'ce1')" \
         -c "SELECT relay_publish('ce.e', '{\"n\": 1}', 'ce2', priority => 0)" \
         -c "SELECT relay_publish('ce.e', '{\"n\": 2}', 'ce2', priority => 3)" \
         -c "SELECT relay_publish('ce.e', '{\"u\": 0}', priority => 0)" \
         -c "SELECT relay_publish('ce.e', '{\"u\": 3}', priority => 3)" >/dev/null
-sleep 1
 check_eq "edges: the open claim holds ce0's head" "ce0 1" "$(head -1 "$TMP/edge_hold.out")"
 check_eq "edges: class 3 first; locked and delayed heads keep their keys back; a run spanning classes goes with its head" \
     "- {\"u\": 3}|ce2 1 {\"n\": 1}|ce2 2 {\"n\": 2}|- {\"u\": 0}" \
