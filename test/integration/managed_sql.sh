@@ -301,18 +301,27 @@ check_eq "a rolled-back publish leaves nothing" "0|0|0" \
 # transactions that sleep while holding the key.
 log "concurrent publishers of one key"
 own_sql -c "CREATE TABLE g_commits (n bigserial PRIMARY KEY, event_id bigint)" >/dev/null
-pids=()
-for s in 1 2 3 4; do
-    (for i in $(seq 1 25); do
-        echo "BEGIN; SELECT relay_publish('g.seq', jsonb_build_object('s', $s, 'i', $i), 'g-hot') AS e \\gset"
+# concurrent NAME GEN S...: for each S, the statements GEN S prints run in a
+# session of their own, all at once; fails if any session failed (its stderr
+# in $TMP/NAME<S>.err).
+concurrent() {
+    local name=$1 gen=$2 s p rc=0 pids=()
+    shift 2
+    for s in "$@"; do
+        "$gen" "$s" | psql -X -q -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" >/dev/null 2>"$TMP/$name$s.err" &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    return $rc
+}
+publisher() {
+    for i in $(seq 1 25); do
+        echo "BEGIN; SELECT relay_publish('g.seq', jsonb_build_object('s', $1, 'i', $i), 'g-hot') AS e \\gset"
         echo "SELECT pg_sleep(random() * 0.005);"
         echo "INSERT INTO g_commits (event_id) VALUES (:e); COMMIT;"
-     done) | psql -X -q -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" >/dev/null 2>"$TMP/pub$s.err" &
-    pids+=($!)
-done
-rc=0
-for p in "${pids[@]}"; do wait "$p" || rc=1; done
-check "four sessions published 100 events on one key" test "$rc" = 0
+    done
+}
+check "four sessions published 100 events on one key" concurrent pub publisher 1 2 3 4
 check_eq "seq of the key is 1..100 without gaps" "100|1|100|100" \
     "$(own_sql -c "SELECT count(*), min(seq), max(seq), count(DISTINCT seq) FROM relay.deliveries WHERE key = 'g-hot'")"
 check_eq "seq order is commit order (and event id order)" "0" \
@@ -436,19 +445,15 @@ check_eq "a claim of 10 from a backlog of 20,000 reads at most 500 rows (after A
 # keys: no delivery is handed to both, none is lost, and each key's
 # deliveries are handed over in seq order across the two.
 own_sql -c "SELECT count(*) FROM (SELECT relay_publish('ct.e', jsonb_build_object('i', i), 'ct' || (i % 50)) FROM generate_series(1, 2000) i) x" >/dev/null
-pids=()
-for who in 2 3; do
-    (for i in $(seq 1 80); do
+claimer() {
+    for i in $(seq 1 80); do
         echo "BEGIN;"
-        echo "INSERT INTO c_claimed (who, tx, id, key, seq) SELECT $who, txid_current(), id, key, seq FROM relay_claim('c_two', 40, per_key => 3);"
+        echo "INSERT INTO c_claimed (who, tx, id, key, seq) SELECT $1, txid_current(), id, key, seq FROM relay_claim('c_two', 40, per_key => 3);"
         echo "SELECT relay_ack(coalesce(array_agg(id), '{}')) FROM c_claimed WHERE tx = txid_current();"
         echo "COMMIT;"
-     done) | psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" >/dev/null 2>"$TMP/two$who.err" &
-    pids+=($!)
-done
-rc=0
-for p in "${pids[@]}"; do wait "$p" || rc=1; done
-check "two concurrent claimers ran without an error" test "$rc" = 0
+    done
+}
+check "two concurrent claimers ran without an error" concurrent two claimer 2 3
 check_eq "two claimers: 2000 handed over, 2000 distinct, none left, both took some" "2000|2000|0|2" \
     "$(own_sql -c "SELECT count(*), count(DISTINCT id),
                           (SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
