@@ -68,11 +68,12 @@ $$;
 -- same commit. Ack mode, and a payload longer than payload_limit (sent by
 -- reference), keep their lease and carry it ("lease") for relay_ack. Returns
 -- how many deliveries were sent. One statement after the claim; planner
--- settings as relay._claim_handler's, for the same reason.
+-- settings and generic plans as relay._claim_handler's, for the same reasons.
 CREATE FUNCTION relay._agent_notify(handler_id integer, max_rows integer, payload_limit integer)
 RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off SET jit = off AS $$
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off SET jit = off
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     h       relay.handlers;
     ack     boolean;
@@ -159,7 +160,8 @@ CREATE FUNCTION relay._agent_settle(ids bigint[], leases uuid[], outcomes text[]
                                     errors text[], statuses integer[], OUT id bigint, OUT result text)
 RETURNS SETOF record LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off SET jit = off AS $$
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off SET jit = off
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     bad text;
 BEGIN
