@@ -79,6 +79,7 @@ DECLARE
     ack     boolean;
     inline  boolean;
     n       integer;
+    fired   bigint[];
 BEGIN
     PERFORM relay._refuse_in_recovery('relay._agent_notify');
     PERFORM relay._check_between('max', max_rows, 1, 10000, NULL);
@@ -121,16 +122,12 @@ BEGIN
                b.body
           FROM b
     ), leased AS (
-        INSERT INTO relay.leases (delivery_id, handler_id, token, lease_until, owner_pid)
+        INSERT INTO relay.leases AS l (delivery_id, handler_id, token, lease_until, owner_pid)
         SELECT f.id, h.id, f.token, f.lease_until, pg_backend_pid() FROM f WHERE f.ref AND NOT ack
-        RETURNING 1
-    ), fired AS (
-        DELETE FROM relay.deliveries d
-         WHERE d.id = ANY (ARRAY(SELECT f.id FROM f WHERE NOT f.ref AND NOT ack))
-        RETURNING 1
-    ), unleased AS (
-        DELETE FROM relay.leases l
-         WHERE l.delivery_id = ANY (ARRAY(SELECT f.id FROM f WHERE NOT f.ref AND NOT ack))
+        ON CONFLICT (delivery_id) DO UPDATE
+           SET token = excluded.token, lease_until = excluded.lease_until, owner_pid = excluded.owner_pid,
+               completed_by = NULL
+         WHERE l.completed_by IS NOT NULL
         RETURNING 1
     )
     -- The subquery's order is the order the notifications are queued in.
@@ -139,9 +136,15 @@ BEGIN
                                 THEN jsonb_build_object('id', s.id, 'event_id', s.event_id, 'topic', s.topic,
                                                         'key', s.key, 'seq', s.seq, 'attempt', s.attempt,
                                                         'ref', true, 'lease', s.token)::text
-                                ELSE s.body END))
-      INTO n
+                                ELSE s.body END)),
+           array_agg(s.id) FILTER (WHERE NOT s.ref AND NOT ack)
+      INTO n, fired
       FROM (SELECT * FROM f ORDER BY f.ord) s;
+    -- Statements of their own: this statement's snapshot was taken before
+    -- the claim's, and a row published in between, claimed and sent, would
+    -- be invisible to a DELETE here, and stay to be sent again.
+    DELETE FROM relay.deliveries d WHERE d.id = ANY (fired);
+    DELETE FROM relay.leases l WHERE l.delivery_id = ANY (fired);
     RETURN n;
 END
 $$;

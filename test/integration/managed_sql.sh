@@ -464,6 +464,25 @@ check_eq "two claimers: each key in seq order across both" "0" \
     "$(own_sql -c "SELECT count(*) FROM (SELECT seq, lag(seq) OVER (PARTITION BY key ORDER BY n) AS prev
                                            FROM c_claimed WHERE who IN (2, 3)) x WHERE seq <> prev + 1")"
 
+# A fire-mode notify iteration (relay._agent_notify) while publishers
+# commit: each delivery is sent once. The sending sessions LISTEN on the
+# channel (a session receives its own notifications at commit): one drains
+# while 3,000 events are published one per transaction, a second drains what
+# is left.
+own_sql -c "SELECT relay_create_handler('c_fire', 'notify', 'c_fire_chan')" -c "SELECT relay_route('cn.#', 'c_fire')" \
+    >/dev/null || fail "claim: notify fixture"
+fire=$(own_sql -c "SELECT id FROM relay.handlers WHERE name = 'c_fire'")
+for _ in $(seq 1 3000); do echo "SELECT relay_publish('cn.e', '{}');"; done \
+    | psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" >/dev/null 2>"$TMP/fire_pub.err" &
+firepub=$!
+{ echo "LISTEN c_fire_chan;"; for _ in $(seq 1 2000); do echo "SELECT relay._agent_notify($fire, 50, 7900);"; done; } \
+    | psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" >"$TMP/fire1.out" 2>&1
+wait "$firepub"
+{ echo "LISTEN c_fire_chan;"; for _ in $(seq 1 100); do echo "SELECT relay._agent_notify($fire, 1000, 7900);"; done; } \
+    | psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" >"$TMP/fire2.out" 2>&1
+check_eq "notify while publishing: 3,000 sent, 3,000 distinct, none left" "3000 3000 0" \
+    "$(cat "$TMP/fire1.out" "$TMP/fire2.out" | grep -c '^Asynchronous notification "c_fire_chan"') $(cat "$TMP/fire1.out" "$TMP/fire2.out" | grep '^Asynchronous notification "c_fire_chan"' | grep -o '"id": [0-9]*' | sort -u | wc -l) $(own_sql -c "SELECT count(*) FROM relay.deliveries WHERE handler_id = $fire")"
+
 # Edges of the set-based statement. ce0: its head is locked by a claim in an
 # open transaction (the rest of its run is not taken); ce1: its head is
 # delayed; ce2: head in class 0, the next in class 3 (the run goes where its
