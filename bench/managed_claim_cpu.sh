@@ -18,12 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-20000}
-if [[ -n "${MANAGED_SQL:-}" ]]; then
-    script=$MANAGED_SQL
-else
-    make -s managed >/dev/null
-    script=$(ls build/relaybus-managed--*.sql | head -1)
-fi
+source bench/managed_script.sh
 dir=$(mktemp -d /tmp/relaybus-claim-cpu.XXXXXX)
 trap 'bash test/cluster.sh destroy "$dir" >/dev/null 2>&1 || true' EXIT
 RELAYBUS_PRELOAD='' RELAYBUS_EXTRA_CONF=$'shared_buffers = 256MB\nsynchronous_commit = off' \
@@ -63,8 +58,8 @@ cell() {
     fi
     psql -X -q -At -d "$db" -c "ALTER TABLE relay.deliveries SET (autovacuum_enabled = false)" \
         -c "SELECT relay_route('b.#', 'b')" >/dev/null
-    local publish="SELECT count(*) FROM (SELECT relay_publish('b.e', jsonb_build_object('i', i, 'pad', repeat('x', 60)), $key)
-                                          FROM generate_series(1, $N) i) x"
+    # One line: psql's \! ends at the line's end.
+    local publish="SELECT count(*) FROM (SELECT relay_publish('b.e', jsonb_build_object('i', i, 'pad', repeat('x', 60)), $key) FROM generate_series(1, $N) i) x"
     {
         echo "$warm"
         echo "\\! psql -X -q -At -d $db -c \"$publish\" >/dev/null"
@@ -78,7 +73,7 @@ cell() {
     } | psql -X -q -At -v ON_ERROR_STOP=1 -d "$db" >"$dir/cell.out" 2>&1
     read -r _ u0 s0 < <(grep '^before' "$dir/cell.out")
     read -r _ u1 s1 < <(grep '^after' "$dir/cell.out")
-    [[ "$(grep '^left' "$dir/cell.out")" == "left|0" ]] || { echo "cell $kind $keys: not drained" >&2; exit 1; }
+    [[ "$(grep "^left" "$dir/cell.out")" == "left|0" ]] || { echo "cell $kind $keys: not drained:" >&2; cat "$dir/cell.out" >&2; exit 1; }
     dropdb "$db"
     echo $(((u1 + s1 - u0 - s0) * 10 * 1000000 / N / 1000))
 }
