@@ -4,9 +4,9 @@
 # library preloaded, $man with nothing preloaded and the script copied to
 # $man/managed.sql; both are destroyed at exit, with the processes in
 # BENCH_PIDS. on DIR CMD... runs CMD with DIR's cluster environment.
+# MANAGED_SQL=FILE: that script of the edition (bench/managed_script.sh).
 BENCH_PIDS=()
-make -s managed >/dev/null
-script=$(ls build/relaybus-managed--*.sql | head -1)
+source bench/managed_script.sh
 ext=$(mktemp -d /tmp/relaybus-bench-ext.XXXXXX)
 man=$(mktemp -d /tmp/relaybus-bench-man.XXXXXX)
 trap 'kill "${BENCH_PIDS[@]}" 2>/dev/null || true; bash test/cluster.sh destroy "$ext" >/dev/null 2>&1 || true; bash test/cluster.sh destroy "$man" >/dev/null 2>&1 || true' EXIT

@@ -67,16 +67,19 @@ $$;
 -- fire-and-forget ones. The NOTIFYs and the deletions become visible at the
 -- same commit. Ack mode, and a payload longer than payload_limit (sent by
 -- reference), keep their lease and carry it ("lease") for relay_ack. Returns
--- how many deliveries were sent.
+-- how many deliveries were sent. One statement after the claim; planner
+-- settings and generic plans as relay._claim_handler's, for the same reasons.
 CREATE FUNCTION relay._agent_notify(handler_id integer, max_rows integer, payload_limit integer)
-RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off SET jit = off
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     h       relay.handlers;
     ack     boolean;
     inline  boolean;
-    r       record;
-    body    text;
-    n       integer := 0;
+    n       integer;
+    fired   bigint[];
 BEGIN
     PERFORM relay._refuse_in_recovery('relay._agent_notify');
     PERFORM relay._check_between('max', max_rows, 1, 10000, NULL);
@@ -88,34 +91,60 @@ BEGIN
     ack := coalesce((h.options ->> 'ack')::boolean, false);
     inline := coalesce((h.options ->> 'inline_payload')::boolean, true);
     -- Fire mode may take a key's whole run: one transaction's notifications
-    -- arrive in order. Ack mode takes one per key (the next waits for the ack).
-    FOR r IN SELECT * FROM relay._claim_handler(h, max_rows, relay._option_ms(h.options, 'lease', 30000),
-                                                CASE WHEN ack THEN 1 ELSE max_rows END)
-    LOOP
-        body := NULL;
-        IF inline THEN
-            body := jsonb_build_object('id', r.id, 'key', r.key, 'seq', r.seq, 'topic', r.topic,
-                                       'attempt', r.attempt, 'headers', r.headers, 'payload', r.payload,
-                                       'event_id', r.event_id)::text;
-            IF ack THEN
-                -- After the object's fields, as the extension's dispatcher
-                -- appends it (jsonb would sort it among them).
-                body := left(body, -1) || ', "lease": "' || r.lease || '"}';
-            END IF;
-            IF octet_length(body) > payload_limit THEN
-                body := NULL;
-            END IF;
-        END IF;
-        IF body IS NULL THEN
-            body := jsonb_build_object('id', r.id, 'event_id', r.event_id, 'topic', r.topic, 'key', r.key,
-                                       'seq', r.seq, 'attempt', r.attempt, 'ref', true, 'lease', r.lease)::text;
-        ELSIF NOT ack THEN
-            DELETE FROM relay.deliveries d WHERE d.id = r.id;
-            DELETE FROM relay.leases l WHERE l.delivery_id = r.id;
-        END IF;
-        PERFORM pg_notify(h.target, body);
-        n := n + 1;
-    END LOOP;
+    -- arrive in order. Ack mode takes one per key (the next waits for the
+    -- ack). Fire mode takes no leases: the claim's row locks last to the
+    -- commit that deletes the rows; a delivery sent by reference gets its
+    -- lease here, under that lock.
+    WITH c AS MATERIALIZED (
+        SELECT x.*, x.ordinality AS ord
+          FROM relay._claim_handler(h, max_rows, relay._option_ms(h.options, 'lease', 30000),
+                                    CASE WHEN ack THEN 1 ELSE max_rows END, ack) WITH ORDINALITY AS x
+    ), b AS MATERIALIZED (
+        SELECT c.ord, c.id, c.event_id, c.topic, c.key, c.seq, c.attempt, c.lease_until, c.lease,
+               CASE WHEN inline THEN
+                   CASE WHEN ack
+                        -- After the object's fields, as the extension's
+                        -- dispatcher appends it (jsonb would sort it among them).
+                        THEN left(jsonb_build_object('id', c.id, 'key', c.key, 'seq', c.seq, 'topic', c.topic,
+                                                     'attempt', c.attempt, 'headers', c.headers,
+                                                     'payload', c.payload, 'event_id', c.event_id)::text, -1)
+                             || ', "lease": "' || c.lease || '"}'
+                        ELSE jsonb_build_object('id', c.id, 'key', c.key, 'seq', c.seq, 'topic', c.topic,
+                                                'attempt', c.attempt, 'headers', c.headers, 'payload', c.payload,
+                                                'event_id', c.event_id)::text END
+               END AS body
+          FROM c
+    ), f AS MATERIALIZED (
+        SELECT b.ord, b.id, b.event_id, b.topic, b.key, b.seq, b.attempt, b.lease_until,
+               (b.body IS NULL OR octet_length(b.body) > payload_limit) AS ref,
+               CASE WHEN b.body IS NULL OR octet_length(b.body) > payload_limit
+                    THEN coalesce(b.lease, gen_random_uuid()) END AS token,
+               b.body
+          FROM b
+    ), leased AS (
+        INSERT INTO relay.leases AS l (delivery_id, handler_id, token, lease_until, owner_pid)
+        SELECT f.id, h.id, f.token, f.lease_until, pg_backend_pid() FROM f WHERE f.ref AND NOT ack
+        ON CONFLICT (delivery_id) DO UPDATE
+           SET token = excluded.token, lease_until = excluded.lease_until, owner_pid = excluded.owner_pid,
+               completed_by = NULL
+         WHERE l.completed_by IS NOT NULL
+        RETURNING 1
+    )
+    -- The subquery's order is the order the notifications are queued in.
+    SELECT count(pg_notify(h.target,
+                           CASE WHEN s.ref
+                                THEN jsonb_build_object('id', s.id, 'event_id', s.event_id, 'topic', s.topic,
+                                                        'key', s.key, 'seq', s.seq, 'attempt', s.attempt,
+                                                        'ref', true, 'lease', s.token)::text
+                                ELSE s.body END)),
+           array_agg(s.id) FILTER (WHERE NOT s.ref AND NOT ack)
+      INTO n, fired
+      FROM (SELECT * FROM f ORDER BY f.ord) s;
+    -- Statements of their own: this statement's snapshot was taken before
+    -- the claim's, and a row published in between, claimed and sent, would
+    -- be invisible to a DELETE here, and stay to be sent again.
+    DELETE FROM relay.deliveries d WHERE d.id = ANY (fired);
+    DELETE FROM relay.leases l WHERE l.delivery_id = ANY (fired);
     RETURN n;
 END
 $$;
@@ -125,55 +154,71 @@ $$;
 -- or the server restarted) is left as it is ('stale'). outcomes[i]:
 -- 'delivered' (deleted), 'retry' (attempt + 1, ready again retry_ms[i] from
 -- now) or 'dead' (a dead letter with errors[i] and statuses[i]): what core
--- decided (core::classify_result). Returns (id, what was done).
+-- decided (core::classify_result). Returns (id, what was done). One
+-- statement for the batch; the leases are locked in id order (as every
+-- settler does, so two never deadlock), waiting for a completion in
+-- progress (relay_ack's lock) and then seeing it. An id given twice is
+-- settled once, by its first entry.
 CREATE FUNCTION relay._agent_settle(ids bigint[], leases uuid[], outcomes text[], retry_ms bigint[],
                                     errors text[], statuses integer[], OUT id bigint, OUT result text)
-RETURNS SETOF record LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+RETURNS SETOF record LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off SET jit = off
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    s record;
+    bad text;
 BEGIN
     PERFORM relay._refuse_in_recovery('relay._agent_settle');
-    FOR s IN SELECT t.* FROM unnest(ids, leases, outcomes, retry_ms, errors, statuses)
-                               AS t(id, lease, outcome, retry_ms, error, status)
-              ORDER BY t.id
-    LOOP
-        IF s.outcome IS NULL OR s.outcome NOT IN ('delivered', 'retry', 'dead') THEN
-            RAISE EXCEPTION 'outcome must be delivered, retry or dead, not %', coalesce(s.outcome, 'NULL')
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        id := s.id;
-        -- Waits for a completion in progress (relay_ack's lock), then sees it.
-        PERFORM 1 FROM relay.leases l
-          WHERE l.delivery_id = s.id AND l.token = s.lease AND l.completed_by IS NULL
-            AND l.lease_until > clock_timestamp()
-            FOR UPDATE;
-        IF NOT FOUND THEN
-            result := 'stale';
-            RETURN NEXT;
-            CONTINUE;
-        END IF;
-        DELETE FROM relay.leases l WHERE l.delivery_id = s.id;
-        IF s.outcome = 'delivered' THEN
-            DELETE FROM relay.deliveries d WHERE d.id = s.id;
-        ELSIF s.outcome = 'retry' THEN
-            UPDATE relay.deliveries d
-               SET attempt = d.attempt + 1, last_error = s.error,
-                   not_before = clock_timestamp() + greatest(coalesce(s.retry_ms, 0), 0) * interval '1 millisecond'
-             WHERE d.id = s.id;
-        ELSE
-            WITH moved AS (DELETE FROM relay.deliveries d WHERE d.id = s.id RETURNING d.*)
-            INSERT INTO relay.dead_letters (id, event_id, seq, published_at, failed_at, handler_id, attempts,
-                                            last_status, lane, priority, handler, topic, wire_topic, key, payload,
-                                            headers, last_error)
-            SELECT m.id, m.event_id, m.seq, m.published_at, clock_timestamp(), m.handler_id, m.attempt + 1,
-                   nullif(s.status, 0), m.lane, m.priority,
-                   coalesce((SELECT h.name FROM relay.handlers h WHERE h.id = m.handler_id), ''),
-                   m.topic, m.wire_topic, m.key, m.payload, m.headers, s.error
-              FROM moved m;
-        END IF;
-        result := s.outcome;
-        RETURN NEXT;
-    END LOOP;
+    SELECT coalesce(t.outcome, 'NULL') INTO bad
+      FROM unnest(ids, outcomes) WITH ORDINALITY AS t(id, outcome, o)
+     WHERE t.outcome IS NULL OR t.outcome NOT IN ('delivered', 'retry', 'dead')
+     ORDER BY t.id, t.o LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'outcome must be delivered, retry or dead, not %', bad
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    WITH t AS (
+        SELECT u.*, row_number() OVER (PARTITION BY u.id ORDER BY u.o) AS nth
+          FROM unnest(ids, leases, outcomes, retry_ms, errors, statuses) WITH ORDINALITY
+               AS u(id, lease, outcome, retry_ms, error, status, o)
+    ), held AS MATERIALIZED (
+        SELECT s.*, s.nth = 1 AND x.delivery_id IS NOT NULL AS ok
+          FROM (SELECT * FROM t ORDER BY t.id, t.o) s
+          LEFT JOIN LATERAL (SELECT l.delivery_id FROM relay.leases l
+                              WHERE l.delivery_id = s.id AND l.token = s.lease AND l.completed_by IS NULL
+                                AND l.lease_until > clock_timestamp()
+                                FOR UPDATE) x ON s.nth = 1
+    ), unleased AS (
+        DELETE FROM relay.leases l WHERE l.delivery_id = ANY (ARRAY(SELECT k.id FROM held k WHERE k.ok))
+        RETURNING 1
+    ), delivered AS (
+        DELETE FROM relay.deliveries d
+         WHERE d.id = ANY (ARRAY(SELECT k.id FROM held k WHERE k.ok AND k.outcome = 'delivered'))
+        RETURNING 1
+    ), retried AS (
+        UPDATE relay.deliveries d
+           SET attempt = d.attempt + 1, last_error = k.error,
+               not_before = clock_timestamp() + greatest(coalesce(k.retry_ms, 0), 0) * interval '1 millisecond'
+          FROM held k
+         WHERE k.ok AND k.outcome = 'retry' AND d.id = k.id
+        RETURNING 1
+    ), moved AS (
+        DELETE FROM relay.deliveries d
+         WHERE d.id = ANY (ARRAY(SELECT k.id FROM held k WHERE k.ok AND k.outcome = 'dead'))
+        RETURNING d.*
+    ), buried AS (
+        INSERT INTO relay.dead_letters (id, event_id, seq, published_at, failed_at, handler_id, attempts,
+                                        last_status, lane, priority, handler, topic, wire_topic, key, payload,
+                                        headers, last_error)
+        SELECT m.id, m.event_id, m.seq, m.published_at, clock_timestamp(), m.handler_id, m.attempt + 1,
+               nullif(k.status, 0), m.lane, m.priority,
+               coalesce((SELECT hh.name FROM relay.handlers hh WHERE hh.id = m.handler_id), ''),
+               m.topic, m.wire_topic, m.key, m.payload, m.headers, k.error
+          FROM moved m JOIN held k ON k.id = m.id AND k.ok
+        RETURNING 1
+    )
+    SELECT k.id, CASE WHEN k.ok THEN k.outcome ELSE 'stale' END FROM held k ORDER BY k.id, k.o;
 END
 $$;
 

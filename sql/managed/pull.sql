@@ -165,27 +165,55 @@ $$;
 -- The claim of a handler's ready deliveries (relay_claim's, and
 -- relaybus-agent's for the handlers it delivers): what relay._claim does once
 -- the handler was found and may be claimed. lease_ms: the leases' length.
-CREATE FUNCTION relay._claim_handler(h relay.handlers, max_rows integer, lease_ms bigint, per_key integer)
+-- take_leases false (a fire-mode notify iteration, which deletes what it
+-- claims in the same transaction): the rows are only locked, lease NULL.
+--
+-- Set-based: one statement finds the candidates, one locks them, one leases
+-- them, whatever the batch; PL/pgSQL only merges the priority classes when
+-- more than one has rows. The planner settings are the function's own (its
+-- SET clause): no sequential scan, hash or merge join, so every statement is
+-- index probes and nested loops whether or not the tables have statistics (a
+-- fresh install, a burst before autovacuum's first ANALYZE, a plan cached
+-- while the table was empty), and no JIT for the costs that leaves.
+-- Generic plans: with the shapes fixed a custom plan buys nothing, and
+-- PL/pgSQL would otherwise plan these statements again at every call when
+-- the generic plan's estimate looks dearer (that doubled a one-row claim).
+CREATE FUNCTION relay._claim_handler(h relay.handlers, max_rows integer, lease_ms bigint, per_key integer,
+                                     take_leases boolean DEFAULT true)
 RETURNS TABLE (id bigint, event_id bigint, topic text, key text, seq bigint, payload jsonb,
                headers jsonb, attempt integer, priority integer, published_at timestamptz,
                lease_until timestamptz, lease uuid)
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE
+SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off SET jit = off
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     until    timestamptz;
+    t_now    timestamptz;
     aging    bigint := relay._setting('priority_aging', 'ms', 10000, 0, 2147483647);
     scan     bigint := relay._setting('claim_scan_limit', '', 10000, 100, 1000000);
+    win      bigint;
+    enough   boolean;
     charged  bigint[];
+    c_id     bigint[];
+    c_grp    integer[];
     g_cls    integer[];
     g_eff    integer[];
     g_ready  timestamptz[];
-    g_ids    text[];
-    g_key    text[];
+    g_len    integer[];
+    g_from   integer[];
+    m_id     bigint[];
+    m_grp    integer[];
     heads    integer[] := ARRAY[NULL, NULL, NULL, NULL]::integer[];
     best     integer;
-    did      bigint;
+    r0       integer := 1;
+    r1       integer;
+    nrows    integer;
+    lk       boolean[];
+    p_ids    bigint[];
+    p_tok    uuid[];
+    n_ins    bigint;
     taken    bigint[] := '{}';
     tokens   uuid[] := '{}';
-    t        uuid;
 BEGIN
     -- A row this transaction completed is no lease to its own claims (they
     -- may take the delivery again, as the extension's do); other sessions
@@ -212,100 +240,175 @@ BEGIN
         PERFORM relay._fail(charged, 'lease expired', NULL);
     END IF;
 
-    until := clock_timestamp() + lease_ms * interval '1 millisecond';
     -- core::plan_claim's rules. A group is a key's run (from its head: no
     -- earlier seq left; up to per_key rows, stopping at the first row not
     -- ready or leased) or an unkeyed row, in the stream of its first row's
-    -- priority class; the streams (id order, the oldest scan rows of each
-    -- class) are merged by aged priority, then ready time, then id.
-    SELECT array_agg(g.cls ORDER BY g.cls, g.gid), array_agg(g.eff ORDER BY g.cls, g.gid),
-           array_agg(g.ready ORDER BY g.cls, g.gid), array_agg(g.ids::text ORDER BY g.cls, g.gid),
-           array_agg(g.gkey ORDER BY g.cls, g.gid)
-      INTO g_cls, g_eff, g_ready, g_ids, g_key
-      FROM (
-        WITH win AS (
+    -- priority class; the streams (id order, the oldest rows of each class)
+    -- are merged by aged priority, then ready time, then id. The window read
+    -- per class starts at twice the batch and grows (x4, up to
+    -- claim_scan_limit) until each class either ran out or gave a batch of
+    -- candidates: the merge then takes what a window of claim_scan_limit
+    -- would, and a small claim does not read claim_scan_limit rows.
+    t_now := clock_timestamp();
+    win := least(scan, 2 * max_rows + 64);
+    LOOP
+        WITH w AS (
             SELECT * FROM (SELECT d.id, d.key, d.seq, d.priority, d.not_before FROM relay.deliveries d
-                            WHERE d.handler_id = h.id AND d.priority >= 3 ORDER BY d.priority, d.id LIMIT scan) p3
+                            WHERE d.handler_id = h.id AND d.priority >= 3 ORDER BY d.priority, d.id LIMIT win) p3
             UNION ALL
             SELECT * FROM (SELECT d.id, d.key, d.seq, d.priority, d.not_before FROM relay.deliveries d
-                            WHERE d.handler_id = h.id AND d.priority = 2 ORDER BY d.priority, d.id LIMIT scan) p2
+                            WHERE d.handler_id = h.id AND d.priority = 2 ORDER BY d.priority, d.id LIMIT win) p2
             UNION ALL
             SELECT * FROM (SELECT d.id, d.key, d.seq, d.priority, d.not_before FROM relay.deliveries d
-                            WHERE d.handler_id = h.id AND d.priority = 1 ORDER BY d.priority, d.id LIMIT scan) p1
+                            WHERE d.handler_id = h.id AND d.priority = 1 ORDER BY d.priority, d.id LIMIT win) p1
             UNION ALL
             SELECT * FROM (SELECT d.id, d.key, d.seq, d.priority, d.not_before FROM relay.deliveries d
-                            WHERE d.handler_id = h.id AND d.priority <= 0 ORDER BY d.priority, d.id LIMIT scan) p0
-        ), rows AS (
-            SELECT w.*,
+                            WHERE d.handler_id = h.id AND d.priority <= 0 ORDER BY d.priority, d.id LIMIT win) p0
+        ), s1 AS (
+            SELECT w.id, w.key, w.seq, w.not_before, least(3, greatest(0, w.priority)) AS cls,
                    least(3, greatest(0, w.priority) + CASE WHEN aging > 0 THEN greatest(0, floor(
-                       extract(epoch FROM clock_timestamp() - w.not_before) * 1000 / aging))::integer ELSE 0 END) AS eff,
-                   (w.not_before <= clock_timestamp()
+                       extract(epoch FROM t_now - w.not_before) * 1000 / aging))::integer ELSE 0 END) AS eff,
+                   (w.not_before <= t_now
                     AND NOT EXISTS (SELECT 1 FROM relay.leases l
                                      WHERE l.delivery_id = w.id AND l.completed_by IS NULL)
                     AND w.id <> ALL (coalesce(charged, '{}'))) AS ok,
                    CASE WHEN w.key IS NULL THEN 1
-                        ELSE row_number() OVER (PARTITION BY w.key ORDER BY w.seq) END AS pos
-              FROM win w
-        ), runs AS (
-            SELECT r.*, bool_and(r.ok) OVER (PARTITION BY coalesce(r.key, '#' || r.id) ORDER BY r.pos) AS run_ok
-              FROM rows r
+                        ELSE row_number() OVER (PARTITION BY w.key ORDER BY w.seq) END AS pos,
+                   lag(w.seq) OVER (PARTITION BY w.key ORDER BY w.seq) AS prev_seq
+              FROM w
+        ), s2 AS (
+            SELECT r.*, bool_and(r.ok) OVER (PARTITION BY r.key, CASE WHEN r.key IS NULL THEN r.id END
+                                            ORDER BY r.pos) AS run_ok
+              FROM s1 r
+        ), s3 AS (
+            -- A run is in key order up to its first row with an earlier seq
+            -- outside the window (before the head, or between two of its
+            -- rows): one index range a row (both bounds in the index
+            -- condition), only for the rows still wanted.
+            SELECT r.*, bool_and(r.key IS NULL OR NOT EXISTS (
+                       SELECT 1 FROM relay.deliveries e
+                        WHERE e.handler_id = h.id AND e.key = r.key AND e.seq < r.seq
+                          AND e.seq > coalesce(r.prev_seq, '-9223372036854775808'::bigint)))
+                       OVER (PARTITION BY r.key, CASE WHEN r.key IS NULL THEN r.id END ORDER BY r.pos) AS in_order
+              FROM s2 r
+             WHERE r.run_ok AND r.pos <= per_key
+        ), grows AS (
+            SELECT r.id, r.pos, first_value(r.cls) OVER g AS gcls, first_value(r.eff) OVER g AS geff,
+                   first_value(r.not_before) OVER g AS gready,
+                   min(r.id) OVER (PARTITION BY r.key, CASE WHEN r.key IS NULL THEN r.id END) AS gid
+              FROM s3 r
+             WHERE r.in_order
+            WINDOW g AS (PARTITION BY r.key, CASE WHEN r.key IS NULL THEN r.id END ORDER BY r.pos)
+        ), numbered AS (
+            SELECT x.*, dense_rank() OVER (ORDER BY x.gcls, x.gid)::integer AS gno FROM grows x
+        ), groups AS (
+            SELECT n.gno, min(n.gcls) AS gcls, min(n.geff) AS geff, min(n.gready) AS gready,
+                   count(*)::integer AS glen
+              FROM numbered n GROUP BY n.gno
+        ), placed AS (
+            SELECT g.*, (sum(g.glen) OVER (ORDER BY g.gno) - g.glen + 1)::integer AS gfrom FROM groups g
         )
-        SELECT min(u.id) AS gid, u.key AS gkey,
-               (array_agg(least(3, greatest(0, u.priority)) ORDER BY u.pos))[1] AS cls,
-               (array_agg(u.eff ORDER BY u.pos))[1] AS eff,
-               (array_agg(u.not_before ORDER BY u.pos))[1] AS ready,
-               array_agg(u.id ORDER BY u.pos) AS ids
-          FROM runs u
-         WHERE u.run_ok AND u.pos <= per_key
-           AND (u.key IS NULL
-                OR (SELECT count(*) FROM relay.deliveries e
-                     WHERE e.handler_id = h.id AND e.key = u.key AND e.seq < u.seq) = u.pos - 1)
-         GROUP BY coalesce(u.key, '#' || u.id), u.key
-      ) g;
-
-    -- The merge: each class's stream starts at its first group.
-    FOR i IN 1 .. coalesce(cardinality(g_cls), 0) LOOP
-        IF heads[g_cls[i] + 1] IS NULL THEN
-            heads[g_cls[i] + 1] := i;
-        END IF;
+        SELECT (SELECT array_agg(n.id ORDER BY n.gno, n.pos) FROM numbered n),
+               (SELECT array_agg(n.gno ORDER BY n.gno, n.pos) FROM numbered n),
+               (SELECT array_agg(p.gcls ORDER BY p.gno) FROM placed p),
+               (SELECT array_agg(p.geff ORDER BY p.gno) FROM placed p),
+               (SELECT array_agg(p.gready ORDER BY p.gno) FROM placed p),
+               (SELECT array_agg(p.glen ORDER BY p.gno) FROM placed p),
+               (SELECT array_agg(p.gfrom ORDER BY p.gno) FROM placed p),
+               (SELECT bool_and(coalesce(rd.n, 0) < win OR coalesce(cd.n, 0) >= max_rows)
+                  FROM generate_series(0, 3) AS c(cls)
+                  LEFT JOIN (SELECT least(3, greatest(0, x.priority)) AS cls, count(*) AS n
+                               FROM w x GROUP BY 1) rd ON rd.cls = c.cls
+                  LEFT JOIN (SELECT x.gcls AS cls, count(*) AS n FROM numbered x GROUP BY 1) cd ON cd.cls = c.cls)
+          INTO c_id, c_grp, g_cls, g_eff, g_ready, g_len, g_from, enough;
+        EXIT WHEN enough OR win >= scan;
+        win := least(scan, win * 4);
     END LOOP;
-    LOOP
-        best := NULL;
-        FOR c IN 1 .. 4 LOOP
-            CONTINUE WHEN heads[c] IS NULL OR heads[c] > cardinality(g_cls) OR g_cls[heads[c]] <> c - 1;
-            IF best IS NULL OR g_eff[heads[c]] > g_eff[best]
-               OR (g_eff[heads[c]] = g_eff[best] AND (g_ready[heads[c]] < g_ready[best]
-                   OR (g_ready[heads[c]] = g_ready[best] AND heads[c] < best))) THEN
-                best := heads[c];
+
+    -- The merge: rows in the order they are taken (m_id, with their group
+    -- in m_grp). One class: its stream as it is. Else each class's stream
+    -- starts at its first group; merged up to twice the batch (what a claim
+    -- losing rows to concurrent claimers may go on to).
+    IF coalesce(cardinality(g_cls), 0) = 0 OR g_cls[1] = g_cls[cardinality(g_cls)] THEN
+        m_id := c_id;
+        m_grp := c_grp;
+    ELSE
+        m_id := '{}';
+        m_grp := '{}';
+        FOR i IN 1 .. cardinality(g_cls) LOOP
+            IF heads[g_cls[i] + 1] IS NULL THEN
+                heads[g_cls[i] + 1] := i;
             END IF;
         END LOOP;
-        EXIT WHEN best IS NULL OR cardinality(taken) >= max_rows;
-        heads[g_cls[best] + 1] := best + 1;
-        -- A lease row is seen by others once its claim commits; until then the
-        -- claim holds the delivery's row lock, and another claimer skips the
-        -- row (never waits for it), and the rest of its key's run.
-        FOREACH did IN ARRAY g_ids[best]::bigint[] LOOP
-            EXIT WHEN cardinality(taken) >= max_rows;
-            PERFORM 1 FROM relay.deliveries d WHERE d.id = did FOR NO KEY UPDATE SKIP LOCKED;
-            EXIT WHEN NOT FOUND;
-            t := gen_random_uuid();
+        LOOP
+            best := NULL;
+            FOR c IN 1 .. 4 LOOP
+                CONTINUE WHEN heads[c] IS NULL OR heads[c] > cardinality(g_cls) OR g_cls[heads[c]] <> c - 1;
+                IF best IS NULL OR g_eff[heads[c]] > g_eff[best]
+                   OR (g_eff[heads[c]] = g_eff[best] AND (g_ready[heads[c]] < g_ready[best]
+                       OR (g_ready[heads[c]] = g_ready[best] AND heads[c] < best))) THEN
+                    best := heads[c];
+                END IF;
+            END LOOP;
+            EXIT WHEN best IS NULL OR cardinality(m_id) >= 2 * max_rows;
+            heads[g_cls[best] + 1] := best + 1;
+            m_id := m_id || c_id[g_from[best] : g_from[best] + g_len[best] - 1];
+            m_grp := m_grp || array_fill(best, ARRAY[g_len[best]]);
+        END LOOP;
+    END IF;
+
+    -- Rounds of (lock, lease) over the next rows in merge order, as many as
+    -- the batch still wants; one round unless concurrent claimers hold some.
+    -- A lease row is seen by others once its claim commits; until then the
+    -- claim holds the delivery's row lock, and another claimer skips the row
+    -- (never waits for it) and the rest of its key's run. A run cut at the
+    -- end of a round is not resumed in the next.
+    until := clock_timestamp() + lease_ms * interval '1 millisecond';
+    nrows := coalesce(cardinality(m_id), 0);
+    WHILE r0 <= nrows AND cardinality(taken) < max_rows LOOP
+        r1 := least(nrows, r0 + max_rows - cardinality(taken) - 1);
+        SELECT array_agg(x.id IS NOT NULL ORDER BY c.o) INTO lk
+          FROM unnest(m_id[r0:r1]) WITH ORDINALITY AS c(id, o)
+          LEFT JOIN LATERAL (SELECT d.id FROM relay.deliveries d WHERE d.id = c.id
+                             FOR NO KEY UPDATE SKIP LOCKED) x ON true;
+        -- A new statement, so a new snapshot (READ COMMITTED): a lease that a
+        -- claim committed before this one locked the row is seen, and none
+        -- can be added while the lock is held. Under REPEATABLE READ a lease
+        -- committed after the snapshot makes the insert fail with 40001.
+        WITH c AS (
+            SELECT x.id, x.g, x.o FROM unnest(m_id[r0:r1], m_grp[r0:r1]) WITH ORDINALITY AS x(id, g, o)
+        ), ok AS (
+            SELECT c.id, c.o,
+                   bool_and(lk[c.o] AND NOT EXISTS (SELECT 1 FROM relay.leases l
+                                                     WHERE l.delivery_id = c.id AND l.completed_by IS NULL))
+                       OVER (PARTITION BY c.g ORDER BY c.o) AS run_ok
+              FROM c
+        ), pick AS MATERIALIZED (
+            SELECT ok.id, ok.o, CASE WHEN take_leases THEN gen_random_uuid() END AS t FROM ok WHERE ok.run_ok
+        ), ins AS (
             INSERT INTO relay.leases AS l (delivery_id, handler_id, token, lease_until, owner_pid)
-            VALUES (did, h.id, t, until, pg_backend_pid())
+            SELECT p.id, h.id, p.t, until, pg_backend_pid() FROM pick p WHERE take_leases
             ON CONFLICT (delivery_id) DO UPDATE
                SET token = excluded.token, lease_until = excluded.lease_until, owner_pid = excluded.owner_pid,
                    completed_by = NULL
-             WHERE l.completed_by IS NOT NULL;
-            EXIT WHEN NOT FOUND;
-            taken := taken || did;
-            tokens := tokens || t;
+             WHERE l.completed_by IS NOT NULL
+            RETURNING 1
+        )
+        SELECT array_agg(p.id ORDER BY p.o), array_agg(p.t ORDER BY p.o), (SELECT count(*) FROM ins)
+          INTO p_ids, p_tok, n_ins
+          FROM pick p;
+        IF take_leases AND n_ins <> coalesce(cardinality(p_ids), 0) THEN
+            RAISE EXCEPTION 'relay._claim_handler: % of % leases taken', n_ins, cardinality(p_ids)
+                USING ERRCODE = 'internal_error', DETAIL = 'A lease appeared on a row this claim had locked.';
+        END IF;
+        taken := taken || coalesce(p_ids, '{}');
+        tokens := tokens || coalesce(p_tok, '{}');
+        r0 := r1 + 1;
+        WHILE r0 <= nrows AND m_grp[r0] = m_grp[r1] LOOP
+            r0 := r0 + 1;
         END LOOP;
     END LOOP;
 
-    -- Read again after leasing: a row completed meanwhile is left out (and
-    -- its lease dropped).
-    DELETE FROM relay.leases l
-     WHERE l.delivery_id = ANY (taken)
-       AND NOT EXISTS (SELECT 1 FROM relay.deliveries d WHERE d.id = l.delivery_id);
     RETURN QUERY
         SELECT d.id, d.event_id, coalesce(d.wire_topic, d.topic), d.key, d.seq, d.payload, d.headers, d.attempt + 1, d.priority::integer,
                d.published_at, until, x.token

@@ -301,18 +301,27 @@ check_eq "a rolled-back publish leaves nothing" "0|0|0" \
 # transactions that sleep while holding the key.
 log "concurrent publishers of one key"
 own_sql -c "CREATE TABLE g_commits (n bigserial PRIMARY KEY, event_id bigint)" >/dev/null
-pids=()
-for s in 1 2 3 4; do
-    (for i in $(seq 1 25); do
-        echo "BEGIN; SELECT relay_publish('g.seq', jsonb_build_object('s', $s, 'i', $i), 'g-hot') AS e \\gset"
+# concurrent NAME GEN S...: for each S, the statements GEN S prints run in a
+# session of their own, all at once; fails if any session failed (its stderr
+# in $TMP/NAME<S>.err).
+concurrent() {
+    local name=$1 gen=$2 s p rc=0 pids=()
+    shift 2
+    for s in "$@"; do
+        "$gen" "$s" | psql -X -q -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" >/dev/null 2>"$TMP/$name$s.err" &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    return $rc
+}
+publisher() {
+    for i in $(seq 1 25); do
+        echo "BEGIN; SELECT relay_publish('g.seq', jsonb_build_object('s', $1, 'i', $i), 'g-hot') AS e \\gset"
         echo "SELECT pg_sleep(random() * 0.005);"
         echo "INSERT INTO g_commits (event_id) VALUES (:e); COMMIT;"
-     done) | psql -X -q -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" >/dev/null 2>"$TMP/pub$s.err" &
-    pids+=($!)
-done
-rc=0
-for p in "${pids[@]}"; do wait "$p" || rc=1; done
-check "four sessions published 100 events on one key" test "$rc" = 0
+    done
+}
+check "four sessions published 100 events on one key" concurrent pub publisher 1 2 3 4
 check_eq "seq of the key is 1..100 without gaps" "100|1|100|100" \
     "$(own_sql -c "SELECT count(*), min(seq), max(seq), count(DISTINCT seq) FROM relay.deliveries WHERE key = 'g-hot'")"
 check_eq "seq order is commit order (and event id order)" "0" \
@@ -368,5 +377,142 @@ check_eq "a claim during the ack's transaction hands nothing over" "0" \
 wait "$ackpid"
 check_eq "the ack completed (1) and nothing was dead-lettered or charged" "1|0" \
     "$(head -1 "$TMP/ack.out")|$(own_sql -c "SELECT count(*) FROM relay.dead_letters")"
+
+
+# ---------------------------------------------------------------- the set-based claim
+# relay._claim_handler (docs/managed.md, difference 6): statements whose plans
+# do not depend on statistics, a window that grows from twice the batch.
+log "set-based claim"
+own_sql -c "SELECT relay_create_handler('c_two', 'pull')" -c "SELECT relay_route('ct.#', 'c_two')" \
+    -c "SELECT relay_create_handler('c_edge', 'pull')" -c "SELECT relay_route('ce.#', 'c_edge')" \
+    -c "CREATE TABLE c_claimed (n bigserial PRIMARY KEY, who integer, tx bigint, id bigint, key text, seq bigint)" \
+    >/dev/null || fail "claim fixtures"
+
+# A fresh table (never analyzed, autovacuum held off; a database of its own)
+# and a session whose plans were made while it was empty, as an agent's are:
+# a backlog of 30 keys is claimed at the batch size, each key from its head
+# in seq order, and drained in key order by batches.
+FRESH=claim_fresh
+su_sql -d postgres -c "CREATE DATABASE $FRESH OWNER $OWNER" >/dev/null || fail "claim: fresh database"
+psql -X -q -1 -v ON_ERROR_STOP=1 -U "$OWNER" -d "$FRESH" -f "$SCRIPT" >"$TMP/fresh_install.out" 2>&1 </dev/null \
+    || fail "claim: install into the fresh database" "$(tail -3 "$TMP/fresh_install.out")"
+psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$FRESH" \
+    -c "ALTER TABLE relay.deliveries SET (autovacuum_enabled = false)" \
+    -c "SELECT relay_create_handler('c_fresh', 'pull')" -c "SELECT relay_route('cf.#', 'c_fresh')" \
+    -c "CREATE TABLE c_claimed (n bigserial PRIMARY KEY, tx integer, id bigint, key text, seq bigint)" \
+    >/dev/null </dev/null || fail "claim: fresh fixtures"
+{
+    echo "SELECT (SELECT count(*) FROM relay_claim('c_fresh', 500 + 0 * g, per_key => 1000)) FROM generate_series(1, 8) g;"
+    echo "\\! psql -X -q -At -U $OWNER -d $FRESH -c \"SELECT count(*) FROM (SELECT relay_publish('cf.e', jsonb_build_object('i', i), 'cf' || (i % 30)) FROM generate_series(1, 3000) i) x\""
+    echo "SELECT 'reltuples', reltuples FROM pg_class WHERE oid = 'relay.deliveries'::regclass;"
+    for b in 1 2 3 4 5 6 7; do
+        echo "BEGIN;"
+        echo "INSERT INTO c_claimed (tx, id, key, seq) SELECT $b, id, key, seq FROM relay_claim('c_fresh', 500, per_key => 1000);"
+        echo "SELECT 'batch', count(*) FROM c_claimed WHERE tx = $b;"
+        echo "SELECT relay_ack(coalesce(array_agg(id), '{}')) FROM c_claimed WHERE tx = $b;"
+        echo "COMMIT;"
+    done
+    echo "SELECT 'order', count(*), count(DISTINCT id),
+                 (SELECT count(*) FROM (SELECT key, seq, lag(seq) OVER (PARTITION BY key ORDER BY n) AS prev
+                                          FROM c_claimed) x
+                   WHERE seq <> coalesce(prev + 1, (SELECT min(seq) FROM c_claimed y WHERE y.key = x.key)))
+            FROM c_claimed;"
+} | psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$FRESH" >"$TMP/fresh.out" 2>&1
+check_eq "the claims ran on a table never analyzed (reltuples -1)" "reltuples|-1" "$(grep '^reltuples' "$TMP/fresh.out")"
+check_eq "a fresh table's backlog is claimed at the batch size (500 x 6, then none)" \
+    "batch|500 batch|500 batch|500 batch|500 batch|500 batch|500 batch|0" \
+    "$(grep '^batch' "$TMP/fresh.out" | paste -sd' ')"
+check_eq "every key claimed from its head in seq order, across batches, once each" "order|3000|3000|0" \
+    "$(grep '^order' "$TMP/fresh.out")"
+
+# A small claim reads about its batch, not claim_scan_limit rows per class:
+# rows of relay.deliveries this transaction read for a claim of 10 from a
+# backlog of 20,000 (half of it keyed, 50 keys), before and after ANALYZE.
+fresh_sql() { psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$FRESH" "$@" </dev/null; }
+fresh_sql -c "SELECT relay_create_handler('c_big', 'pull')" -c "SELECT relay_route('cb.#', 'c_big')" \
+    -c "SELECT count(*) FROM (SELECT relay_publish('cb.e', jsonb_build_object('i', i), CASE WHEN i % 2 = 0 THEN 'cb' || (i % 50) END)
+                                FROM generate_series(1, 20000) i) x" >/dev/null || fail "claim: big backlog"
+read_by_claim() {
+    fresh_sql -c "BEGIN" -c "SELECT count(*) FROM relay_claim('c_big', 10)" \
+        -c "SELECT seq_tup_read + idx_tup_fetch <= 500 FROM pg_stat_xact_user_tables WHERE relid = 'relay.deliveries'::regclass" \
+        -c "ROLLBACK" | paste -sd'|'
+}
+check_eq "a claim of 10 from a backlog of 20,000 reads at most 500 rows (no statistics)" "10|t" "$(read_by_claim)"
+fresh_sql -c "ANALYZE relay.deliveries" >/dev/null
+check_eq "a claim of 10 from a backlog of 20,000 reads at most 500 rows (after ANALYZE)" "10|t" "$(read_by_claim)"
+
+# Two claimers in a loop (claim, record, ack, commit) on one backlog of 50
+# keys: no delivery is handed to both, none is lost, and each key's
+# deliveries are handed over in seq order across the two.
+own_sql -c "SELECT count(*) FROM (SELECT relay_publish('ct.e', jsonb_build_object('i', i), 'ct' || (i % 50)) FROM generate_series(1, 2000) i) x" >/dev/null
+claimer() {
+    for i in $(seq 1 80); do
+        echo "BEGIN;"
+        echo "INSERT INTO c_claimed (who, tx, id, key, seq) SELECT $1, txid_current(), id, key, seq FROM relay_claim('c_two', 40, per_key => 3);"
+        echo "SELECT relay_ack(coalesce(array_agg(id), '{}')) FROM c_claimed WHERE tx = txid_current();"
+        echo "COMMIT;"
+    done
+}
+check "two concurrent claimers ran without an error" concurrent two claimer 2 3
+check_eq "two claimers: 2000 handed over, 2000 distinct, none left, both took some" "2000|2000|0|2" \
+    "$(own_sql -c "SELECT count(*), count(DISTINCT id),
+                          (SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
+                            WHERE h.name = 'c_two'),
+                          count(DISTINCT who)
+                     FROM c_claimed WHERE who IN (2, 3)")"
+check_eq "two claimers: each key in seq order across both" "0" \
+    "$(own_sql -c "SELECT count(*) FROM (SELECT seq, lag(seq) OVER (PARTITION BY key ORDER BY n) AS prev
+                                           FROM c_claimed WHERE who IN (2, 3)) x WHERE seq <> prev + 1")"
+
+# A fire-mode notify iteration (relay._agent_notify) while publishers
+# commit: each delivery is sent once. The sending sessions LISTEN on the
+# channel (a session receives its own notifications at commit): one drains
+# while 3,000 events are published one per transaction, a second drains what
+# is left.
+own_sql -c "SELECT relay_create_handler('c_fire', 'notify', 'c_fire_chan')" -c "SELECT relay_route('cn.#', 'c_fire')" \
+    >/dev/null || fail "claim: notify fixture"
+fire=$(own_sql -c "SELECT id FROM relay.handlers WHERE name = 'c_fire'")
+for _ in $(seq 1 3000); do echo "SELECT relay_publish('cn.e', '{}');"; done \
+    | psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" >/dev/null 2>"$TMP/fire_pub.err" &
+firepub=$!
+{ echo "LISTEN c_fire_chan;"; for _ in $(seq 1 2000); do echo "SELECT relay._agent_notify($fire, 50, 7900);"; done; } \
+    | psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" >"$TMP/fire1.out" 2>&1
+wait "$firepub"
+{ echo "LISTEN c_fire_chan;"; for _ in $(seq 1 100); do echo "SELECT relay._agent_notify($fire, 1000, 7900);"; done; } \
+    | psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" >"$TMP/fire2.out" 2>&1
+check_eq "notify while publishing: 3,000 sent, 3,000 distinct, none left" "3000 3000 0" \
+    "$(cat "$TMP/fire1.out" "$TMP/fire2.out" | grep -c '^Asynchronous notification "c_fire_chan"') $(cat "$TMP/fire1.out" "$TMP/fire2.out" | grep '^Asynchronous notification "c_fire_chan"' | grep -o '"id": [0-9]*' | sort -u | wc -l) $(own_sql -c "SELECT count(*) FROM relay.deliveries WHERE handler_id = $fire")"
+
+# Edges of the set-based statement. ce0: its head is locked by a claim in an
+# open transaction (the rest of its run is not taken); ce1: its head is
+# delayed; ce2: head in class 0, the next in class 3 (the run goes where its
+# head is); unkeyed rows of classes 0 and 3 (class 3 first).
+edge() { own_sql -c "SET relaybus.priority_aging = 0" -c "$1"; }
+own_sql -c "SELECT relay_publish('ce.e', '{\"n\": 1}', 'ce0')" -c "SELECT relay_publish('ce.e', '{\"n\": 2}', 'ce0')" >/dev/null
+(echo "BEGIN; SELECT key || ' ' || seq FROM relay_claim('c_edge', 1); SELECT pg_sleep(6); ROLLBACK;") \
+    | psql -X -q -At -v ON_ERROR_STOP=1 -U "$OWNER" -d "$DB" >"$TMP/edge_hold.out" 2>&1 &
+holder=$!
+for _ in $(seq 1 100); do [[ -s "$TMP/edge_hold.out" ]] && break; sleep 0.1; done
+own_sql -c "SELECT relay_publish('ce.e', '{\"n\": 1}', 'ce1', not_before => now() + interval '1 hour')" \
+        -c "SELECT relay_publish('ce.e', '{\"n\": 2}', 'ce1')" \
+        -c "SELECT relay_publish('ce.e', '{\"n\": 1}', 'ce2', priority => 0)" \
+        -c "SELECT relay_publish('ce.e', '{\"n\": 2}', 'ce2', priority => 3)" \
+        -c "SELECT relay_publish('ce.e', '{\"u\": 0}', priority => 0)" \
+        -c "SELECT relay_publish('ce.e', '{\"u\": 3}', priority => 3)" >/dev/null
+check_eq "edges: the open claim holds ce0's head" "ce0 1" "$(head -1 "$TMP/edge_hold.out")"
+check_eq "edges: class 3 first; locked and delayed heads keep their keys back; a run spanning classes goes with its head" \
+    "- {\"u\": 3}|ce2 1 {\"n\": 1}|ce2 2 {\"n\": 2}|- {\"u\": 0}" \
+    "$(edge "SELECT coalesce(key, '-') || ' ' || coalesce(seq::text || ' ', '') || payload FROM relay_claim('c_edge', 10, per_key => 5)" \
+        | paste -sd'|')"
+wait "$holder"
+own_sql -c "DELETE FROM relay.deliveries d USING relay.handlers h WHERE h.id = d.handler_id AND h.name = 'c_edge'" \
+        -c "DELETE FROM relay.leases l USING relay.handlers h WHERE h.id = l.handler_id AND h.name = 'c_edge'" >/dev/null
+own_sql -c "SELECT count(*) FROM (SELECT relay_publish('ce.e', jsonb_build_object('i', i), priority => 2) FROM generate_series(1, 300) i) x" \
+        -c "SELECT count(*) FROM relay_claim('c_edge', 300, lease => '1 hour')" \
+        -c "SELECT count(*) FROM (SELECT relay_publish('ce.e', jsonb_build_object('r', i), priority => 2) FROM generate_series(1, 5) i) x" \
+        -c "SELECT count(*) FROM (SELECT relay_publish('ce.e', jsonb_build_object('z', i), priority => 0) FROM generate_series(1, 5) i) x" \
+        >/dev/null
+check_eq "ready rows of a class behind 300 leased ones are found (the window grows), before a lower class" \
+    "r r r r r" "$(edge "SELECT string_agg((SELECT k FROM jsonb_object_keys(payload) k), ' ' ORDER BY id) FROM relay_claim('c_edge', 5)")"
 
 finish
