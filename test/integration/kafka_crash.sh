@@ -3,8 +3,9 @@
 # committing): the postmaster crash-restarts, a new dispatcher takes over, and
 # in the end every committed event is in the topic, each key in one partition
 # in seq order; the only duplicates are re-sends of messages that were in
-# flight at the crash (at most one per key: a key's next delivery waits for
-# the previous one's acknowledgement).
+# flight at the crash (at most one per key: with "key_window": 1 a key's next
+# delivery waits for the previous one's acknowledgement; kafka_window.sh
+# kills one with a window of a key in flight).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/kafka_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
@@ -19,7 +20,8 @@ create_pub_log "$db"
 check "a dispatcher serves the new database" wait_workers "$db" 1 20
 old_dispatcher=$(sql "$db" "SELECT pid FROM relay.workers")
 kafka_handler "$db" k "relay-crash" \
-    '{"timeout": "10s", "backoff_base": "100ms", "backoff_max": "1s", "max_attempts": 100, "concurrency": 64}' 'kc.#' ||
+    '{"timeout": "10s", "backoff_base": "100ms", "backoff_max": "1s", "max_attempts": 100, "concurrency": 64,
+      "key_window": 1}' 'kc.#' ||
     die "could not create the handler"
 
 # Publishers: transactions of 50 events, one after the other, until told to

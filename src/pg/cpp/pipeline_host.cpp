@@ -113,6 +113,8 @@ bool host_ensure(const char* setting, int max_in_flight, ErrorRecord* err) noexc
     }
     sink = std::make_unique<core::HttpSink>(*engine);
     kafka_sink = std::make_unique<core::KafkaSink>();
+    // This loop polls the sink by its deadlines (host_wait_plan, host_after_wait).
+    kafka_sink->set_pipelined(true);
     if (!kafka_sink->ok()) {
       kafka_sink.reset();
       sink.reset();
@@ -244,7 +246,7 @@ int host_socket_count() noexcept {
 }
 
 int host_wait_plan(int64_t now_ms, SocketWait* sockets, int cap, WaitPlan* plan) noexcept {
-  *plan = WaitPlan{-1, kafka_sink ? kafka_sink->wait_fd() : -1, -1, -1};
+  *plan = WaitPlan{-1, kafka_sink ? kafka_sink->wait_fd() : -1, -1, -1, -1};
   if (!engine) return 0;
   int nsock = 0;
   plan->engine_fd = engine->ready_fd();
@@ -256,6 +258,7 @@ int host_wait_plan(int64_t now_ms, SocketWait* sockets, int cap, WaitPlan* plan)
       }
     plan->engine_timeout_ms = engine->timeout_ms();
     plan->next_probe_ms = pipeline->next_probe_ms(now_ms);
+    plan->kafka_timer_ms = kafka_sink->next_deadline_in_ms();
   });
   return nsock;
 }
@@ -265,7 +268,7 @@ void host_after_wait(int engine_fd, const SocketWait* ready, int n, bool kafka_r
   quietly([&] {
     // Served here, on this thread: the reports become results that the loop
     // collects next; librdkafka's lines go to the server log.
-    if (kafka_ready) {
+    if (kafka_ready || kafka_sink->next_deadline_in_ms() == 0) {
       kafka_sink->poll();
       kafka_log_lines = kafka_sink->take_log();
     }
