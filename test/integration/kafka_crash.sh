@@ -27,32 +27,16 @@ kafka_handler "$db" k "relay-crash" \
 # Publishers: transactions of 50 events, one after the other, until told to
 # stop (however slow the machine, publishing spans the kill); one that the
 # crash aborts is simply not in pub_log (it is written in the same transaction).
-publish() {
-    local b
-    for ((b = 1; b <= 600; b++)); do
-        [[ -e "$TMP/stop-publishing" ]] && break
-        psql_q -d "$db" -c "INSERT INTO pub_log SELECT relay_publish('kc.ev', jsonb_build_object('b', $b, 'i', i),
-                                'k-' || (i % $KEYS)), 'k-' || (i % $KEYS) FROM generate_series(1, 50) i" \
-            >/dev/null 2>&1 || sleep 0.5
-        sleep 0.2
-    done
-}
-publish &
+kafka_publish_loop "$db" "INSERT INTO pub_log SELECT relay_publish('kc.ev', jsonb_build_object('b', %B%, 'i', i),
+                             'k-' || (i % $KEYS)), 'k-' || (i % $KEYS) FROM generate_series(1, 50) i" 0.2 &
 publisher=$!
 bg_track "$publisher"
-committed_at_least() { (($(sql "$db" "SELECT count(*) FROM pub_log") >= $1)); }
-check "publishing is under way" wait_until 60 committed_at_least 800
+check "publishing is under way" wait_until 60 pub_log_has "$db" 800
 check_topic_has "messages flow into the topic" "$db" k relay-crash 200 90
 # Mid-stream: right after a publish, while its deliveries are being produced.
 some_pending() { (($(pending_of "$db" k) > 0)); }
 check "deliveries are pending (the kill comes mid-stream)" wait_until 30 some_pending
-at_kill=$(sql "$db" "SELECT count(*) FROM pub_log")
-kill -9 "$old_dispatcher"
-log "kill -9 of dispatcher $old_dispatcher with about $at_kill events committed"
-after_dispatcher_kill "$db" "$old_dispatcher"
-check "publishing goes on after the crash" wait_until 60 committed_at_least $((at_kill + 500))
-touch "$TMP/stop-publishing"
-wait "$publisher"
+kafka_kill_mid_stream "$db" "$old_dispatcher" "$publisher" 500
 committed=$(sql "$db" "SELECT count(*) FROM pub_log")
 log "$committed events committed"
 check "every delivery is completed in the end" wait_until 120 none_pending "$db" k
@@ -60,12 +44,7 @@ check_eq "nothing is dead" 0 "$(dead_of "$db" k)"
 check_topic_has "every committed event is in the topic" "$db" k relay-crash "$committed" 30
 kafka_consume relay-crash "$TMP/topic.json"
 dump_pub_log "$db" "$TMP/pub.txt"
-analyze_order() {
-    local line
-    R=()
-    while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done < <(python3 "$INTEG_DIR/kafka_order.py" "$@")
-}
-analyze_order "$TMP/topic.json" "$TMP/pub.txt"
+kafka_order_facts "$TMP/topic.json" "$TMP/pub.txt"
 log "messages=${R[messages]} duplicates=${R[duplicates]} (${R[dup_ids]})"
 check_eq "nothing committed is missing" 0 "${R[missing]}"
 check_eq "nothing uncommitted arrived" 0 "${R[extra]}"

@@ -56,8 +56,7 @@ check_eq "nothing is dead" 0 "$(dead_of "$db" k)"
 check_topic_has "every committed event is in the topic" "$db" k relay-outage "$committed" 30
 kafka_consume relay-outage "$TMP/topic.json"
 dump_pub_log "$db" "$TMP/pub.txt"
-R=()
-while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done < <(python3 "$INTEG_DIR/kafka_order.py" "$TMP/topic.json" "$TMP/pub.txt")
+kafka_order_facts "$TMP/topic.json" "$TMP/pub.txt"
 log "committed=$committed messages=${R[messages]} duplicates=${R[duplicates]} rewinds=${R[rewinds]} max_rewind=${R[max_rewind]}"
 check_eq "nothing committed is missing" 0 "${R[missing]}"
 check_eq "nothing uncommitted arrived" 0 "${R[extra]}"

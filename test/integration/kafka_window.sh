@@ -23,12 +23,6 @@ new_db db kafka_window || die "could not create a database"
 create_pub_log "$db"
 check "a dispatcher serves the new database" wait_workers "$db" 1 20
 
-analyze_order() {  # TOPIC_JSON PUB_TXT: fills R
-    local line
-    R=()
-    while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done < <(python3 "$INTEG_DIR/kafka_order.py" "$@")
-}
-
 # (a) one hot key.
 kafka_create_topic relay-hot 3 || die "could not create topic relay-hot"
 kafka_handler "$db" hot relay-hot \
@@ -43,7 +37,7 @@ check_eq "nothing is dead" 0 "$(dead_of "$db" hot)"
 check_topic_has "the topic holds 2,000 messages" "$db" hot relay-hot 2000 30
 kafka_consume relay-hot "$TMP/hot.json"
 dump_pub_log "$db" "$TMP/pub-hot.txt"
-analyze_order "$TMP/hot.json" "$TMP/pub-hot.txt"
+kafka_order_facts "$TMP/hot.json" "$TMP/pub-hot.txt"
 check_eq "nothing is missing" 0 "${R[missing]}"
 check_eq "no duplicates without a failure" 0 "${R[duplicates]}"
 check_eq "the key in seq order" 0 "${R[out_of_order]}"
@@ -85,41 +79,25 @@ kafka_handler "$db" wc relay-wcrash \
     "{\"key_window\": $WINDOW, \"timeout\": \"10s\", \"backoff_base\": \"100ms\", \"backoff_max\": \"1s\", \"max_attempts\": 100, \"concurrency\": 64}" \
     'kw.#' || die "could not create the handler"
 old_dispatcher=$(sql "$db" "SELECT pid FROM relay.workers")
-publish() {
-    local b
-    for ((b = 1; b <= 600; b++)); do
-        [[ -e "$TMP/stop-publishing" ]] && break
-        psql_q -d "$db" -c "INSERT INTO pub_log SELECT relay_publish('kw.ev', jsonb_build_object('b', $b, 'i', i), k), k
-                              FROM generate_series(1, 60) i, LATERAL (SELECT CASE WHEN i % 6 = 0 THEN 'w-' || (i % 4)
-                                                                                  ELSE 'wh' END AS k) kk" \
-            >/dev/null 2>&1 || sleep 0.5
-        sleep 0.1
-    done
-}
-publish &
+kafka_publish_loop "$db" "INSERT INTO pub_log SELECT relay_publish('kw.ev', jsonb_build_object('b', %B%, 'i', i), k), k
+                            FROM generate_series(1, 60) i, LATERAL (SELECT CASE WHEN i % 6 = 0 THEN 'w-' || (i % 4)
+                                                                                ELSE 'wh' END AS k) kk" 0.1 &
 publisher=$!
 bg_track "$publisher"
-committed_at_least() { (($(sql "$db" "SELECT count(*) FROM pub_log") >= $1)); }
-check "publishing is under way" wait_until 60 committed_at_least 1200
+check "publishing is under way" wait_until 60 pub_log_has "$db" 1200
 check_topic_has "messages flow into the topic" "$db" wc relay-wcrash 300 90
 # The hot key's backlog keeps its window full: the kill comes with a run in flight.
 hot_backlog() { (($(sql "$db" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
                                 WHERE h.name = 'wc' AND d.key = 'wh'") > WINDOW)); }
 check "the hot key has more than a window pending (the kill comes mid-stream)" wait_until 30 hot_backlog
-at_kill=$(sql "$db" "SELECT count(*) FROM pub_log")
-kill -9 "$old_dispatcher"
-log "kill -9 of dispatcher $old_dispatcher with about $at_kill events committed"
-after_dispatcher_kill "$db" "$old_dispatcher"
-check "publishing goes on after the crash" wait_until 60 committed_at_least $((at_kill + 600))
-touch "$TMP/stop-publishing"
-wait "$publisher"
+kafka_kill_mid_stream "$db" "$old_dispatcher" "$publisher" 600
 committed=$(sql "$db" "SELECT count(*) FROM pub_log WHERE key = 'wh' OR key LIKE 'w-%'")
 check "every delivery is completed in the end" wait_until 180 none_pending "$db" wc
 check_eq "nothing is dead" 0 "$(dead_of "$db" wc)"
 check_topic_has "every committed event is in the topic" "$db" wc relay-wcrash "$committed" 30
 kafka_consume relay-wcrash "$TMP/wc.json"
 sql "$db" "SELECT id, key FROM pub_log WHERE key = 'wh' OR key LIKE 'w-%' ORDER BY id" >"$TMP/pub-wc.txt"
-analyze_order "$TMP/wc.json" "$TMP/pub-wc.txt"
+kafka_order_facts "$TMP/wc.json" "$TMP/pub-wc.txt"
 log "messages=${R[messages]} duplicates=${R[duplicates]} rewinds=${R[rewinds]} max_rewind=${R[max_rewind]} max_dups_per_key=${R[max_dups_per_key]}"
 check_eq "nothing committed is missing" 0 "${R[missing]}"
 check_eq "nothing uncommitted arrived" 0 "${R[extra]}"

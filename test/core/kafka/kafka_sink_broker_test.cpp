@@ -400,16 +400,26 @@ TEST_F(KafkaSinkBroker, APermanentFailureInsideAWindowIsLoggedWithTheLaterOnesAc
   for (size_t i = 0; i < got.size(); i++) EXPECT_EQ(got[i].headers.at("relay-seq"), seqs[i]);
 }
 
-TEST(KafkaSinkNoBroker, PipelinedMessagesOlderThanTheTimeoutFailTogetherAndTheProducerIsReplaced) {
-  KafkaSink sink;
-  sink.set_pipelined(true);
+namespace {
+
+// A handler with a window whose broker never answers (nothing listens on port 1).
+PipelineHandler unreachable_windowed(KafkaSink& sink, int key) {
   PipelineHandler h;
-  h.key = 4;
+  h.key = key;
   h.name = "unreachable";
   h.target = "kafka://127.0.0.1:1/t";
   h.options.timeout_ms = 300;
   h.options.key_window = 8;
   sink.set_handler_limit(h.key, 100);
+  return h;
+}
+
+}  // namespace
+
+TEST(KafkaSinkNoBroker, PipelinedMessagesOlderThanTheTimeoutFailTogetherAndTheProducerIsReplaced) {
+  KafkaSink sink;
+  sink.set_pipelined(true);
+  const PipelineHandler h = unreachable_windowed(sink, 4);
   for (int i = 1; i <= 8; i++) ASSERT_TRUE(sink.submit(h, message(i, "k", i, "1"), 0, nullptr));
   ASSERT_TRUE(sink.submit(h, message(9, "", 0, "1"), 0, nullptr));
   EXPECT_EQ(sink.producers(), 1u);
@@ -440,13 +450,7 @@ TEST(KafkaSinkNoBroker, PipelinedMessagesOlderThanTheTimeoutFailTogetherAndThePr
 
 TEST(KafkaSinkNoBroker, NotPipelinedKeepsLibrdkafkasTimeout) {
   KafkaSink sink;  // the sidecar's mode
-  PipelineHandler h;
-  h.key = 5;
-  h.name = "unreachable";
-  h.target = "kafka://127.0.0.1:1/t";
-  h.options.timeout_ms = 300;
-  h.options.key_window = 8;
-  sink.set_handler_limit(h.key, 100);
+  const PipelineHandler h = unreachable_windowed(sink, 5);
   ASSERT_TRUE(sink.submit(h, message(1, "k", 1, "1"), 0, nullptr));
   EXPECT_EQ(sink.next_deadline_in_ms(), -1);
   auto r = wait_results(sink, 1, 10000);
