@@ -80,15 +80,16 @@ kafka_publish_loop() {
 # pub_log_has DB N: at least N events committed in pub_log.
 pub_log_has() { (($(sql "$1" "SELECT count(*) FROM pub_log") >= $2)); }
 
-# kafka_kill_mid_stream DB OLD_PID PUBLISHER MORE: kill -9 of the dispatcher
-# OLD_PID while PUBLISHER (a kafka_publish_loop) commits; once the server and
-# a new dispatcher are back and MORE events more were committed, publishing
-# stops.
+# kafka_kill_mid_stream DB OLD_PID PUBLISHER MORE [AFTER_KILL]: kill -9 of
+# the dispatcher OLD_PID while PUBLISHER (a kafka_publish_loop) commits, then
+# the command AFTER_KILL; once the server and a new dispatcher are back and
+# MORE events more were committed, publishing stops.
 kafka_kill_mid_stream() {
     local db=$1 old=$2 publisher=$3 at_kill
     at_kill=$(sql "$db" "SELECT count(*) FROM pub_log")
     kill -9 "$old"
     log "kill -9 of dispatcher $old with about $at_kill events committed"
+    [[ -n "${5:-}" ]] && $5
     after_dispatcher_kill "$db" "$old"
     check "publishing goes on after the crash" wait_until 60 pub_log_has "$db" $((at_kill + $4))
     touch "$TMP/stop-publishing"
