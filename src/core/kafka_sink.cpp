@@ -322,8 +322,10 @@ void KafkaSink::complete(uint64_t serial, HttpResult r) {
   }
   auto run = runs_.find(order_key);
   if (run == runs_.end()) return;
-  if (r.outcome != HttpOutcome::Success && run->second.failed.empty())
+  if (r.outcome != HttpOutcome::Success && run->second.failed.empty()) {
     run->second.failed = "delivery " + std::to_string(r.tag) + " (seq " + std::to_string(seq) + ") failed: " + r.error;
+    run->second.failed_for_good = r.outcome == HttpOutcome::Fail;
+  }
   run->second.done.emplace(serial, std::move(r));
   release_in_order(order_key, run->second);
 }
@@ -341,9 +343,11 @@ void KafkaSink::release_in_order(const std::string& order_key, KeyRun& run) {
     run.done.erase(d);
     run.next++;
   }
-  if (!run.failed.empty()) {
-    // Only a failure for good (the broker refused the message) lets later
-    // messages of the key through: they are in the partition, after the gap.
+  if (run.failed_for_good || run.acknowledged_after > 0) {
+    // Later messages of the key acknowledged after a failed one are in the
+    // partition after the gap: a failure for good (the broker refused the
+    // message) lets them through; a retried one should not (the producer is
+    // replaced at once) but is counted if it did.
     const size_t at = order_key.find('\n');
     on_log("kafka handler " + run.handler + ", key \"" + order_key.substr(at + 1) + "\": " + run.failed + "; " +
            std::to_string(run.acknowledged_after) +
@@ -462,14 +466,21 @@ void KafkaSink::poll() {
     for (rd_kafka_t* rk : late)
       abandon(rk, "kafka: no acknowledgement within the handler's timeout; the producer was purged and replaced");
   }
-  for (auto it = retired_.begin(); it != retired_.end();) {
+  std::vector<rd_kafka_t*> done;
+  for (rd_kafka_t* rk : retired_) {
     char err[8];
-    if (rd_kafka_outq_len(*it) == 0 || rd_kafka_fatal_error(*it, err, sizeof err) != RD_KAFKA_RESP_ERR_NO_ERROR) {
-      destroy(*it);
-      it = retired_.erase(it);
-    } else {
-      ++it;
+    if (rd_kafka_outq_len(rk) == 0 || rd_kafka_fatal_error(rk, err, sizeof err) != RD_KAFKA_RESP_ERR_NO_ERROR)
+      done.push_back(rk);
+  }
+  for (rd_kafka_t* rk : done) {
+    // Pipelined: what a fatally failed producer still held fails here, in
+    // produce order, before it goes (no message may point at a destroyed one).
+    if (pipelined_) {
+      abandon(rk, "kafka: the producer failed fatally and was replaced");
+      continue;
     }
+    destroy(rk);
+    retired_.erase(std::remove(retired_.begin(), retired_.end(), rk), retired_.end());
   }
 }
 

@@ -114,7 +114,8 @@ class KafkaSink final : public DeliverySink {
     std::vector<uint64_t> serials;
     size_t next = 0;
     std::unordered_map<uint64_t, HttpResult> done;
-    std::string failed;         // the first failure's description, empty: none
+    std::string failed;  // the first failure's description, empty: none
+    bool failed_for_good = false;
     int acknowledged_after = 0;  // later messages acknowledged after that failure
   };
   Producer* producer_for(const PipelineHandler& h, std::string* why);
