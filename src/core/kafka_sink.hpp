@@ -87,6 +87,11 @@ class KafkaSink final : public DeliverySink {
   // librdkafka's log and error lines since the last call, for the host's log.
   std::vector<std::string> take_log();
   size_t producers() const { return producers_.size(); }
+  // The handler's current producer, or nullptr (for diagnostics and tests).
+  rd_kafka_t* producer_of(int key) const {
+    auto it = producers_.find(key);
+    return it == producers_.end() ? nullptr : it->second.rk;
+  }
 
   // Called by librdkafka's callbacks (on the loop's thread, inside poll()).
   void on_delivery(const rd_kafka_message_t* m);

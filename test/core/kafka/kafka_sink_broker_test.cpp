@@ -448,6 +448,34 @@ TEST(KafkaSinkNoBroker, PipelinedMessagesOlderThanTheTimeoutFailTogetherAndThePr
   EXPECT_EQ(sink.next_deadline_in_ms(), -1);
 }
 
+TEST(KafkaSinkNoBroker, APipelinedProducerThatFailsFatallyFailsItsMessagesInOrderAndIsReplaced) {
+  KafkaSink sink;
+  sink.set_pipelined(true);
+  PipelineHandler h = unreachable_windowed(sink, 6);
+  h.options.timeout_ms = 60000;  // the fatal error, not the timeout, ends them
+  for (int i = 1; i <= 8; i++) ASSERT_TRUE(sink.submit(h, message(i, "k", i, "1"), 0, nullptr));
+  rd_kafka_t* first = sink.producer_of(h.key);
+  ASSERT_NE(first, nullptr);
+  // librdkafka's own way to raise a fatal error (as an idempotence failure would).
+  ASSERT_EQ(rd_kafka_test_fatal_error(first, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER, "injected"),
+            RD_KAFKA_RESP_ERR_NO_ERROR);
+  std::vector<HttpResult> r;
+  const int64_t t0 = now_ms();
+  while (r.size() < 8 && now_ms() - t0 < 10000) {
+    for (auto& x : sink.take_results()) r.push_back(std::move(x));
+    ::poll(nullptr, 0, 20);
+  }
+  ASSERT_EQ(r.size(), 8u);
+  for (size_t i = 0; i < r.size(); i++) {
+    EXPECT_EQ(r[i].tag, i + 1) << "in produce order";
+    EXPECT_EQ(r[i].outcome, HttpOutcome::Retry) << r[i].error;
+  }
+  EXPECT_EQ(sink.producers(), 0u);
+  EXPECT_EQ(sink.next_deadline_in_ms(), -1) << "nothing points at the destroyed producer";
+  ASSERT_TRUE(sink.submit(h, message(9, "k", 9, "1"), 0, nullptr));
+  EXPECT_EQ(sink.producers(), 1u) << "the next message makes a new producer";
+}
+
 TEST(KafkaSinkNoBroker, NotPipelinedKeepsLibrdkafkasTimeout) {
   KafkaSink sink;  // the sidecar's mode
   const PipelineHandler h = unreachable_windowed(sink, 5);
