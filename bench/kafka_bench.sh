@@ -11,9 +11,14 @@
 # from the same Maven artifacts) sending N records of SIZE bytes to the same
 # broker with acks=all and enable.idempotence=true, as fast as it can.
 #
+# Each case runs once per key_window in WINDOWS (default "1 32": one message
+# of a key in flight at a time, then the default window), so before and after
+# come from the same run.
+#
 # Environment: N (20000), N1 (events at 1 key, 2000), SIZE (200), PRODUCER
-# (the handlers' producer option, default {}), PG_CONFIG (the build to
-# measure, installed there already: make install PG_CONFIG=...).
+# (the handlers' producer option, default {}), WINDOWS, CONCURRENCY (the
+# handlers' concurrency, 1024), PG_CONFIG (the build to measure, installed
+# there already: make install PG_CONFIG=...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -21,6 +26,8 @@ N=${N:-20000}
 N1=${N1:-2000}
 SIZE=${SIZE:-200}
 PRODUCER=${PRODUCER:-\{\}}
+WINDOWS=${WINDOWS:-1 32}
+CONCURRENCY=${CONCURRENCY:-1024}
 PG_CONFIG=${PG_CONFIG:-$(bash "$(dirname "${BASH_SOURCE[0]}")/../scripts/pg-config.sh")}
 export PG_CONFIG PATH="$("$PG_CONFIG" --bindir):$PATH"
 
@@ -58,12 +65,12 @@ for i in $(seq 1 100); do
     sleep 0.2
 done
 
-# run KEYS COUNT: events per second from a backlog of COUNT events over KEYS keys.
+# run KEYS COUNT WINDOW: events per second from a backlog of COUNT events over KEYS keys.
 run() {
-    local keys=$1 count=$2 t0 t1 name="k$1"
+    local keys=$1 count=$2 window=$3 t0 t1 name="k$1w$3"
     topic "bench-$name"
     q -c "SELECT relay_create_handler('$name', 'kafka', 'kafka://$BOOT/bench-$name',
-                                      '{\"concurrency\": 1024, \"producer\": $PRODUCER}')" \
+                                      '{\"concurrency\": $CONCURRENCY, \"key_window\": $window, \"producer\": $PRODUCER}')" \
       -c "SELECT relay_route('bench.$name', '$name')" -c "SELECT relay_pause_handler('$name')" >/dev/null
     q -c "SELECT count(relay_publish('bench.$name', jsonb_build_object('p', repeat('x', $PAD)), 'k-' || (i % $keys)))
             FROM generate_series(1, $count) i" >/dev/null
@@ -86,15 +93,17 @@ floor() {
 }
 
 payload_bytes=$(q -c "SELECT length(jsonb_build_object('p', repeat('x', $PAD))::text)")
-note "payload $payload_bytes bytes, producer $PRODUCER"
-r1=$(run 1 "$N1")
-r1000=$(run 1000 "$N")
+note "payload $payload_bytes bytes, producer $PRODUCER, concurrency $CONCURRENCY, windows $WINDOWS"
+rows=()
+for w in $WINDOWS; do
+    rows+=("1 key|$w|$N1|$(run 1 "$N1" "$w")")
+    rows+=("1000 keys|$w|$N|$(run 1000 "$N" "$w")")
+done
 f=$(floor)
-echo "| case | events | events/s | floor (kafka-producer-perf-test, acks=all, idempotent) | ratio |"
-echo "| --- | --- | --- | --- | --- |"
-python3 - "$r1" "$r1000" "$f" "$N1" "$N" <<'PY'
-import sys
-r1, r1000, f, n1, n = (float(x) for x in sys.argv[1:])
-print("| 1 key | %d | %.0f | %.0f records/s | %.3f |" % (n1, r1, f, r1 / f))
-print("| 1000 keys | %d | %.0f | %.0f records/s | %.3f |" % (n, r1000, f, r1000 / f))
-PY
+echo "| case | key_window | events | events/s | floor (kafka-producer-perf-test, acks=all, idempotent) | ratio |"
+echo "| --- | --- | --- | --- | --- | --- |"
+for row in "${rows[@]}"; do
+    IFS='|' read -r case w n rate <<<"$row"
+    python3 -c 'import sys; c, w, n, r, f = sys.argv[1:]; print("| %s | %s | %s | %s | %.0f records/s | %.3f |" % (c, w, n, r, float(f), float(r) / float(f)))' \
+        "$case" "$w" "$n" "$rate" "$f"
+done

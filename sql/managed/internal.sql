@@ -435,7 +435,8 @@ BEGIN
             WHEN 'timeout' THEN '{http,kafka}' WHEN 'concurrency' THEN '{notify,http,kafka}'
             WHEN 'secret' THEN '{http}' WHEN 'headers' THEN '{http}' WHEN 'ack' THEN '{notify}'
             WHEN 'inline_payload' THEN '{notify}' WHEN 'envelope' THEN '{http,kafka}'
-            WHEN 'producer' THEN '{kafka}' WHEN 'retry_4xx' THEN '{http}' WHEN 'follow_redirects' THEN '{http}' END;
+            WHEN 'producer' THEN '{kafka}' WHEN 'key_window' THEN '{kafka}'
+            WHEN 'retry_4xx' THEN '{http}' WHEN 'follow_redirects' THEN '{http}' END;
         why := NULL;
         IF kinds IS NULL THEN
             why := 'unknown option ' || relay._quote(opt.key);
@@ -446,11 +447,11 @@ BEGIN
                    CASE array_to_string(kinds, ',') WHEN 'http,kafka' THEN 'http and kafka handlers'
                         WHEN 'notify,http,kafka' THEN 'notify, http and kafka handlers'
                         ELSE array_to_string(kinds, ',') || ' handlers' END;
-        ELSIF opt.key IN ('max_attempts', 'concurrency') THEN
+        ELSIF opt.key IN ('max_attempts', 'concurrency', 'key_window') THEN
             n := CASE WHEN jsonb_typeof(opt.value) = 'number' THEN (opt.value #>> '{}')::numeric END;
-            IF n IS NULL OR n <> trunc(n) OR n < 1 OR n > (CASE opt.key WHEN 'max_attempts' THEN 1000 ELSE 1024 END) THEN
+            IF n IS NULL OR n <> trunc(n) OR n < 1 OR n > (CASE opt.key WHEN 'concurrency' THEN 1024 ELSE 1000 END) THEN
                 why := 'option "' || opt.key || '" must be an integer between 1 and '
-                       || CASE opt.key WHEN 'max_attempts' THEN 1000 ELSE 1024 END;
+                       || CASE opt.key WHEN 'concurrency' THEN 1024 ELSE 1000 END;
             END IF;
         ELSIF opt.key IN ('backoff_base', 'backoff_max', 'timeout', 'lease') THEN
             ms := CASE WHEN jsonb_typeof(opt.value) = 'string' THEN relay._duration_ms(opt.value #>> '{}') END;

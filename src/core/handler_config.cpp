@@ -308,6 +308,7 @@ const OptionRule* find_rule(std::string_view name) {
       {"inline_payload", kind_bit(HandlerKind::Notify), "notify handlers"},
       {"envelope", kHttp | kKafka, "http and kafka handlers"},
       {"producer", kKafka, "kafka handlers"},
+      {"key_window", kKafka, "kafka handlers"},
       {"retry_4xx", kHttp, "http handlers"},
       {"follow_redirects", kHttp, "http handlers"},
       {"lease", kAll, ""},
@@ -350,6 +351,9 @@ bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOpt
     } else if (name == "concurrency") {
       ok = parse_int_option("concurrency", v, 1, 1024, &n, why);
       if (ok) o.concurrency = static_cast<int>(n);
+    } else if (name == "key_window") {
+      ok = parse_int_option("key_window", v, 1, kMaxKeyWindow, &n, why);
+      if (ok) o.key_window = static_cast<int>(n);
     } else if (name == "backoff_base") {
       ok = parse_interval_option("backoff_base", "1s", v, 1, kMsPerDay, &o.backoff_base_ms, why);
     } else if (name == "backoff_max") {
@@ -677,6 +681,7 @@ std::string options_public_json(HandlerKind kind, const HandlerOptions& o) {
     if (kind == HandlerKind::Kafka) {
       j["timeout"] = format_duration_ms(o.timeout_ms);
       j["envelope"] = o.envelope;
+      j["key_window"] = o.key_window;
       json p = json::object();
       for (const auto& kv : o.producer)
         p[kv.first] = kafka_property_is_secret(kv.first) ? std::string("[redacted]") : kv.second;

@@ -41,6 +41,9 @@ bool parse_http_url(std::string_view url, HttpUrl* out, std::string* why);
 // kafka://host:port[,host:port...]/topic (parse_kafka_target).
 bool validate_target(HandlerKind kind, std::string_view target, bool target_is_null, std::string* why);
 
+inline constexpr int kDefaultKeyWindow = 32;
+inline constexpr int kMaxKeyWindow = 1000;
+
 struct HandlerOptions {
   int max_attempts = 10;            // 1..1000
   int64_t backoff_base_ms = 1000;   // 1ms..1d
@@ -62,6 +65,11 @@ struct HandlerOptions {
   // kafka only: librdkafka properties (option "producer"), names as given,
   // each checked by validate_kafka_property.
   std::vector<std::pair<std::string, std::string>> producer;
+  // kafka only: how many deliveries of one key may be in flight at once, as
+  // a run produced without waiting for each acknowledgement; 1..kMaxKeyWindow.
+  // Only a host that turns pipelining on (KafkaSink::set_pipelined) honours
+  // it; 1 waits for each message's acknowledgement before the next.
+  int key_window = kDefaultKeyWindow;
   int64_t lease_ms = 30000;  // all; 1s..1d
   // Not an option: set by the host that loads the handler, so a webhook-id is
   // unique across databases (PostgreSQL: "msg_<system identifier>_<database

@@ -58,9 +58,13 @@ std::string kafka_error_text(rd_kafka_resp_err_t err) {
   return std::string("kafka: ") + rd_kafka_err2str(err) + " (" + rd_kafka_err2name(err) + ")";
 }
 
-std::string fingerprint_of(const PipelineHandler& h) {
+// The sink times the handler's messages itself (KafkaSink::set_pipelined).
+bool self_timed(bool pipelined, const PipelineHandler& h) { return pipelined && h.options.key_window > 1; }
+
+std::string fingerprint_of(const PipelineHandler& h, bool self_timed) {
   std::string f = h.target;
   f += '\n';
+  f += self_timed ? "self-timed " : "";
   f += std::to_string(h.options.timeout_ms);
   for (const auto& kv : h.options.producer) {
     f += '\n';
@@ -140,7 +144,9 @@ size_t KafkaSink::in_flight(int key) const {
 }
 
 KafkaSink::Producer* KafkaSink::producer_for(const PipelineHandler& h, std::string* why) {
-  const std::string fp = fingerprint_of(h);
+  const bool own_timeout = self_timed(pipelined_, h);
+  const std::string fp = fingerprint_of(h, own_timeout);
+  abandon_marked();
   auto it = producers_.find(h.key);
   if (it != producers_.end()) {
     if (it->second.fingerprint == fp) return &it->second;
@@ -152,8 +158,9 @@ KafkaSink::Producer* KafkaSink::producer_for(const PipelineHandler& h, std::stri
   KafkaTarget target;
   if (!parse_kafka_target(h.target, &target, why)) return nullptr;
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
-  // A key has one message in flight at a time, so waiting to fill a batch
-  // (librdkafka's 5 ms) only delays it. murmur2_random puts a key where
+  // Waiting to fill a batch (librdkafka's 5 ms) only delays a key that has
+  // one message in flight at a time; a pipelined run still batches, as its
+  // messages queue behind the requests in flight. murmur2_random puts a key where
   // Kafka's Java client (so Kafka Streams, ksqlDB, Flink, Spring) would:
   // consumers that co-partition by key rely on it; librdkafka's own default
   // (CRC32) disagrees for most keys. The handler may say otherwise for both.
@@ -168,7 +175,8 @@ KafkaSink::Producer* KafkaSink::producer_for(const PipelineHandler& h, std::stri
   }
   ok = ok && conf_set(conf, "bootstrap.servers", target.bootstrap, why) &&
        conf_set(conf, "enable.idempotence", "true", why) && conf_set(conf, "acks", "all", why) &&
-       conf_set(conf, "message.timeout.ms", std::to_string(std::max<int64_t>(1, h.options.timeout_ms)), why) &&
+       conf_set(conf, "message.timeout.ms",
+                own_timeout ? std::string("0") : std::to_string(std::max<int64_t>(1, h.options.timeout_ms)), why) &&
        conf_set(conf, "log.queue", "true", why);
   if (!ok) {
     rd_kafka_conf_destroy(conf);
@@ -211,7 +219,11 @@ bool KafkaSink::submit(const PipelineHandler& h, const WebhookMessage& m, int64_
     // and is retried with backoff, not a dead letter, so that fixing the
     // handler (or the file) lets its deliveries go on.
     const uint64_t serial = next_serial_++;
-    pending_[serial] = Pending{static_cast<uint64_t>(m.id), h.key, steady_ms()};
+    Pending failed;
+    failed.tag = static_cast<uint64_t>(m.id);
+    failed.key = h.key;
+    failed.sent_ms = steady_ms();
+    pending_[serial] = std::move(failed);
     in_flight_of_[h.key]++;
     HttpResult r;
     r.outcome = HttpOutcome::Retry;
@@ -252,7 +264,22 @@ bool KafkaSink::submit(const PipelineHandler& h, const WebhookMessage& m, int64_
   }
 
   const uint64_t serial = next_serial_++;
-  pending_[serial] = Pending{static_cast<uint64_t>(m.id), h.key, steady_ms()};
+  Pending pending;
+  pending.tag = static_cast<uint64_t>(m.id);
+  pending.key = h.key;
+  pending.sent_ms = steady_ms();
+  pending.rk = p->rk;
+  pending.seq = m.seq;
+  if (self_timed(pipelined_, h)) {
+    pending.deadline_ms = pending.sent_ms + std::max<int64_t>(1, h.options.timeout_ms);
+    if (m.has_key) {
+      pending.order_key = std::to_string(h.key) + '\n' + m.key;
+      KeyRun& run = runs_[pending.order_key];
+      run.handler = h.name;
+      run.serials.push_back(serial);
+    }
+  }
+  pending_[serial] = std::move(pending);
   (void)now_ms;
   in_flight_of_[h.key]++;
   const rd_kafka_resp_err_t err =
@@ -267,7 +294,11 @@ bool KafkaSink::submit(const PipelineHandler& h, const WebhookMessage& m, int64_
     HttpResult r;
     r.outcome = kafka_error_is_permanent(err) ? HttpOutcome::Fail : HttpOutcome::Retry;
     r.error = kafka_error_text(err);
+    const bool own = !pending_[serial].order_key.empty() || pending_[serial].deadline_ms != 0;
     complete(serial, std::move(r));
+    // A later message of the key must not go out through this producer
+    // before this one's retry.
+    if (own && !kafka_error_is_permanent(err)) abandon(p->rk, kafka_error_text(err) + ", its producer replaced");
     wake();
   }
   return true;
@@ -282,8 +313,85 @@ void KafkaSink::complete(uint64_t serial, HttpResult r) {
   r.status = 0;
   auto f = in_flight_of_.find(it->second.key);
   if (f != in_flight_of_.end() && --f->second <= 0) in_flight_of_.erase(f);
+  const std::string order_key = std::move(it->second.order_key);
+  const int64_t seq = it->second.seq;
   pending_.erase(it);
-  results_.push_back(std::move(r));
+  if (order_key.empty()) {
+    results_.push_back(std::move(r));
+    return;
+  }
+  auto run = runs_.find(order_key);
+  if (run == runs_.end()) return;
+  if (r.outcome != HttpOutcome::Success && run->second.failed.empty()) {
+    run->second.failed = "delivery " + std::to_string(r.tag) + " (seq " + std::to_string(seq) + ") failed: " + r.error;
+    run->second.failed_for_good = r.outcome == HttpOutcome::Fail;
+  }
+  run->second.done.emplace(serial, std::move(r));
+  release_in_order(order_key, run->second);
+}
+
+void KafkaSink::release_in_order(const std::string& order_key, KeyRun& run) {
+  // Results are handed on in produce order, so that a key's completions
+  // commit in seq order: a crash between two completing transactions then
+  // never leaves an earlier delivery of the key to be produced again after
+  // a later one was taken as done.
+  while (run.next < run.serials.size()) {
+    auto d = run.done.find(run.serials[run.next]);
+    if (d == run.done.end()) return;
+    if (d->second.outcome == HttpOutcome::Success && !run.failed.empty()) run.acknowledged_after++;
+    results_.push_back(std::move(d->second));
+    run.done.erase(d);
+    run.next++;
+  }
+  if (run.failed_for_good || run.acknowledged_after > 0) {
+    // Later messages of the key acknowledged after a failed one are in the
+    // partition after the gap: a failure for good (the broker refused the
+    // message) lets them through; a retried one should not (the producer is
+    // replaced at once) but is counted if it did.
+    const size_t at = order_key.find('\n');
+    on_log("kafka handler " + run.handler + ", key \"" + order_key.substr(at + 1) + "\": " + run.failed + "; " +
+           std::to_string(run.acknowledged_after) +
+           " later message(s) of the key in flight with it were acknowledged after it (in the partition after the "
+           "gap)");
+  }
+  runs_.erase(order_key);
+}
+
+void KafkaSink::abandon(rd_kafka_t* rk, const std::string& why) {
+  std::vector<uint64_t> serials;
+  for (const auto& kv : pending_)
+    if (kv.second.rk == rk) serials.push_back(kv.first);
+  // In produce order (serials grow), so each key's run is released whole.
+  std::sort(serials.begin(), serials.end());
+  for (uint64_t serial : serials) {
+    HttpResult r;
+    r.outcome = HttpOutcome::Retry;
+    r.error = why;
+    complete(serial, std::move(r));
+  }
+  for (auto it = producers_.begin(); it != producers_.end(); ++it)
+    if (it->second.rk == rk) {
+      on_log(std::string("kafka ") + rd_kafka_name(rk) + ": purged and replaced, " + std::to_string(serials.size()) +
+             " message(s) to be retried: " + why);
+      producers_.erase(it);
+      break;
+    }
+  retired_.erase(std::remove(retired_.begin(), retired_.end(), rk), retired_.end());
+  to_abandon_.erase(std::remove(to_abandon_.begin(), to_abandon_.end(), rk), to_abandon_.end());
+  destroy(rk);  // its purge reports find nothing left to complete
+  wake();
+}
+
+void KafkaSink::abandon_marked() {
+  while (!to_abandon_.empty()) abandon(to_abandon_.front(), "kafka: a message of the producer failed");
+}
+
+int64_t KafkaSink::next_deadline_in_ms() const {
+  int64_t first = 0;
+  for (const auto& kv : pending_)
+    if (kv.second.deadline_ms != 0 && (first == 0 || kv.second.deadline_ms < first)) first = kv.second.deadline_ms;
+  if (first == 0) return -1;
+  return std::max<int64_t>(0, first - steady_ms());
 }
 
 void KafkaSink::on_delivery(const rd_kafka_message_t* m) {
@@ -294,6 +402,14 @@ void KafkaSink::on_delivery(const rd_kafka_message_t* m) {
   } else {
     r.outcome = kafka_error_is_permanent(m->err) ? HttpOutcome::Fail : HttpOutcome::Retry;
     r.error = kafka_error_text(m->err);
+    auto p = pending_.find(serial);
+    // A self-timed message that failed without being refused for good (not
+    // our own purge): the producer may go on with the key's later messages,
+    // so it goes, with them. Not here: this runs inside librdkafka's poll.
+    if (r.outcome == HttpOutcome::Retry && p != pending_.end() && p->second.deadline_ms != 0 &&
+        m->err != RD_KAFKA_RESP_ERR__PURGE_QUEUE && m->err != RD_KAFKA_RESP_ERR__PURGE_INFLIGHT &&
+        std::find(to_abandon_.begin(), to_abandon_.end(), p->second.rk) == to_abandon_.end())
+      to_abandon_.push_back(p->second.rk);
   }
   complete(serial, std::move(r));
 }
@@ -338,15 +454,33 @@ void KafkaSink::poll() {
     }
     ++it;
   }
-  for (auto it = retired_.begin(); it != retired_.end();) {
-    rd_kafka_poll(*it, 0);
+  for (rd_kafka_t* rk : retired_) rd_kafka_poll(rk, 0);
+  abandon_marked();
+  if (pipelined_) {
+    const int64_t now = steady_ms();
+    std::vector<rd_kafka_t*> late;
+    for (const auto& kv : pending_)
+      if (kv.second.deadline_ms != 0 && now >= kv.second.deadline_ms &&
+          std::find(late.begin(), late.end(), kv.second.rk) == late.end())
+        late.push_back(kv.second.rk);
+    for (rd_kafka_t* rk : late)
+      abandon(rk, "kafka: no acknowledgement within the handler's timeout; the producer was purged and replaced");
+  }
+  std::vector<rd_kafka_t*> done;
+  for (rd_kafka_t* rk : retired_) {
     char err[8];
-    if (rd_kafka_outq_len(*it) == 0 || rd_kafka_fatal_error(*it, err, sizeof err) != RD_KAFKA_RESP_ERR_NO_ERROR) {
-      destroy(*it);
-      it = retired_.erase(it);
-    } else {
-      ++it;
+    if (rd_kafka_outq_len(rk) == 0 || rd_kafka_fatal_error(rk, err, sizeof err) != RD_KAFKA_RESP_ERR_NO_ERROR)
+      done.push_back(rk);
+  }
+  for (rd_kafka_t* rk : done) {
+    // Pipelined: what a fatally failed producer still held fails here, in
+    // produce order, before it goes (no message may point at a destroyed one).
+    if (pipelined_) {
+      abandon(rk, "kafka: the producer failed fatally and was replaced");
+      continue;
     }
+    destroy(rk);
+    retired_.erase(std::remove(retired_.begin(), retired_.end(), rk), retired_.end());
   }
 }
 
@@ -360,6 +494,7 @@ std::vector<HttpResult> KafkaSink::take_results() {
 void KafkaSink::cancel_all() {
   pending_.clear();
   in_flight_of_.clear();
+  runs_.clear();
   for (auto& kv : producers_)
     rd_kafka_purge(kv.second.rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT | RD_KAFKA_PURGE_F_NON_BLOCKING);
 }

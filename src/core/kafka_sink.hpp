@@ -15,6 +15,17 @@
 // key), relay-event-id, relay-topic, relay-seq and relay-key (keyed events),
 // relay-attempt, relay-published-at, then the event's own headers (string
 // values). docs/kafka.md describes it.
+//
+// Pipelined (a mode its host turns on, set_pipelined): a handler whose
+// key_window is above 1 has runs of a key in flight at once. librdkafka then
+// never times a message out (message.timeout.ms = 0): a timed-out message
+// that was still queued would be skipped while the key's later ones go out.
+// The sink enforces the handler's timeout itself instead: once a message is
+// older than it, the whole producer is purged and destroyed and every
+// message it held fails as a Retry, so the retried run follows complete
+// copies (duplicates, never a reordering). The host must then call poll() by
+// next_deadline_in_ms() too, not only when wait_fd() is readable. A key's
+// results come out in the order its messages were produced.
 
 #include <cstdint>
 #include <memory>
@@ -46,6 +57,10 @@ class KafkaSink final : public DeliverySink {
   KafkaSink& operator=(const KafkaSink&) = delete;
 
   bool ok() const { return pipe_[0] >= 0; }
+  void set_pipelined(bool on) { pipelined_ = on; }
+  // Milliseconds until the earliest pipelined message is due to time out
+  // (0: overdue), -1: none waits.
+  int64_t next_deadline_in_ms() const;
 
   void set_handler_limit(int key, int concurrency) override;
   bool can_submit(int key) const override;
@@ -72,6 +87,11 @@ class KafkaSink final : public DeliverySink {
   // librdkafka's log and error lines since the last call, for the host's log.
   std::vector<std::string> take_log();
   size_t producers() const { return producers_.size(); }
+  // The handler's current producer, or nullptr (for diagnostics and tests).
+  rd_kafka_t* producer_of(int key) const {
+    auto it = producers_.find(key);
+    return it == producers_.end() ? nullptr : it->second.rk;
+  }
 
   // Called by librdkafka's callbacks (on the loop's thread, inside poll()).
   void on_delivery(const rd_kafka_message_t* m);
@@ -84,14 +104,34 @@ class KafkaSink final : public DeliverySink {
     std::string topic;
   };
   struct Pending {
-    uint64_t tag;
-    int key;
-    int64_t sent_ms;  // steady clock
+    uint64_t tag = 0;
+    int key = 0;
+    int64_t sent_ms = 0;  // steady clock
+    rd_kafka_t* rk = nullptr;
+    int64_t deadline_ms = 0;  // steady clock; 0: librdkafka's message.timeout.ms times it
+    std::string order_key;    // non-empty: results of this key come out in produce order
+    int64_t seq = 0;
+  };
+  // The run of one key in flight: serials in produce order, the results
+  // that wait for an earlier one, and what failed in it.
+  struct KeyRun {
+    std::string handler;
+    std::vector<uint64_t> serials;
+    size_t next = 0;
+    std::unordered_map<uint64_t, HttpResult> done;
+    std::string failed;  // the first failure's description, empty: none
+    bool failed_for_good = false;
+    int acknowledged_after = 0;  // later messages acknowledged after that failure
   };
   Producer* producer_for(const PipelineHandler& h, std::string* why);
   void retire(Producer p);
   void destroy(rd_kafka_t* rk);
   void complete(uint64_t serial, HttpResult r);
+  void release_in_order(const std::string& order_key, KeyRun& run);
+  // Fails every message of rk as a Retry (why) and destroys it: its messages
+  // after the first missing one can never land before that one's retry.
+  void abandon(rd_kafka_t* rk, const std::string& why);
+  void abandon_marked();
   void wake();
 
   int pipe_[2] = {-1, -1};
@@ -103,6 +143,9 @@ class KafkaSink final : public DeliverySink {
   uint64_t next_serial_ = 1;
   std::vector<HttpResult> results_;
   std::vector<std::string> log_;
+  bool pipelined_ = false;
+  std::unordered_map<std::string, KeyRun> runs_;  // Pending::order_key -> its run
+  std::vector<rd_kafka_t*> to_abandon_;            // marked inside librdkafka's callbacks
 };
 
 }  // namespace relaybus::core

@@ -208,7 +208,9 @@ static int claim_callouts(DispatcherState* st, const HandlerEntry* h) {
   ClaimRequest req = {};
   req.handler_id = h->id;
   req.max = Min(st->policy.batch_max(guc_batch_size), room);
-  req.per_key = 1;  // a key's next delivery waits for this one's success
+  // A key's next run waits for this one's end; a kafka handler's run is
+  // produced at once (its sink keeps it in order: docs/kafka.md).
+  req.per_key = Max(1, h->key_window);
   req.lease_ms = http_lease_ms(h);
   claim_lanes(st, &req);
   req.kind = LeaseKind::Dispatcher;

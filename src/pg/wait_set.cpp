@@ -63,6 +63,13 @@ bool wait_for_work(long timeout_ms) {
     engine_timer = false;
   }
 
+  // A pipelined kafka message's timeout is the sink's own (librdkafka never
+  // times it out): served after the wait, like libcurl's timers no wake-up.
+  if (plan.kafka_timer_ms >= 0 && plan.kafka_timer_ms + 1 < timeout_ms) {
+    timeout_ms = static_cast<long>(plan.kafka_timer_ms + 1);
+    engine_timer = true;
+  }
+
   // The kafka producers' delivery reports (and errors) make this fd readable.
   int engine_fd = plan.engine_fd, kafka_fd = plan.kafka_fd;
   WaitEventSet* set = nullptr;

@@ -584,3 +584,17 @@ TEST(HandlerOptionsHttpFlags, ParsedForHttpAndRejectedElsewhere) {
   EXPECT_FALSE(parse_handler_options(HandlerKind::Http, R"({"retry_4xx": "yes"})", &o, &why));
   EXPECT_EQ(why, "option \"retry_4xx\" must be true or false");
 }
+
+TEST(HandlerOptions, KeyWindowIsKafkaOnlyAndBounded) {
+  EXPECT_EQ(opts_ok(K::Kafka, "{}").key_window, kDefaultKeyWindow);
+  EXPECT_EQ(opts_ok(K::Kafka, R"({"key_window": 1})").key_window, 1);
+  EXPECT_EQ(opts_ok(K::Kafka, R"({"key_window": 1000})").key_window, 1000);
+  EXPECT_EQ(opts_ok(K::Kafka, R"({"key_window": null})").key_window, kDefaultKeyWindow);
+  const std::string range = "option \"key_window\" must be an integer between 1 and 1000";
+  for (const char* v : {"0", "1001", "-1", "2.5", "\"8\"", "true"})
+    EXPECT_EQ(opts_bad(K::Kafka, std::string(R"({"key_window": )") + v + "}"), range) << v;
+  EXPECT_EQ(opts_bad(K::Http, R"({"key_window": 4})"), "option \"key_window\" is only valid for kafka handlers");
+  const HandlerOptions o = opts_ok(K::Kafka, R"({"key_window": 7})");
+  EXPECT_NE(options_public_json(K::Kafka, o).find("\"key_window\":7"), std::string::npos);
+  EXPECT_EQ(options_public_json(K::Http, o).find("key_window"), std::string::npos);
+}

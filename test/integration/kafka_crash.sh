@@ -3,8 +3,9 @@
 # committing): the postmaster crash-restarts, a new dispatcher takes over, and
 # in the end every committed event is in the topic, each key in one partition
 # in seq order; the only duplicates are re-sends of messages that were in
-# flight at the crash (at most one per key: a key's next delivery waits for
-# the previous one's acknowledgement).
+# flight at the crash (at most one per key: with "key_window": 1 a key's next
+# delivery waits for the previous one's acknowledgement; kafka_window.sh
+# kills one with a window of a key in flight).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/kafka_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
@@ -19,38 +20,23 @@ create_pub_log "$db"
 check "a dispatcher serves the new database" wait_workers "$db" 1 20
 old_dispatcher=$(sql "$db" "SELECT pid FROM relay.workers")
 kafka_handler "$db" k "relay-crash" \
-    '{"timeout": "10s", "backoff_base": "100ms", "backoff_max": "1s", "max_attempts": 100, "concurrency": 64}' 'kc.#' ||
+    '{"timeout": "10s", "backoff_base": "100ms", "backoff_max": "1s", "max_attempts": 100, "concurrency": 64,
+      "key_window": 1}' 'kc.#' ||
     die "could not create the handler"
 
 # Publishers: transactions of 50 events, one after the other, until told to
 # stop (however slow the machine, publishing spans the kill); one that the
 # crash aborts is simply not in pub_log (it is written in the same transaction).
-publish() {
-    local b
-    for ((b = 1; b <= 600; b++)); do
-        [[ -e "$TMP/stop-publishing" ]] && break
-        psql_q -d "$db" -c "INSERT INTO pub_log SELECT relay_publish('kc.ev', jsonb_build_object('b', $b, 'i', i),
-                                'k-' || (i % $KEYS)), 'k-' || (i % $KEYS) FROM generate_series(1, 50) i" \
-            >/dev/null 2>&1 || sleep 0.5
-        sleep 0.2
-    done
-}
-publish &
+kafka_publish_loop "$db" "INSERT INTO pub_log SELECT relay_publish('kc.ev', jsonb_build_object('b', %B%, 'i', i),
+                             'k-' || (i % $KEYS)), 'k-' || (i % $KEYS) FROM generate_series(1, 50) i" 0.2 &
 publisher=$!
 bg_track "$publisher"
-committed_at_least() { (($(sql "$db" "SELECT count(*) FROM pub_log") >= $1)); }
-check "publishing is under way" wait_until 60 committed_at_least 800
+check "publishing is under way" wait_until 60 pub_log_has "$db" 800
 check_topic_has "messages flow into the topic" "$db" k relay-crash 200 90
 # Mid-stream: right after a publish, while its deliveries are being produced.
 some_pending() { (($(pending_of "$db" k) > 0)); }
 check "deliveries are pending (the kill comes mid-stream)" wait_until 30 some_pending
-at_kill=$(sql "$db" "SELECT count(*) FROM pub_log")
-kill -9 "$old_dispatcher"
-log "kill -9 of dispatcher $old_dispatcher with about $at_kill events committed"
-after_dispatcher_kill "$db" "$old_dispatcher"
-check "publishing goes on after the crash" wait_until 60 committed_at_least $((at_kill + 500))
-touch "$TMP/stop-publishing"
-wait "$publisher"
+kafka_kill_mid_stream "$db" "$old_dispatcher" "$publisher" 500
 committed=$(sql "$db" "SELECT count(*) FROM pub_log")
 log "$committed events committed"
 check "every delivery is completed in the end" wait_until 120 none_pending "$db" k
@@ -58,12 +44,7 @@ check_eq "nothing is dead" 0 "$(dead_of "$db" k)"
 check_topic_has "every committed event is in the topic" "$db" k relay-crash "$committed" 30
 kafka_consume relay-crash "$TMP/topic.json"
 dump_pub_log "$db" "$TMP/pub.txt"
-analyze_order() {
-    local line
-    R=()
-    while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done < <(python3 "$INTEG_DIR/kafka_order.py" "$@")
-}
-analyze_order "$TMP/topic.json" "$TMP/pub.txt"
+kafka_order_facts "$TMP/topic.json" "$TMP/pub.txt"
 log "messages=${R[messages]} duplicates=${R[duplicates]} (${R[dup_ids]})"
 check_eq "nothing committed is missing" 0 "${R[missing]}"
 check_eq "nothing uncommitted arrived" 0 "${R[extra]}"

@@ -65,6 +65,44 @@ kafka_diag() {
     log "diag: broker log $(grep -E 'WARN|ERROR' "$KAFKA_DIR/server.log" 2>/dev/null | tail -n 5 | cut -c1-300)"
 }
 
+# kafka_publish_loop DB SQL PAUSE: runs SQL (%B% in it is the round, 1 to
+# 600) then sleeps PAUSE seconds, until $TMP/stop-publishing exists; a round
+# that fails (the server crash-restarting) is skipped.
+kafka_publish_loop() {
+    local b
+    for ((b = 1; b <= 600; b++)); do
+        [[ -e "$TMP/stop-publishing" ]] && break
+        psql_q -d "$1" -c "${2//%B%/$b}" >/dev/null 2>&1 || sleep 0.5
+        sleep "$3"
+    done
+}
+
+# pub_log_has DB N: at least N events committed in pub_log.
+pub_log_has() { (($(sql "$1" "SELECT count(*) FROM pub_log") >= $2)); }
+
+# kafka_kill_mid_stream DB OLD_PID PUBLISHER MORE [AFTER_KILL]: kill -9 of
+# the dispatcher OLD_PID while PUBLISHER (a kafka_publish_loop) commits, then
+# the command AFTER_KILL; once the server and a new dispatcher are back and
+# MORE events more were committed, publishing stops.
+kafka_kill_mid_stream() {
+    local db=$1 old=$2 publisher=$3 at_kill
+    at_kill=$(sql "$db" "SELECT count(*) FROM pub_log")
+    kill -9 "$old"
+    log "kill -9 of dispatcher $old with about $at_kill events committed"
+    [[ -n "${5:-}" ]] && $5
+    after_dispatcher_kill "$db" "$old"
+    check "publishing goes on after the crash" wait_until 60 pub_log_has "$db" $((at_kill + $4))
+    touch "$TMP/stop-publishing"
+    wait "$publisher"
+}
+
+# kafka_order_facts TOPIC_JSON PUB_TXT: kafka_order.py's facts into R.
+kafka_order_facts() {
+    local line
+    R=()
+    while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done < <(python3 "$INTEG_DIR/kafka_order.py" "$@")
+}
+
 # kafka_handler DB NAME TOPIC OPTIONS PATTERN
 kafka_handler() {
     sql "$1" "SELECT relay_create_handler('$2', 'kafka', 'kafka://$KAFKA_BOOTSTRAP/$3', '$4')" \

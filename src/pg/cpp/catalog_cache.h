@@ -27,6 +27,7 @@ struct HandlerEntry {
   bool inline_payload;  // notify: the payload inline, else by reference
   int64_t lease_ms;
   int64_t timeout_ms;  // http: a request's timeout
+  int key_window;      // kafka: deliveries of a key claimed and in flight at once
   const HandlerConfig* config;
 };
 

@@ -21,6 +21,7 @@ namespace relaybus::pg {
 namespace {
 
 static_assert(sizeof(core::Receipt) == sizeof(uint64_t[2]), "a receipt carries a lease token");
+constexpr int64_t kMaxHandlerInFlight = 4096;  // host_ensure's bound on the engine's max_total
 
 // The dispatcher's side of core::DeliveryPipeline (queue, claim-ahead, breaker,
 // expiry, classification and batching are the pipeline's).
@@ -83,6 +84,14 @@ class PgDeliveryStore final : public core::DeliveryStore {
 };
 PgDeliveryStore store;
 
+// A pipelined kafka handler's concurrency counts keys' runs in flight, each up
+// to key_window messages: librdkafka batches them, so a hot key's window is
+// not held to the handful of requests an http handler would have out.
+int in_flight_limit(core::HandlerKind kind, const core::HandlerOptions& o) {
+  const int64_t window = kind == core::HandlerKind::Kafka ? std::max(1, o.key_window) : 1;
+  return static_cast<int>(std::min<int64_t>(kMaxHandlerInFlight, int64_t{std::max(1, o.concurrency)} * window));
+}
+
 // For the calls whose failure changes nothing (the old answer stands).
 template <typename F>
 void quietly(F&& f) noexcept {
@@ -104,7 +113,7 @@ bool host_ensure(const char* setting, int max_in_flight, ErrorRecord* err) noexc
       engine_allowlist = setting;
       return;
     }
-    opts.max_total = std::clamp(max_in_flight, 1, 4096);
+    opts.max_total = std::clamp(max_in_flight, 1, static_cast<int>(kMaxHandlerInFlight));
     engine = std::make_unique<core::HttpEngine>(opts);
     engine_allowlist = setting;
     if (!engine->ok()) {
@@ -113,6 +122,8 @@ bool host_ensure(const char* setting, int max_in_flight, ErrorRecord* err) noexc
     }
     sink = std::make_unique<core::HttpSink>(*engine);
     kafka_sink = std::make_unique<core::KafkaSink>();
+    // This loop polls the sink by its deadlines (host_wait_plan, host_after_wait).
+    kafka_sink->set_pipelined(true);
     if (!kafka_sink->ok()) {
       kafka_sink.reset();
       sink.reset();
@@ -134,7 +145,7 @@ int host_room(int32_t handler_id, core::HandlerKind kind, const HandlerConfig* c
   int capacity = 0;
   quietly([&] {
     router->set_kind(handler_id, kind);
-    capacity = pipeline->room(handler_id, config->options.concurrency, now_ms);
+    capacity = pipeline->room(handler_id, in_flight_limit(kind, config->options), now_ms);
   });
   return capacity;
 }
@@ -148,6 +159,7 @@ bool host_stage(int32_t handler_id, core::HandlerKind kind, const char* name, co
     handler->name = name;
     handler->target = config->target;
     handler->options = config->options;
+    handler->options.concurrency = in_flight_limit(kind, config->options);
     Staged s{std::move(handler), {}, expires_ms};
     s.claimed.reserve(n);
     for (int i = 0; i < n; i++) {
@@ -244,7 +256,7 @@ int host_socket_count() noexcept {
 }
 
 int host_wait_plan(int64_t now_ms, SocketWait* sockets, int cap, WaitPlan* plan) noexcept {
-  *plan = WaitPlan{-1, kafka_sink ? kafka_sink->wait_fd() : -1, -1, -1};
+  *plan = WaitPlan{-1, kafka_sink ? kafka_sink->wait_fd() : -1, -1, -1, -1};
   if (!engine) return 0;
   int nsock = 0;
   plan->engine_fd = engine->ready_fd();
@@ -256,6 +268,7 @@ int host_wait_plan(int64_t now_ms, SocketWait* sockets, int cap, WaitPlan* plan)
       }
     plan->engine_timeout_ms = engine->timeout_ms();
     plan->next_probe_ms = pipeline->next_probe_ms(now_ms);
+    plan->kafka_timer_ms = kafka_sink->next_deadline_in_ms();
   });
   return nsock;
 }
@@ -265,10 +278,10 @@ void host_after_wait(int engine_fd, const SocketWait* ready, int n, bool kafka_r
   quietly([&] {
     // Served here, on this thread: the reports become results that the loop
     // collects next; librdkafka's lines go to the server log.
-    if (kafka_ready) {
-      kafka_sink->poll();
-      kafka_log_lines = kafka_sink->take_log();
-    }
+    if (kafka_ready || kafka_sink->next_deadline_in_ms() == 0) kafka_sink->poll();
+    // Lines written while results were taken (collect) too, not only by the
+    // poll above: a run's last report may come with no later wake-up.
+    for (std::string& line : kafka_sink->take_log()) kafka_log_lines.push_back(std::move(line));
     for (int i = 0; i < n; i++) {
       if (engine_fd >= 0 && ready[i].fd == engine_fd)
         engine->on_ready();

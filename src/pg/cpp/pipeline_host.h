@@ -84,6 +84,7 @@ struct WaitPlan {
   int kafka_fd;               // -1: none
   int64_t engine_timeout_ms;  // -1: no timer
   int64_t next_probe_ms;      // -1: no breaker probe due
+  int64_t kafka_timer_ms;     // from now: a pipelined kafka message times out (the sink's own timeout); -1: none
 };
 struct SocketWait {
   int fd;

@@ -346,3 +346,143 @@ TEST(KafkaSinkNoBroker, AProducerThatCannotBeMadeIsARetryNotADeadLetter) {
   const Completion c = classify_result(h, r[0], 1, 7);
   EXPECT_EQ(c.outcome, CompletionOutcome::Retry);
 }
+
+TEST_F(KafkaSinkBroker, PipelinedRunOfAKeyInOrderResultsInProduceOrder) {
+  const std::string topic = unique_topic("window");
+  create_topic(topic, 3, {});
+  KafkaSink sink;
+  sink.set_pipelined(true);
+  PipelineHandler h = handler_for(topic);
+  h.options.key_window = 200;
+  sink.set_handler_limit(h.key, 1000);
+  for (int i = 1; i <= 200; i++) ASSERT_TRUE(sink.submit(h, message(i, "hot", i, std::to_string(i)), 0, nullptr));
+  EXPECT_EQ(sink.in_flight(h.key), 200u) << "a run goes out without waiting for acknowledgements";
+  EXPECT_GE(sink.next_deadline_in_ms(), 0) << "self-timed: the host polls by the deadline";
+  auto r = wait_results(sink, 200);
+  ASSERT_EQ(r.size(), 200u);
+  for (size_t i = 0; i < r.size(); i++) {
+    EXPECT_EQ(r[i].tag, i + 1) << "results of a key come out in produce order";
+    EXPECT_EQ(r[i].outcome, HttpOutcome::Success) << r[i].error;
+  }
+  EXPECT_EQ(sink.next_deadline_in_ms(), -1);
+  const auto got = consume(topic, 3, 200);
+  ASSERT_EQ(got.size(), 200u);
+  for (size_t i = 0; i < got.size(); i++) EXPECT_EQ(got[i].headers.at("relay-seq"), std::to_string(i + 1));
+}
+
+TEST_F(KafkaSinkBroker, APermanentFailureInsideAWindowIsLoggedWithTheLaterOnesAcknowledgedAfterIt) {
+  const std::string topic = unique_topic("window-small");
+  create_topic(topic, 1, {{"max.message.bytes", "1000"}});
+  KafkaSink sink;
+  sink.set_pipelined(true);
+  PipelineHandler h = handler_for(topic);
+  h.options.key_window = 10;
+  h.options.producer = {{"batch.size", "1000"}};
+  sink.set_handler_limit(h.key, 100);
+  const std::string big = "\"" + std::string(5000, 'x') + "\"";
+  for (int i = 1; i <= 5; i++)
+    ASSERT_TRUE(sink.submit(h, message(i, "k", i, i == 3 ? big : std::to_string(i)), 0, nullptr));
+  auto r = wait_results(sink, 5);
+  ASSERT_EQ(r.size(), 5u);
+  for (size_t i = 0; i < r.size(); i++) {
+    EXPECT_EQ(r[i].tag, i + 1);
+    EXPECT_EQ(r[i].outcome, i == 2 ? HttpOutcome::Fail : HttpOutcome::Success) << r[i].error;
+  }
+  bool logged = false;
+  for (const auto& line : sink.take_log())
+    if (line.find("delivery 3 (seq 3) failed") != std::string::npos &&
+        line.find("2 later message(s) of the key") != std::string::npos)
+      logged = true;
+  EXPECT_TRUE(logged) << "the failure and the later messages acknowledged after it are logged";
+  const auto got = consume(topic, 1, 4);
+  ASSERT_EQ(got.size(), 4u);
+  const char* seqs[] = {"1", "2", "4", "5"};
+  for (size_t i = 0; i < got.size(); i++) EXPECT_EQ(got[i].headers.at("relay-seq"), seqs[i]);
+}
+
+namespace {
+
+// A handler with a window whose broker never answers (nothing listens on port 1).
+PipelineHandler unreachable_windowed(KafkaSink& sink, int key) {
+  PipelineHandler h;
+  h.key = key;
+  h.name = "unreachable";
+  h.target = "kafka://127.0.0.1:1/t";
+  h.options.timeout_ms = 300;
+  h.options.key_window = 8;
+  sink.set_handler_limit(h.key, 100);
+  return h;
+}
+
+}  // namespace
+
+TEST(KafkaSinkNoBroker, PipelinedMessagesOlderThanTheTimeoutFailTogetherAndTheProducerIsReplaced) {
+  KafkaSink sink;
+  sink.set_pipelined(true);
+  const PipelineHandler h = unreachable_windowed(sink, 4);
+  for (int i = 1; i <= 8; i++) ASSERT_TRUE(sink.submit(h, message(i, "k", i, "1"), 0, nullptr));
+  ASSERT_TRUE(sink.submit(h, message(9, "", 0, "1"), 0, nullptr));
+  EXPECT_EQ(sink.producers(), 1u);
+  const int64_t left = sink.next_deadline_in_ms();
+  EXPECT_GE(left, 0);
+  EXPECT_LE(left, 300);
+  // Nothing comes by the fd before the deadline: librdkafka never times
+  // them out itself (message.timeout.ms = 0), the timer does.
+  std::vector<HttpResult> r;
+  const int64_t t0 = now_ms();
+  while (r.size() < 9 && now_ms() - t0 < 10000) {
+    ::poll(nullptr, 0, static_cast<int>(std::max<int64_t>(1, sink.next_deadline_in_ms())));
+    for (auto& x : sink.take_results()) r.push_back(std::move(x));
+  }
+  ASSERT_EQ(r.size(), 9u);
+  EXPECT_GE(now_ms() - t0, 250);
+  std::vector<uint64_t> keyed;
+  for (const auto& x : r) {
+    EXPECT_EQ(x.outcome, HttpOutcome::Retry);
+    EXPECT_NE(x.error.find("purged and replaced"), std::string::npos) << x.error;
+    if (x.tag != 9) keyed.push_back(x.tag);
+  }
+  EXPECT_EQ(keyed, (std::vector<uint64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(sink.producers(), 0u) << "the producer is gone; the next message makes a new one";
+  EXPECT_EQ(sink.in_flight(), 0u);
+  EXPECT_EQ(sink.next_deadline_in_ms(), -1);
+}
+
+TEST(KafkaSinkNoBroker, APipelinedProducerThatFailsFatallyFailsItsMessagesInOrderAndIsReplaced) {
+  KafkaSink sink;
+  sink.set_pipelined(true);
+  PipelineHandler h = unreachable_windowed(sink, 6);
+  h.options.timeout_ms = 60000;  // the fatal error, not the timeout, ends them
+  for (int i = 1; i <= 8; i++) ASSERT_TRUE(sink.submit(h, message(i, "k", i, "1"), 0, nullptr));
+  rd_kafka_t* first = sink.producer_of(h.key);
+  ASSERT_NE(first, nullptr);
+  // librdkafka's own way to raise a fatal error (as an idempotence failure would).
+  ASSERT_EQ(rd_kafka_test_fatal_error(first, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER, "injected"),
+            RD_KAFKA_RESP_ERR_NO_ERROR);
+  std::vector<HttpResult> r;
+  const int64_t t0 = now_ms();
+  while (r.size() < 8 && now_ms() - t0 < 10000) {
+    for (auto& x : sink.take_results()) r.push_back(std::move(x));
+    ::poll(nullptr, 0, 20);
+  }
+  ASSERT_EQ(r.size(), 8u);
+  for (size_t i = 0; i < r.size(); i++) {
+    EXPECT_EQ(r[i].tag, i + 1) << "in produce order";
+    EXPECT_EQ(r[i].outcome, HttpOutcome::Retry) << r[i].error;
+  }
+  EXPECT_EQ(sink.producers(), 0u);
+  EXPECT_EQ(sink.next_deadline_in_ms(), -1) << "nothing points at the destroyed producer";
+  ASSERT_TRUE(sink.submit(h, message(9, "k", 9, "1"), 0, nullptr));
+  EXPECT_EQ(sink.producers(), 1u) << "the next message makes a new producer";
+}
+
+TEST(KafkaSinkNoBroker, NotPipelinedKeepsLibrdkafkasTimeout) {
+  KafkaSink sink;  // the sidecar's mode
+  const PipelineHandler h = unreachable_windowed(sink, 5);
+  ASSERT_TRUE(sink.submit(h, message(1, "k", 1, "1"), 0, nullptr));
+  EXPECT_EQ(sink.next_deadline_in_ms(), -1);
+  auto r = wait_results(sink, 1, 10000);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].outcome, HttpOutcome::Retry);
+  EXPECT_NE(r[0].error.find("_MSG_TIMED_OUT"), std::string::npos) << r[0].error;
+}
