@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <utility>
 
 namespace relaybus::core {
 namespace {
@@ -89,14 +90,9 @@ TEST(StoreBackoff, OtherPhasesDoNotPauseTheLeases) {
 }
 
 TEST(Reconnect, DoublesFrom250msUpTo30s) {
-  EXPECT_EQ(reconnect_backoff_ms(1), 250);
-  EXPECT_EQ(reconnect_backoff_ms(2), 500);
-  EXPECT_EQ(reconnect_backoff_ms(3), 1000);
-  EXPECT_EQ(reconnect_backoff_ms(7), 16000);
-  EXPECT_EQ(reconnect_backoff_ms(8), 30000);
-  EXPECT_EQ(reconnect_backoff_ms(1000), 30000);
-  EXPECT_EQ(reconnect_backoff_ms(INT_MAX), 30000);
-  EXPECT_EQ(reconnect_backoff_ms(0), 250);
+  const std::pair<int, int64_t> cases[] = {{0, 250},   {1, 250},   {2, 500},      {3, 1000},
+                                           {7, 16000}, {8, 30000}, {1000, 30000}, {INT_MAX, 30000}};
+  for (const auto& [failures, ms] : cases) EXPECT_EQ(reconnect_backoff_ms(failures), ms) << failures;
 }
 
 TEST(Backlog, RefreshedEveryTenSecondsOrLease) {
