@@ -29,8 +29,8 @@ void mongoc_log(mongoc_log_level_t level, const char* domain, const char* messag
   if (strstr(message, "endSessions") != nullptr) l = LogLevel::Debug;
   log(l, "libmongoc", {{"domain", domain}, {"message", message}});
 }
-}  // namespace
 
+// Once per process, before the first client.
 void mongo_global_init() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -39,6 +39,7 @@ void mongo_global_init() {
     atexit(mongoc_cleanup);
   });
 }
+}  // namespace
 
 Store::Store(const std::string& uri, const std::string& database) : db_(database) {
   mongo_global_init();

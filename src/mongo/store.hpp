@@ -15,6 +15,9 @@
 //   relay_instances     {_id: instance, until}
 //   relay_dead_letters  a delivery document plus attempts, last_error, last_status, failed_at
 //
+// The calls are grouped by the documents they touch, a file each (the groups
+// below name them); store.cpp has the client and the schema.
+//
 // Every call that talks to the server counts one command (commands()).
 // Errors are thrown as StoreError (code = the server's error code when there
 // is one, 11000 for a duplicate key).
@@ -316,9 +319,5 @@ class Store {
   std::vector<Delivery> find_in_segments(const bson_t* filter, const std::string& handler, const int* priority,
                                          int limit, bool sorted, const char* what);
 };
-
-// A delivery document as written by publish (or by an application in its own
-// transaction): shared with the docs' examples.
-void mongo_global_init();
 
 }  // namespace relaybus::mongo

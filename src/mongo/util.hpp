@@ -70,7 +70,6 @@ class Bson {
 // JSON text of a BSON value in relaxed extended JSON (plain numbers, strings,
 // objects, arrays; ObjectIds and dates as {"$oid"}/{"$date"}).
 std::string bson_value_to_json(const bson_value_t* value);
-std::string bson_doc_to_json(const bson_t* doc);
 
 // Parses JSON text (any JSON value) and appends it to doc as field `name`.
 // false with *why ("invalid JSON at byte 7: ...") if the text is not JSON or
