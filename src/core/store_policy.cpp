@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/backoff.hpp"
+
 namespace relaybus::core {
 
 int64_t lease_renew_interval_ms(int64_t lease_ms) { return std::max<int64_t>(100, lease_ms / 3); }
@@ -36,11 +38,7 @@ void StoreBackoff::failed(int64_t now_ms, StorePhase phase) {
   if (p.after == AfterStoreError::PauseLeases) until_ms_ = now_ms + p.retry_in_ms;
 }
 
-int64_t reconnect_backoff_ms(int failures) {
-  int64_t ms = 250;
-  for (int i = 1; i < failures && ms < 30000; i++) ms *= 2;
-  return std::min<int64_t>(ms, 30000);
-}
+int64_t reconnect_backoff_ms(int failures) { return backoff_ceiling_ms(BackoffPolicy{250, 30000}, failures); }
 
 int64_t next_backlog_refresh_ms(int64_t now_ms, int64_t lease_ms, int64_t took_ms) {
   return std::max(now_ms + std::max<int64_t>(10000, lease_ms), now_ms + 20 * took_ms);
