@@ -593,11 +593,11 @@ log "settle rules: max_attempts lowered while an attempt is out"
 local DB=t_settle TOKEN=tok-0123456789abcdef
 "$BIN" init --database $DB >/dev/null
 "$BIN" handler create lowered http "$HOOK/lowered" \
-    --options '{"max_attempts":5,"backoff_base":"100ms","backoff_max":"200ms","timeout":"10s"}' --database $DB >/dev/null
+    --options '{"max_attempts":5,"backoff_base":"100ms","backoff_max":"200ms","timeout":"60s"}' --database $DB >/dev/null
 "$BIN" handler create pulled pull --options '{"max_attempts":5}' --database $DB >/dev/null
 "$BIN" route 'sr.http' lowered --database $DB
 "$BIN" route 'sr.pull' pulled --database $DB
-control /lowered '[{"status": 500, "delay": 3}, {"status": 500}]'
+control /lowered "[{\"status\": 500, \"hold\": \"$TMP/lowered.answer\"}, {\"status\": 500}]"
 "$BIN" publish sr.http '{"n":1}' --key k --database $DB >/dev/null
 "$BIN" publish sr.pull '{"n":2}' --key k --database $DB >/dev/null
 "$BIN" publish sr.pull '{"n":3}' --key k3 --database $DB >/dev/null
@@ -606,6 +606,20 @@ start_instance settle $DB --api-token $TOKEN
 local P1=$IPID
 wait_until 15 has_requests /lowered 1 || fail "(1) attempt 1 never reached the receiver"
 "$BIN" handler alter lowered --options '{"max_attempts":1}' --database $DB >/dev/null
+# The first attempt is answered once the sidecar has read the catalog again:
+# after two heartbeats (a tick reads the handlers, then writes its heartbeat),
+# not after a fixed delay that a loaded machine's slow ticks outlast.
+heartbeat() { $PYM -c "
+import pymongo
+d=pymongo.MongoClient('$URI')['$DB'].relay_instances.find_one({'_id': 'settle'})
+print(d['until'] if d else '')"; }
+beat_after() { [[ "$(heartbeat)" != "$1" ]]; }
+local beat
+beat=$(heartbeat)
+wait_until 60 beat_after "$beat" || fail "(1) no heartbeat after the alter"
+beat=$(heartbeat)
+wait_until 60 beat_after "$beat" || fail "(1) no second heartbeat after the alter"
+touch "$TMP/lowered.answer"
 dead_letter() { $PYM -c "
 import pymongo
 db=pymongo.MongoClient('$URI')['$DB']
