@@ -444,20 +444,6 @@ stop_instance $P1
 check_eq "SIGTERM exits 0 (the metrics thread joined)" 0 "$STOP_RC"
 }
 
-# slow_link_to NAME DELAY COMMANDS: a link to FerretDB that delays only the
-# replies to COMMANDS (comma-separated) by DELAY seconds, or by the number in
-# $TMP/NAME_delay once it is changed; sets SLOW_URI.
-slow_link_to() {
-    local fport
-    fport=$($PY -c "import urllib.parse as u; print(u.urlparse('$URI').port)")
-    echo "$2" >"$TMP/$1_delay"
-    $PY "$INTEG/slow_link.py" --target 127.0.0.1:$fport --delay "$2" --commands "$3" --delay-file "$TMP/$1_delay" \
-        --port-file "$TMP/$1_port" 2>"$TMP/$1_link.err" &
-    PIDS+=($!)
-    wait_until 10 test -s "$TMP/$1_port" || fail "slow link $1 did not start"
-    SLOW_URI="mongodb://127.0.0.1:$(cat "$TMP/$1_port")/?serverSelectionTimeoutMS=5000"
-}
-
 # HTTP requests in flight progress while a store command is in progress: a
 # helper thread drives them (docs/mongo.md, "The loop and its threads").
 # Before it, the loop gave HTTP a turn only before each command, so with every
