@@ -14,6 +14,10 @@ bool lease_usable(int64_t until_ms, int64_t lease_ms, int64_t now_ms) {
   return now_ms < until_ms - lease_margin_ms(lease_ms);
 }
 
+bool renewal_keeps_tenure(int64_t until_ms, int64_t lease_ms, int64_t acked_ms) {
+  return lease_usable(until_ms, lease_ms, acked_ms);
+}
+
 StoreErrorPolicy on_store_error(StorePhase phase) {
   switch (phase) {
     case StorePhase::Leases:

@@ -26,6 +26,16 @@ int64_t lease_margin_ms(int64_t lease_ms);
 // A lease that runs until until_ms may be used at now_ms.
 bool lease_usable(int64_t until_ms, int64_t lease_ms, int64_t now_ms);
 
+// A renewal (the next epoch inserted) acknowledged at acked_ms continues the
+// tenure of a lease that ran until until_ms only if that lease was still
+// usable then. Later, another instance may have taken the lane, used it and
+// given it back, deleting the epochs it went through as it went (every lease
+// tick deletes the three below its new epoch): the next epoch can be free
+// again and the insert succeed although the lane was someone else's
+// meanwhile. So a late renewal loses the lease, whatever the insert said, and
+// the lane can only be taken again, under a new tenure.
+bool renewal_keeps_tenure(int64_t until_ms, int64_t lease_ms, int64_t acked_ms);
+
 // ---- A failed store command, by the phase of the loop that sent it.
 
 enum class StorePhase {

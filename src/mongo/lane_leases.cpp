@@ -13,6 +13,16 @@ int64_t LaneLeases::interval_ms() const { return core::lease_renew_interval_ms(c
 
 bool LaneLeases::usable(const Held& h, int64_t now) const { return core::lease_usable(h.until_ms, cfg_.lease_ms, now); }
 
+bool LaneLeases::renewed(const Held& h, int64_t acked) const {
+  return core::renewal_keeps_tenure(h.until_ms, cfg_.lease_ms, acked);
+}
+
+void LaneLeases::log_late(const std::vector<int>& leases) const {
+  if (leases.empty()) return;
+  log_warn("lease renewed too late: it ran out before the renewal was acknowledged, so it is lost",
+           {{"lanes", leases}, {"lease_ms", cfg_.lease_ms}});
+}
+
 void LaneLeases::end_sequencer() {
   seq_held_ = false;
   sequencer_.end();
@@ -98,10 +108,11 @@ bool LaneLeases::tick(int64_t now, int live, const std::function<std::map<int, i
     ops.push_back({kSequencerLane, Op::Take});
   }
   auto ok = store_.insert_lanes(inserts);
+  const int64_t acked = wall_ms();
   renewed_at_ms_ = until - cfg_.lease_ms;
   bool sequencer_taken = false;
   std::vector<std::pair<int, int64_t>> old;
-  std::vector<int> taken, released, lost;
+  std::vector<int> taken, released, lost, late;
   for (size_t i = 0; i < ops.size(); i++) {
     const int lane = ops[i].lane;
     const int64_t epoch = inserts[i].epoch;
@@ -112,20 +123,22 @@ bool LaneLeases::tick(int64_t now, int live, const std::function<std::map<int, i
         sequencer_.begin(epoch);
         sequencer_taken = true;
         log_info("sequencer role taken", {{"epoch", epoch}});
-      } else if (ops[i].what == Op::Renew && ok[i]) {
+      } else if (ops[i].what == Op::Renew && ok[i] && renewed(seq_, acked)) {
         seq_.epoch = epoch;
         seq_.until_ms = until;
       } else if (ops[i].what != Op::Take) {
         if (!ok[i]) log_warn("sequencer role lost", {{"epoch", seq_.epoch}});
+        if (ok[i] && ops[i].what == Op::Renew) late.push_back(lane);
         end_sequencer();
       }
     } else {
       switch (ops[i].what) {
         case Op::Renew:
-          if (ok[i]) {
+          if (ok[i] && renewed(held_[lane], acked)) {
             held_[lane].epoch = epoch;
             held_[lane].until_ms = until;
           } else {
+            if (ok[i]) late.push_back(lane);
             lost.push_back(lane);
             held_.erase(lane);
             metrics_.lanes_lost++;
@@ -156,6 +169,7 @@ bool LaneLeases::tick(int64_t now, int live, const std::function<std::map<int, i
   store_.delete_lane_docs(old);
   metrics_.lanes_held = static_cast<int>(held_.size());
   metrics_.last_store_ok_ms = wall_ms();
+  log_late(late);
   if (!taken.empty() || !released.empty() || !lost.empty())
     log_info("lanes", {{"taken", taken},
                        {"released", released},
@@ -177,18 +191,21 @@ void LaneLeases::renew() {
   for (const auto& [lane, h] : held_) inserts.push_back({lane, h.epoch + 1, cfg_.instance, until});
   if (seq_held_) inserts.push_back({kSequencerLane, seq_.epoch + 1, cfg_.instance, until});
   auto ok = store_.insert_lanes(inserts);
+  const int64_t acked = wall_ms();
   renewed_at_ms_ = until - cfg_.lease_ms;
-  std::vector<int> lost;
+  std::vector<int> lost, late;
   for (size_t i = 0; i < inserts.size(); i++) {
     const int lane = inserts[i].lane;
     Held* h = lane == kSequencerLane ? &seq_ : &held_[lane];
-    if (ok[i]) {
+    if (ok[i] && renewed(*h, acked)) {
       h->epoch = inserts[i].epoch;
       h->until_ms = until;
     } else {
+      if (ok[i]) late.push_back(lane);
       lost.push_back(lane);
     }
   }
+  log_late(late);
   // The epochs this skipped past are removed by the next tick (it deletes
   // the three below each new epoch).
   metrics_.last_store_ok_ms = wall_ms();
@@ -213,8 +230,8 @@ void LaneLeases::drop_lost(const std::vector<int>& leases) {
 
 std::vector<CommandWindow::Lease> LaneLeases::window_leases() const {
   std::vector<CommandWindow::Lease> leases;
-  for (const auto& [lane, h] : held_) leases.push_back({lane, h.epoch});
-  if (seq_held_) leases.push_back({kSequencerLane, seq_.epoch});
+  for (const auto& [lane, h] : held_) leases.push_back({lane, h.epoch, h.until_ms});
+  if (seq_held_) leases.push_back({kSequencerLane, seq_.epoch, seq_.until_ms});
   return leases;
 }
 

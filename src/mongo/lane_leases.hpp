@@ -16,7 +16,10 @@
 //
 // A delivery's receipt is (lane, the epoch at which this instance took the
 // lane): renewals keep it, a lane lost and taken again has a new one, so
-// nothing claimed under an earlier tenure is sent or completed.
+// nothing claimed under an earlier tenure is sent or completed. A renewal
+// keeps it only if acknowledged while the lease was still usable
+// (core::renewal_keeps_tenure): a successful insert alone proves nothing
+// after a stall, since the lane's next holder deletes the epochs it passes.
 #pragma once
 
 #include <cstdint>
@@ -86,6 +89,8 @@ class LaneLeases {
     int64_t since_epoch = 0;  // the receipt's epoch: when this tenure began
   };
   bool usable(const Held& h, int64_t now_ms) const;
+  bool renewed(const Held& h, int64_t acked_ms) const;  // a renewal acknowledged then keeps the tenure
+  void log_late(const std::vector<int>& leases) const;
   void renew();
   void drop_lost(const std::vector<int>& leases);  // lanes (and kSequencerLane) a renewal found taken
   void end_sequencer();                            // the role's lease is gone

@@ -42,6 +42,19 @@ TEST(LeaseTiming, UsableOnlyBeforeTheMargin) {
   EXPECT_FALSE(lease_usable(0, 10000, 0));  // never held: until 0
 }
 
+// A renewal acknowledged after the lease stopped being usable (a stalled
+// instance: another may have held the lane meanwhile) does not continue the
+// tenure, even though its insert succeeded; one acknowledged in time does,
+// also when it took most of the interval to come back (a slow store).
+TEST(LeaseTiming, OnlyARenewalAcknowledgedInTimeKeepsTheTenure) {
+  // Lease 3 s renewed at 0: until 3 000, margin 600.
+  EXPECT_TRUE(renewal_keeps_tenure(3000, 3000, lease_renew_interval_ms(3000)));
+  EXPECT_TRUE(renewal_keeps_tenure(3000, 3000, 2399));
+  EXPECT_FALSE(renewal_keeps_tenure(3000, 3000, 2400));
+  EXPECT_FALSE(renewal_keeps_tenure(3000, 3000, 3000));
+  EXPECT_FALSE(renewal_keeps_tenure(3000, 3000, 11000));  // woken 8 s after the lease ran out
+}
+
 TEST(StoreErrors, LeaseCommandsPauseASecond) {
   for (StorePhase p : {StorePhase::Leases, StorePhase::Renewal}) {
     const StoreErrorPolicy s = on_store_error(p);
