@@ -19,15 +19,13 @@ namespace {
 Delivery parse_delivery(const bson_t* doc) {
   Delivery d;
   std::vector<std::string> problems;
+  // get_int64 writes only what it found: a missing field leaves the default.
+  auto integer = [&](const char* name, int64_t* out) {
+    if (!get_int64(doc, name, out)) problems.push_back(std::string(name) + " must be an integer");
+  };
   int64_t x = 0;
-  if (get_int64(doc, "_id", &x))
-    d.id = x;
-  else
-    problems.push_back("_id must be an integer");
-  if (get_int64(doc, "event_id", &x))
-    d.event_id = x;
-  else
-    problems.push_back("event_id must be an integer");
+  integer("_id", &d.id);
+  integer("event_id", &d.event_id);
   if (!get_string(doc, "handler", &d.handler)) problems.push_back("handler must be a string");
   if (get_int64(doc, "lane", &x) && x >= 0 && x < core::kLanes)
     d.lane = static_cast<int>(x);
@@ -40,10 +38,7 @@ Delivery parse_delivery(const bson_t* doc) {
     else
       problems.push_back("key must be a string or absent");
   }
-  if (get_int64(doc, "seq", &x))
-    d.seq = x;
-  else
-    problems.push_back("seq must be an integer");
+  integer("seq", &d.seq);
   if (get_int64(doc, "priority", &x) && x >= 0 && x <= 3)
     d.priority = static_cast<int>(x);
   else

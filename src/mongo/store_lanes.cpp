@@ -115,31 +115,22 @@ std::map<std::string, Store::HandlerLoad> Store::live_load(int64_t now_ms) {
   std::map<std::string, HandlerLoad> out;
   each_in(kInstances, "read instances", [&](const bson_t* doc) {
     int64_t until = 0;
-    bson_iter_t it, hs;
     if (!get_date_ms(doc, "until", &until) || until <= now_ms) return;
-    if (!bson_iter_init_find(&it, doc, "load") || !BSON_ITER_HOLDS_DOCUMENT(&it) || !bson_iter_recurse(&it, &hs))
-      return;
-    while (bson_iter_next(&hs)) {
-      if (!BSON_ITER_HOLDS_DOCUMENT(&hs)) continue;
-      uint32_t len;
-      const uint8_t* data;
-      bson_iter_document(&hs, &len, &data);
-      bson_t h;
-      if (!bson_init_static(&h, data, len)) continue;
-      HandlerLoad& l = out[bson_iter_key(&hs)];
+    each_embedded(doc, "load", BSON_TYPE_DOCUMENT, [&](const char* handler, const bson_t* h) {
+      HandlerLoad& l = out[handler];
       int64_t x = 0;
-      if (get_int64(&h, "in_flight", &x)) l.in_flight += x;
-      if (get_int64(&h, "latency_count", &x)) l.latency_count += x;
+      if (get_int64(h, "in_flight", &x)) l.in_flight += x;
+      if (get_int64(h, "latency_count", &x)) l.latency_count += x;
       bson_iter_t f, arr;
-      if (bson_iter_init_find(&f, &h, "latency_sum_s") && BSON_ITER_HOLDS_DOUBLE(&f))
+      if (bson_iter_init_find(&f, h, "latency_sum_s") && BSON_ITER_HOLDS_DOUBLE(&f))
         l.latency_sum_s += bson_iter_double(&f);
-      if (bson_iter_init_find(&f, &h, "latency_buckets") && BSON_ITER_HOLDS_ARRAY(&f) && bson_iter_recurse(&f, &arr)) {
+      if (bson_iter_init_find(&f, h, "latency_buckets") && BSON_ITER_HOLDS_ARRAY(&f) && bson_iter_recurse(&f, &arr)) {
         for (size_t i = 0; bson_iter_next(&arr); i++) {
           if (l.latency_buckets.size() <= i) l.latency_buckets.resize(i + 1, 0);
           l.latency_buckets[i] += bson_iter_as_int64(&arr);
         }
       }
-    }
+    });
   });
   return out;
 }
