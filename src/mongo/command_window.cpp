@@ -176,6 +176,7 @@ void CommandWindow::renew_once() {
       renewed_.epoch[lane] = docs[i].epoch;
       kept.push_back({lane, docs[i].epoch, until});
     } else {
+      if (ok[i]) renewed_.late.insert(lane);
       renewed_.lost.insert(lane);
       renewed_.epoch.erase(lane);
     }

@@ -255,6 +255,7 @@ void LaneLeases::apply_window(CommandWindow::Renewed r) noexcept {
     metrics_.last_store_ok_ms = wall_ms();
   }
   lost_in_window_.insert(lost_in_window_.end(), r.lost.begin(), r.lost.end());
+  late_in_window_.insert(late_in_window_.end(), r.late.begin(), r.late.end());
   if (!r.error.empty()) window_error_ = r.error;
 }
 
@@ -265,6 +266,8 @@ void LaneLeases::settle_window() {
     window_error_.clear();
   }
   if (lost_in_window_.empty()) return;
+  log_late(late_in_window_);
+  late_in_window_.clear();
   drop_lost(lost_in_window_);
   lost_in_window_.clear();
 }

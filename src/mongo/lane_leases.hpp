@@ -107,6 +107,7 @@ class LaneLeases {
   // From the command window: renewed past (deleted by the next tick), lost, failed.
   std::vector<std::pair<int, int64_t>> stale_docs_;
   std::vector<int> lost_in_window_;
+  std::vector<int> late_in_window_;  // among the lost: renewed too late
   std::string window_error_;
 };
 

@@ -372,6 +372,8 @@ no_held_reply() { ! held_reply; }
 wait_until 10 no_held_reply  # the old reply now waits in the stopped instance's socket
 kill -CONT "$PA"
 fence_check fstale_a "the instance woken inside its tick took the lanes again and completed nothing of before"
+grep -q '"msg":"lease renewed too late' "$TMP/fstale_a.err" && pass "the late renewal was logged as such" ||
+    fail "no 'lease renewed too late' log line" "$(grep -c . "$TMP/fstale_a.err") lines"
 stop_instance "$PA"
 
 log "done"
