@@ -9,6 +9,7 @@
 #include <chrono>
 
 #include "core/http_engine.hpp"
+#include "core/store_policy.hpp"
 #include "mongo/util.hpp"
 
 namespace relaybus::mongo {
@@ -156,6 +157,7 @@ void CommandWindow::renew_once() {
   } catch (const std::exception& e) {
     error = e.what();
   }
+  const int64_t acked = wall_ms();
   std::lock_guard<std::mutex> g(mu_);
   if (!error.empty()) {
     renewed_.error = error;
@@ -165,12 +167,16 @@ void CommandWindow::renew_once() {
   std::vector<Lease> kept;
   for (size_t i = 0; i < docs.size(); i++) {
     const int lane = docs[i].lane;
-    if (ok[i]) {
+    // A renewal acknowledged after the lease ran out is a loss like a
+    // refused one (core::renewal_keeps_tenure); its document is this
+    // instance's, so the loop's next tick takes the lane again if it is free.
+    if (ok[i] && core::renewal_keeps_tenure(leases[i].until_ms, lease_ms_, acked)) {
       auto prev = renewed_.epoch.find(lane);
       if (prev != renewed_.epoch.end()) renewed_.passed[lane].push_back(prev->second);
       renewed_.epoch[lane] = docs[i].epoch;
-      kept.push_back({lane, docs[i].epoch});
+      kept.push_back({lane, docs[i].epoch, until});
     } else {
+      if (ok[i]) renewed_.late.insert(lane);
       renewed_.lost.insert(lane);
       renewed_.epoch.erase(lane);
     }

@@ -43,6 +43,7 @@ class CommandWindow {
   struct Lease {
     int lane = 0;
     int64_t epoch = 0;
+    int64_t until_ms = 0;
   };
   // Opens the window (loop thread): engine may be null; leases: what to renew
   // at due_ms (wall clock) if the command is still running then, and again a
@@ -57,7 +58,8 @@ class CommandWindow {
   struct Renewed {
     std::map<int, int64_t> epoch;                // lane -> epoch now held
     std::map<int, std::vector<int64_t>> passed;  // lane -> epochs inserted and then renewed past
-    std::set<int> lost;                          // a renewal found the next epoch taken
+    std::set<int> lost;                          // a renewal found the next epoch taken, or came too late
+    std::set<int> late;                          // of those, the ones that came too late
     int64_t until_ms = 0;                        // of the last successful renewal
     int64_t sent_ms = 0;                         // when that renewal was sent (its until minus the lease)
     std::string error;                           // a renewal that failed (the store): nothing learned

@@ -143,7 +143,7 @@ std::string Metrics::render() const {
   one("relaybus_mongo_lanes_taken_total", "Lanes this instance acquired.", true, static_cast<double>(lanes_taken));
   one("relaybus_mongo_lanes_released_total", "Lanes this instance gave back.", true,
       static_cast<double>(lanes_released));
-  one("relaybus_mongo_lanes_lost_total", "Lanes whose lease another instance took over.", true,
+  one("relaybus_mongo_lanes_lost_total", "Lanes whose lease was lost: taken over, or renewed too late.", true,
       static_cast<double>(lanes_lost));
   one("relaybus_mongo_store_errors_total", "Failed store operations (retried later).", true,
       static_cast<double>(store_errors));

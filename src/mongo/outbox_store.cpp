@@ -2,46 +2,16 @@
 // write here is idempotent: a sequencer that crashed, or lost its role, and
 // whose work is redone writes the same documents again (duplicates count as done).
 #include <cstdlib>
-#include <cstring>
 
 #include "mongo/outbox.hpp"
 #include "mongo/outbox_order.hpp"
 #include "mongo/store.hpp"
+#include "mongo/store_docs.hpp"
 #include "mongo/util.hpp"
 
 namespace relaybus::mongo {
 
 namespace {
-
-constexpr const char* kKeySeqsColl = "relay_key_seqs";
-constexpr const char* kCountersColl = "relay_counters";
-
-// Codes of the write errors in a reply (insertMany / bulk).
-std::vector<int> write_error_codes(const bson_t* reply) {
-  std::vector<int> out;
-  bson_iter_t it, arr;
-  if (!bson_iter_init_find(&it, reply, "writeErrors") || !BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &arr))
-    return out;
-  while (bson_iter_next(&arr)) {
-    bson_iter_t e;
-    if (!BSON_ITER_HOLDS_DOCUMENT(&arr) || !bson_iter_recurse(&arr, &e)) continue;
-    int code = 0;
-    while (bson_iter_next(&e))
-      if (strcmp(bson_iter_key(&e), "code") == 0) code = static_cast<int>(bson_iter_as_int64(&e));
-    out.push_back(code);
-  }
-  return out;
-}
-
-template <typename F>
-void each_doc(mongoc_cursor_t* cur, const char* what, F&& f) {
-  const bson_t* doc;
-  while (mongoc_cursor_next(cur, &doc)) f(doc);
-  bson_error_t err;
-  bool failed = mongoc_cursor_error(cur, &err);
-  mongoc_cursor_destroy(cur);
-  if (failed) raise_store_error(what, err);
-}
 
 std::vector<std::shared_ptr<bson_t>> drain(mongoc_cursor_t* cur, const char* what) {
   std::vector<std::shared_ptr<bson_t>> out;
@@ -143,8 +113,7 @@ bool Store::read_counter(const char* id, int64_t* n) {
   Bson filter;
   BSON_APPEND_UTF8(filter, "_id", id);
   const auto command = count("find");
-  auto docs =
-      drain(mongoc_collection_find_with_opts(coll(kCountersColl), filter, nullptr, nullptr), "read relay_counters");
+  auto docs = drain(mongoc_collection_find_with_opts(coll(kCounters), filter, nullptr, nullptr), "read relay_counters");
   return !docs.empty() && get_int64(docs[0].get(), "n", n);
 }
 
@@ -164,21 +133,11 @@ void Store::raise_inserted_below(int64_t next_id) {
   BSON_APPEND_BOOL(opts, "upsert", true);
   bson_error_t err;
   const auto command = count("update");
-  if (!mongoc_collection_update_one(coll(kCountersColl), filter, update, opts, reply, &err) &&
-      err.code != kDuplicateKey)
+  if (!mongoc_collection_update_one(coll(kCounters), filter, update, opts, reply, &err) && err.code != kDuplicateKey)
     raise_store_error("record the inserted deliveries' bound", err);
 }
 
-bool Store::insert_version(const bson_t* doc) {
-  Bson reply;
-  bson_error_t err;
-  const auto command = count("insert");
-  if (mongoc_collection_insert_one(coll(kSequence), doc, nullptr, reply, &err)) return true;
-  if (err.code == kDuplicateKey) return false;
-  for (int c : write_error_codes(reply))
-    if (c == kDuplicateKey) return false;
-  raise_store_error("insert into relay_sequence", err);
-}
+bool Store::insert_version(const bson_t* doc) { return insert_new(kSequence, doc, "insert into relay_sequence"); }
 
 void Store::delete_versions_below(int64_t version) {
   Bson filter, reply;
@@ -204,7 +163,7 @@ std::map<std::string, int64_t> Store::read_key_seqs(const std::vector<std::strin
   string_in(filter, "_id", keys);
   const auto command = count("find");
   for (const auto& d :
-       drain(mongoc_collection_find_with_opts(coll(kKeySeqsColl), filter, nullptr, nullptr), "read relay_key_seqs")) {
+       drain(mongoc_collection_find_with_opts(coll(kKeySeqs), filter, nullptr, nullptr), "read relay_key_seqs")) {
     std::string k;
     int64_t s = 0;
     if (get_string(d.get(), "_id", &k) && get_int64(d.get(), "seq", &s)) out[k] = s;
@@ -222,7 +181,7 @@ void Store::raise_key_seqs(const std::map<std::string, int64_t>& seqs) {
   while (it != seqs.end()) {
     Bson bopts;
     BSON_APPEND_BOOL(bopts, "ordered", false);
-    mongoc_bulk_operation_t* bulk = mongoc_collection_create_bulk_operation_with_opts(coll(kKeySeqsColl), bopts);
+    mongoc_bulk_operation_t* bulk = mongoc_collection_create_bulk_operation_with_opts(coll(kKeySeqs), bopts);
     bson_error_t err;
     for (size_t n = 0; n < kStatements && it != seqs.end(); n++, ++it) {
       Bson sel, upd, uopts;
@@ -240,10 +199,10 @@ void Store::raise_key_seqs(const std::map<std::string, int64_t>& seqs) {
     mongoc_bulk_operation_destroy(bulk);
     if (ok) continue;
     // Two first upserts of one key (a stale sequencer's redo): the other one did it.
-    auto codes = write_error_codes(reply);
-    if (codes.empty()) raise_store_error("record key seqs", err);
-    for (int c : codes)
-      if (c != kDuplicateKey) raise_store_error("record key seqs", err);
+    auto errs = write_errors(reply);
+    if (errs.empty()) raise_store_error("record key seqs", err);
+    for (const auto& [index, code] : errs)
+      if (code != kDuplicateKey) raise_store_error("record key seqs", err);
   }
 }
 
@@ -271,10 +230,10 @@ void Store::insert_idempotent(const char* collection, const std::vector<bson_t*>
   if (mongoc_collection_insert_many(coll(collection), const_cast<const bson_t**>(docs.data()), docs.size(), opts, reply,
                                     &err))
     return;
-  auto codes = write_error_codes(reply);
-  if (codes.empty()) raise_store_error(what, err);
-  for (int c : codes)
-    if (c != kDuplicateKey) raise_store_error(what, err);
+  auto errs = write_errors(reply);
+  if (errs.empty()) raise_store_error(what, err);
+  for (const auto& [index, code] : errs)
+    if (code != kDuplicateKey) raise_store_error(what, err);
 }
 
 int64_t Store::delete_ids(const char* collection, const std::vector<const bson_t*>& ids, const char* what) {

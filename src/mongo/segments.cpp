@@ -5,13 +5,12 @@
 #include <cstdio>
 
 #include "mongo/store.hpp"
+#include "mongo/store_docs.hpp"
 #include "mongo/util.hpp"
 
 namespace relaybus::mongo {
 
 namespace {
-constexpr const char* kBase = "relay_deliveries";
-constexpr const char* kSegments = "relay_segments";
 
 int64_t first_id_of(int64_t id) { return id - id % kSegmentIds; }
 }  // namespace
@@ -31,9 +30,9 @@ const std::vector<Segment>& Store::delivery_collections(int64_t max_age_ms) {
   BSON_APPEND_INT32(sort, "_id", 1);
   bson_append_document_end(opts, sort);
   const auto command = count("find");
-  mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kSegments), filter, opts, nullptr);
+  mongoc_cursor_t* cur = mongoc_collection_find_with_opts(coll(kSegmentsColl), filter, opts, nullptr);
   std::vector<Segment> out;
-  out.push_back({-1, 0xF, kBase});
+  out.push_back({-1, 0xF, kDeliveries});
   const bson_t* doc;
   while (mongoc_cursor_next(cur, &doc)) {
     int64_t first = 0;
@@ -72,7 +71,7 @@ const std::vector<Segment>& Store::delivery_collections(int64_t max_age_ms) {
 }
 
 mongoc_collection_t* Store::delivery_coll(int64_t id) {
-  if (base_ids_.count(id)) return coll(kBase);
+  if (base_ids_.count(id)) return coll(kDeliveries);
   return coll(segment_collection(first_id_of(id)).c_str());
 }
 
@@ -102,7 +101,7 @@ void Store::prepare_segments(const std::map<int64_t, unsigned>& classes_by_first
     BSON_APPEND_BOOL(opts, "upsert", true);
     bson_error_t err;
     const auto command = count("update");
-    if (!mongoc_collection_update_one(coll(kSegments), filter, upd, opts, reply, &err) && err.code != kDuplicateKey)
+    if (!mongoc_collection_update_one(coll(kSegmentsColl), filter, upd, opts, reply, &err) && err.code != kDuplicateKey)
       raise_store_error("record a delivery segment", err);
     if (prepared_.count(first)) continue;
     // The indexes the dispatcher's reads use on MongoDB (init() gives
@@ -175,7 +174,7 @@ int Store::drop_drained_segments(int64_t assigned_below) {
     Bson f, reply;
     BSON_APPEND_INT64(f, "_id", s.first_id);
     const auto forgetting = count("delete");
-    if (!mongoc_collection_delete_one(coll(kSegments), f, nullptr, reply, &err))
+    if (!mongoc_collection_delete_one(coll(kSegmentsColl), f, nullptr, reply, &err))
       raise_store_error("forget a delivery segment", err);
     prepared_.erase(s.first_id);
     dropped++;

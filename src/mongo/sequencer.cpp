@@ -113,49 +113,34 @@ bool Sequencer::recover(const std::function<bool()>& holds) {
   BsonPtr top = store_.read_top_version();
   if (top) {
     Version v;
-    bson_iter_t it, arr;
     get_int64(top.get(), "_id", &v.v);
     get_int64(top.get(), "epoch", &v.epoch);
     get_string(top.get(), "owner", &v.owner);
     get_date_ms(top.get(), "at", &v.at_ms);
     get_int64(top.get(), "next_id", &v.next_id);
-    if (bson_iter_init_find(&it, top.get(), "events") && BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &arr)) {
-      while (bson_iter_next(&arr)) {
-        if (!BSON_ITER_HOLDS_DOCUMENT(&arr)) continue;
-        uint32_t len;
-        const uint8_t* data;
-        bson_iter_document(&arr, &len, &data);
-        bson_t e;
-        if (!bson_init_static(&e, data, len)) continue;
-        Event ev;
-        ev.id = id_doc(&e, "o");
-        if (!ev.id) continue;
-        bson_iter_t f;
-        if (bson_iter_init_find(&f, &e, "o")) ev.id_json = bson_value_to_json(bson_iter_value(&f));
-        get_int64(&e, "e", &ev.event_id);
-        ev.has_key = get_string(&e, "k", &ev.key);
-        get_int64(&e, "s", &ev.seq);
-        get_string(&e, "d", &ev.dedupe);
-        get_string(&e, "r", &ev.rejected);
-        get_int64(&e, "f", &ev.folded);
-        int64_t x = 1;
-        if (get_int64(&e, "p", &x)) ev.priority = static_cast<int>(x);
-        get_date_ms(&e, "nb", &ev.not_before_ms);
-        bson_iter_t h, hs;
-        if (bson_iter_init_find(&h, &e, "h") && BSON_ITER_HOLDS_ARRAY(&h) && bson_iter_recurse(&h, &hs))
-          while (bson_iter_next(&hs)) {
-            if (!BSON_ITER_HOLDS_DOCUMENT(&hs)) continue;
-            bson_iter_document(&hs, &len, &data);
-            bson_t hd;
-            if (!bson_init_static(&hd, data, len)) continue;
-            std::string n, w;
-            get_string(&hd, "n", &n);
-            get_string(&hd, "w", &w);
-            ev.handlers.emplace_back(n, w);
-          }
-        v.events.push_back(std::move(ev));
-      }
-    }
+    each_embedded(top.get(), "events", BSON_TYPE_ARRAY, [&](const char*, const bson_t* e) {
+      Event ev;
+      ev.id = id_doc(e, "o");
+      if (!ev.id) return;
+      bson_iter_t f;
+      if (bson_iter_init_find(&f, e, "o")) ev.id_json = bson_value_to_json(bson_iter_value(&f));
+      get_int64(e, "e", &ev.event_id);
+      ev.has_key = get_string(e, "k", &ev.key);
+      get_int64(e, "s", &ev.seq);
+      get_string(e, "d", &ev.dedupe);
+      get_string(e, "r", &ev.rejected);
+      get_int64(e, "f", &ev.folded);
+      int64_t x = 1;
+      if (get_int64(e, "p", &x)) ev.priority = static_cast<int>(x);
+      get_date_ms(e, "nb", &ev.not_before_ms);
+      each_embedded(e, "h", BSON_TYPE_ARRAY, [&](const char*, const bson_t* hd) {
+        std::string n, w;
+        get_string(hd, "n", &n);
+        get_string(hd, "w", &w);
+        ev.handlers.emplace_back(n, w);
+      });
+      v.events.push_back(std::move(ev));
+    });
     // The outbox documents this version took that are still there.
     std::vector<const bson_t*> ids;
     for (const auto& ev : v.events) ids.push_back(ev.id.get());

@@ -1,7 +1,7 @@
 // `run` when the MongoDB server is not reachable yet: instead of exiting, the
-// dispatcher probes it with backoff (250 ms doubling up to 30 s, one log line
-// per failed probe) while its poll loop keeps serving /healthz (503 until
-// connected), /metrics and signals. A probe runs in a helper thread with its
+// dispatcher probes it with backoff (core::reconnect_backoff_ms: 250 ms
+// doubling up to 30 s, one log line per failed probe) while its poll loop
+// keeps serving /healthz (503 until connected), /metrics and signals. A probe runs in a helper thread with its
 // own client (a mongoc client is not shared between threads), because a ping
 // blocks for up to the URI's serverSelectionTimeoutMS.
 #pragma once
@@ -30,8 +30,5 @@ class ServerProbe {
   std::string error_;
   std::thread thread_;
 };
-
-// Backoff before the probe after `failures` failed ones: 250 ms doubling, at most 30 s.
-int64_t server_wait_backoff_ms(int failures);
 
 }  // namespace relaybus::mongo

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/handler_config.hpp"
+#include "core/store_policy.hpp"
 #include "mongo/dispatcher.hpp"
 #include "mongo/metrics.hpp"
 #include "mongo/util.hpp"
@@ -40,8 +41,7 @@ json stats_json(Store& store, int64_t now) {
 std::map<std::string, Store::HandlerLoad> Dispatcher::handler_load() {
   std::map<std::string, Store::HandlerLoad> out;
   metrics_.handler_in_flight.clear();
-  for (const auto& [name, h] : handlers_)
-    out[name].in_flight = router_ ? static_cast<int64_t>(router_->in_flight(h.key)) : 0;
+  for (const auto& [name, h] : catalog_.sent()) out[name].in_flight = static_cast<int64_t>(host_.in_flight(h.key));
   if (pull_)
     for (const auto& [name, n] : pull_->leased_by_handler()) out[name].in_flight = n;
   for (const auto& [name, m] : metrics_.handlers) {
@@ -56,21 +56,18 @@ std::map<std::string, Store::HandlerLoad> Dispatcher::handler_load() {
 
 void Dispatcher::refresh_backlog(int64_t now) {
   const int64_t t0 = monotonic_ms();
-  next_backlog_ms_ = now + std::max<int64_t>(10000, cfg_.lease_ms);
+  loop_.next_backlog_ms = core::next_backlog_refresh_ms(now, cfg_.lease_ms, 0);
   std::map<std::string, Metrics::Backlog> fresh;
   std::vector<std::string> names;
-  for (const auto& [name, h] : handlers_) names.push_back(name);
-  for (const auto& [name, h] : pull_handlers_) names.push_back(name);
+  for (const auto& [name, h] : catalog_.sent()) names.push_back(name);
+  for (const auto& [name, h] : catalog_.pulled()) names.push_back(name);
   for (const auto& name : names) {
     const Store::Backlog b = store_.backlog(name, now);
     fresh[name] = {b.pending,  b.ready, b.delayed,
                    b.retrying, b.dead,  b.oldest_ms > 0 ? std::max<int64_t>(0, now - b.oldest_ms) / 1000.0 : 0.0};
   }
   metrics_.backlog = std::move(fresh);
-  // Counting reads every pending document (FerretDB v1: in Go): at most
-  // about 5 % of the loop's time goes to it, so on a deep backlog the counts
-  // are refreshed less often instead of slowing the drain.
-  next_backlog_ms_ = std::max(next_backlog_ms_, now + 20 * (monotonic_ms() - t0));
+  loop_.next_backlog_ms = core::next_backlog_refresh_ms(now, cfg_.lease_ms, monotonic_ms() - t0);
 }
 
 }  // namespace relaybus::mongo

@@ -15,6 +15,9 @@
 //   relay_instances     {_id: instance, until}
 //   relay_dead_letters  a delivery document plus attempts, last_error, last_status, failed_at
 //
+// The calls are grouped by the documents they touch, a file each (the groups
+// below name them); store.cpp has the client and the schema.
+//
 // Every call that talks to the server counts one command (commands()).
 // Errors are thrown as StoreError (code = the server's error code when there
 // is one, 11000 for a duplicate key).
@@ -107,14 +110,6 @@ struct Failure {
   std::string handler;
 };
 
-struct HandlerStats {
-  std::string handler;
-  int64_t pending = 0;
-  int64_t retrying = 0;  // pending with attempt > 0
-  int64_t dead = 0;
-  int64_t oldest_ms = 0;  // published_at of the oldest pending, 0 = none
-};
-
 class Store {
  public:
   Store(const std::string& uri, const std::string& database);  // throws StoreError
@@ -126,64 +121,21 @@ class Store {
   // Collections and indexes; idempotent. Returns what was created (names).
   std::vector<std::string> init();
 
-  // Catalog.
-  void put_handler(const HandlerDoc& h);  // insert or replace
+  // ---- The catalog (store_catalog.cpp).
+  void put_handler(const HandlerDoc& h);     // insert or replace
+  bool insert_handler(const HandlerDoc& h);  // false: the name exists already
   bool drop_handler(const std::string& name);
   std::vector<HandlerDoc> load_handlers(std::vector<std::string>* bad);  // bad: "name: why"
   void put_route(const RouteDoc& r);
   bool drop_route(const std::string& pattern, const std::string& handler);
   std::vector<RouteDoc> load_routes();
 
-  // Lanes.
+  // ---- Lane leases and instances (store_lanes.cpp).
   std::vector<LaneDoc> read_lanes();
   // Inserts lane documents; result[i] = true if docs[i] was inserted, false on
   // a duplicate key (someone else holds that epoch). One command.
   std::vector<bool> insert_lanes(const std::vector<LaneDoc>& docs);
   void delete_lane_docs(const std::vector<std::pair<int, int64_t>>& lane_epochs);  // one command
-  void heartbeat(const std::string& instance, int64_t until_ms);
-  void remove_instance(const std::string& instance);
-  int live_instances(int64_t now_ms);
-
-  // Dispatch.
-  std::vector<Delivery> fetch_window(const std::string& handler, const std::vector<int>& lanes, int limit);
-  // Deliveries of `handler` with one of the keys at a seq below the given one
-  // (the fence when a window was cut short): returns the keys of the rows found.
-  std::vector<std::string> earlier_keys(const std::string& handler,
-                                        const std::vector<std::pair<std::string, int64_t>>& key_seqs);
-  int64_t complete(const std::vector<int64_t>& ids);  // one deleteMany per segment
-  // Retries: one bulk of updates. Dead letters: one insert + one delete.
-  void fail(const std::vector<Failure>& failures, int64_t now_ms);
-
-  // Operations.
-  int64_t replay(const std::string& handler, const std::vector<int64_t>& ids, int64_t now_ms);
-  std::vector<HandlerStats> stats();
-  int64_t count_deliveries();
-
-  // Handler administration (handler_admin.cpp).
-  bool insert_handler(const HandlerDoc& h);  // false: the name exists already
-  int64_t count_pending(const std::string& handler);
-  // Moves every delivery of `handler` into relay_dead_letters with `reason`
-  // (batches of 1000: find, insert, delete) and marks all of the handler's
-  // dead letters dropped (`handler_dropped_at`), so that neither a recreated
-  // handler nor `replay` revives them. Returns how many deliveries moved.
-  int64_t dead_letter_handler(const std::string& handler, const std::string& reason, int64_t now_ms);
-
-  // The handler's deliveries of one priority class in the lanes, oldest
-  // first (one find): with one per class, the planner sees the head of every
-  // class however deep the backlog is.
-  std::vector<Delivery> fetch_class_window(const std::string& handler, const std::vector<int>& lanes, int priority,
-                                           int limit);
-
-  // Stats (stats.cpp and /metrics), the PostgreSQL views' columns.
-  struct Backlog {
-    int64_t pending = 0;
-    int64_t ready = 0;      // not_before passed (in flight ones included)
-    int64_t delayed = 0;    // not_before ahead: scheduled or in backoff
-    int64_t retrying = 0;   // attempt > 0
-    int64_t dead = 0;       // dead letters (not of a dropped handler)
-    int64_t oldest_ms = 0;  // published_at of the oldest pending, 0 = none
-  };
-  Backlog backlog(const std::string& handler, int64_t now_ms);  // 5 counts + 1 find
   // An instance's load per handler, written with its heartbeat so that
   // `stats` can sum the live instances' in-flight counts and latencies.
   struct HandlerLoad {
@@ -193,7 +145,45 @@ class Store {
     double latency_sum_s = 0;
   };
   void heartbeat_load(const std::string& instance, int64_t until_ms, const std::map<std::string, HandlerLoad>& load);
+  void remove_instance(const std::string& instance);
+  int live_instances(int64_t now_ms);
   std::map<std::string, HandlerLoad> live_load(int64_t now_ms);  // summed over live instances
+
+  // ---- Deliveries (store_deliveries.cpp).
+  std::vector<Delivery> fetch_window(const std::string& handler, const std::vector<int>& lanes, int limit);
+  // The handler's deliveries of one priority class in the lanes, oldest
+  // first (one find): with one per class, the planner sees the head of every
+  // class however deep the backlog is.
+  std::vector<Delivery> fetch_class_window(const std::string& handler, const std::vector<int>& lanes, int priority,
+                                           int limit);
+  // Deliveries of `handler` with one of the keys at a seq below the given one
+  // (the fence when a window was cut short): returns the keys of the rows found.
+  std::vector<std::string> earlier_keys(const std::string& handler,
+                                        const std::vector<std::pair<std::string, int64_t>>& key_seqs);
+  int64_t complete(const std::vector<int64_t>& ids);  // one deleteMany per segment
+  // Retries: one bulk of updates. Dead letters: one insert + one delete.
+  void fail(const std::vector<Failure>& failures, int64_t now_ms);
+
+  // ---- Dead letters (store_dead_letters.cpp).
+  int64_t replay(const std::string& handler, const std::vector<int64_t>& ids, int64_t now_ms);
+  // Moves every delivery of `handler` into relay_dead_letters with `reason`
+  // (batches of 1000: find, insert, delete) and marks all of the handler's
+  // dead letters dropped (`handler_dropped_at`), so that neither a recreated
+  // handler nor `replay` revives them. Returns how many deliveries moved.
+  int64_t dead_letter_handler(const std::string& handler, const std::string& reason, int64_t now_ms);
+
+  // ---- Counts (store_stats.cpp), the PostgreSQL views' columns: `stats`,
+  // /metrics and `handler drop`.
+  struct Backlog {
+    int64_t pending = 0;
+    int64_t ready = 0;      // not_before passed (in flight ones included)
+    int64_t delayed = 0;    // not_before ahead: scheduled or in backoff
+    int64_t retrying = 0;   // attempt > 0
+    int64_t dead = 0;       // dead letters (not of a dropped handler)
+    int64_t oldest_ms = 0;  // published_at of the oldest pending, 0 = none
+  };
+  Backlog backlog(const std::string& handler, int64_t now_ms);  // 5 counts + 1 find
+  int64_t count_pending(const std::string& handler);
 
   // ---- The outbox and its sequencer (outbox_store.cpp; docs/mongo.md, "The outbox").
   // Applications insert into relay_outbox; only the sequencer reads it.
@@ -267,6 +257,13 @@ class Store {
   // {_id: {$in: [the _id of each of `docs`]}} into `filter` (outbox_store.cpp).
   static void append_id_in(bson_t* filter, const std::vector<const bson_t*>& docs);
   int64_t count_all(const char* collection, const char* what);
+  // insertOne (one command); false: a document with its _id exists already.
+  bool insert_new(const char* collection, const bson_t* doc, const char* what);
+  // deleteOne {_id: id} (one command): how many were deleted (0 or 1).
+  int64_t delete_id(const char* collection, const std::string& id, const char* what);
+  // Every document of `collection` (one find) to f (store_docs.hpp).
+  template <typename F>
+  void each_in(const char* collection, const char* what, F&& f);
   bool read_counter(const char* id, int64_t* n);  // relay_counters {_id: id}.n; false: none
   // One find of the handler's deliveries in the lanes (of one priority class
   // when `priority` is set), oldest first; `what` names it in errors.
@@ -322,9 +319,5 @@ class Store {
   std::vector<Delivery> find_in_segments(const bson_t* filter, const std::string& handler, const int* priority,
                                          int limit, bool sorted, const char* what);
 };
-
-// A delivery document as written by publish (or by an application in its own
-// transaction): shared with the docs' examples.
-void mongo_global_init();
 
 }  // namespace relaybus::mongo

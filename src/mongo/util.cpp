@@ -94,14 +94,6 @@ std::string bson_value_to_json(const bson_value_t* value) {
   return "null";
 }
 
-std::string bson_doc_to_json(const bson_t* doc) {
-  size_t len = 0;
-  char* s = bson_as_relaxed_extended_json(doc, &len);
-  std::string out = s != nullptr ? std::string(s, len) : std::string("{}");
-  bson_free(s);
-  return out;
-}
-
 bool append_json_value(bson_t* doc, const char* name, std::string_view json_text, std::string* why) {
   // nlohmann gives the clearer message (byte position); libbson then builds the value.
   try {

@@ -70,7 +70,6 @@ class Bson {
 // JSON text of a BSON value in relaxed extended JSON (plain numbers, strings,
 // objects, arrays; ObjectIds and dates as {"$oid"}/{"$date"}).
 std::string bson_value_to_json(const bson_value_t* value);
-std::string bson_doc_to_json(const bson_t* doc);
 
 // Parses JSON text (any JSON value) and appends it to doc as field `name`.
 // false with *why ("invalid JSON at byte 7: ...") if the text is not JSON or
@@ -82,5 +81,21 @@ bool append_json_value(bson_t* doc, const char* name, std::string_view json_text
 bool get_string(const bson_t* doc, const char* name, std::string* out);
 bool get_int64(const bson_t* doc, const char* name, int64_t* out);
 bool get_date_ms(const bson_t* doc, const char* name, int64_t* out);
+// Every embedded document of doc's field `name`, when that field is of type
+// `container` (BSON_TYPE_ARRAY or BSON_TYPE_DOCUMENT), to f(key, document);
+// elements that are not documents are skipped.
+template <typename F>
+void each_embedded(const bson_t* doc, const char* name, bson_type_t container, F&& f) {
+  bson_iter_t it, sub;
+  if (!bson_iter_init_find(&it, doc, name) || bson_iter_type(&it) != container || !bson_iter_recurse(&it, &sub)) return;
+  while (bson_iter_next(&sub)) {
+    if (!BSON_ITER_HOLDS_DOCUMENT(&sub)) continue;
+    uint32_t len;
+    const uint8_t* data;
+    bson_iter_document(&sub, &len, &data);
+    bson_t e;
+    if (bson_init_static(&e, data, len)) f(bson_iter_key(&sub), &e);
+  }
+}
 
 }  // namespace relaybus::mongo

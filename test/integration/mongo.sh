@@ -308,13 +308,27 @@ stop_instance $P1
 # gave them back, the frozen one wakes and takes them again. The result of the
 # request it had in flight before must not be completed: its receipt is the
 # lane under the old tenure (before, any lane held at flush time counted).
+# fence_setup DB PATH: one event for a handler at PATH whose first request
+# is answered after 4 s (in flight while its sender is frozen), the others at once.
+fence_setup() {
+    "$BIN" init --database "$1" >/dev/null
+    "$BIN" handler create hook http "$HOOK$2" --database "$1" >/dev/null
+    "$BIN" route 'fence.*' hook --database "$1"
+    control "$2" '[{"delay": 4}, {"repeat": true}]'
+    "$BIN" publish fence.x '{"n":1}' --key f1 --database "$1" >/dev/null
+}
+# fence_check NAME WHAT: the woken instance NAME dropped the result of before,
+# took the lanes again and completed nothing.
+fence_check() {
+    wait_until 15 grep -q '"msg":"result dropped: lane lease not held"' "$TMP/$1.err" ||
+        fail "no 'result dropped' log line" "$(tail -5 "$TMP/$1.err")"
+    wait_until 10 took_lanes_again "$1" || fail "the woken instance did not take the lanes again"
+    check_eq "$2 (dropped 1, delivered 0)" "1 0" \
+        "$(metric "$1" 'relaybus_mongo_dropped_total{handler="hook"}') $(metric "$1" 'relaybus_mongo_delivered_total{handler="hook"}' | grep . || echo 0)"
+}
 log "a lane lost and taken again completes nothing claimed before"
 DB=t_fence
-"$BIN" init --database $DB >/dev/null
-"$BIN" handler create hook http "$HOOK/fence" --database $DB >/dev/null
-"$BIN" route 'fence.*' hook --database $DB
-control /fence '[{"delay": 4}, {"repeat": true}]'
-"$BIN" publish fence.x '{"n":1}' --key f1 --database $DB >/dev/null
+fence_setup $DB /fence
 start_instance fence_a $DB
 PA=$IPID
 wait_until 15 has_requests /fence 1 || fail "no first request to /fence"
@@ -325,11 +339,41 @@ wait_until 20 has_requests /fence 2 && wait_until 10 pending_is $DB 0 ||
     fail "the second instance did not deliver" "$(tail -3 "$TMP/fence_b.err")"
 stop_instance "$PB"  # gives the lanes back
 kill -CONT "$PA"
-wait_until 15 grep -q '"msg":"result dropped: lane lease not held"' "$TMP/fence_a.err" ||
-    fail "no 'result dropped' log line" "$(tail -5 "$TMP/fence_a.err")"
-wait_until 10 grep -q '"held":64' "$TMP/fence_a.err"
-check_eq "the woken instance took the lanes again and completed nothing of before (dropped 1, delivered 0)" "1 0" \
-    "$(metric fence_a 'relaybus_mongo_dropped_total{handler="hook"}') $(metric fence_a 'relaybus_mongo_delivered_total{handler="hook"}' | grep . || echo 0)"
+fence_check fence_a "the woken instance took the lanes again and completed nothing of before"
+stop_instance "$PA"
+
+# ------------------------------------------------------------------ fencing: a lease renewed after it ran out
+# The same loss, with the instance frozen inside its lease tick, between the
+# read of the lane documents and its lease insert (as a loaded machine's slow
+# store can leave it). It wakes with the lane documents as they were before
+# the other instance came, and renews into epochs that instance used and
+# deleted as it went (each tick deletes the three below its new epoch): the
+# inserts succeed. A renewal acknowledged after the lease ran out must not
+# continue the tenure: the result of before is still dropped.
+log "a lease renewed after it ran out, from lane documents read before, completes nothing claimed before"
+DB=t_fence_stale
+fence_setup $DB /fence_stale
+slow_link_to fstale 0 find:relay_lanes  # only the reads of the lane documents, and only once told
+start_instance fstale_a $DB --uri "$SLOW_URI"
+PA=$IPID
+wait_until 15 has_requests /fence_stale 1 || fail "no first request to /fence_stale"
+echo 1000 >"$TMP/fstale_delay"  # the next tick's read of the lanes is answered once this is 0 again
+held_reply() { (($(cat "$TMP/fstale_held" 2>/dev/null || echo 0) > 0)); }
+wait_until 15 held_reply || fail "the instance read no lane documents through the link"
+kill -STOP "$PA"
+start_instance fstale_b $DB  # takes the lanes once fstale_a's lease ran out, sends it again
+PB=$IPID
+wait_until 20 has_requests /fence_stale 2 && wait_until 10 pending_is $DB 0 ||
+    fail "the second instance did not deliver" "$(tail -3 "$TMP/fstale_b.err")"
+sleep 3.5  # three more ticks: the epochs fstale_a renews into next are deleted
+stop_instance "$PB"
+echo 0 >"$TMP/fstale_delay"
+no_held_reply() { ! held_reply; }
+wait_until 10 no_held_reply  # the old reply now waits in the stopped instance's socket
+kill -CONT "$PA"
+fence_check fstale_a "the instance woken inside its tick took the lanes again and completed nothing of before"
+grep -q '"msg":"lease renewed too late' "$TMP/fstale_a.err" && pass "the late renewal was logged as such" ||
+    fail "no 'lease renewed too late' log line" "$(grep -c . "$TMP/fstale_a.err") lines"
 stop_instance "$PA"
 
 log "done"

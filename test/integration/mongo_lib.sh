@@ -172,6 +172,9 @@ has_metrics_addr() { [[ -n "$(metrics_addr "$1")" ]]; }
 # loaded one (10 s once failed in a fresh root beside a build on both cores).
 wait_metrics_addr() { wait_until 60 has_metrics_addr "$1"; }
 metric() { curl -s "http://$(metrics_addr "$1")/metrics" | awk -v m="$2" '$1==m {print $2}'; }
+# took_lanes_again NAME: the instance logged all 64 lanes held a second time
+# (the first is at its start).
+took_lanes_again() { (($(grep -c '"held":64' "$TMP/$1.err") >= 2)); }
 stats_field() { "$BIN" stats --database "$1" | $PY -c "import json,sys; print(sum(h['$2'] for h in json.load(sys.stdin)))"; }
 pending_is() { [[ "$(stats_field "$1" pending)" == "$2" ]]; }
 # analyze ARGS...: mongo_check.py's counts of what the receiver got (see there), into R.
@@ -182,6 +185,20 @@ analyze() {
     while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done \
         < <($PY "$INTEG/mongo_check.py" --receiver "$RPORT" "$@")
     [[ -n "${R[requests]:-}" ]]
+}
+# slow_link_to NAME DELAY COMMANDS: a link to FerretDB that delays only the
+# replies to COMMANDS (comma-separated) by DELAY seconds, or by the number in
+# $TMP/NAME_delay once it is changed; sets SLOW_URI. $TMP/NAME_held holds the
+# number of replies held back right now.
+slow_link_to() {
+    local fport
+    fport=$($PY -c "import urllib.parse as u; print(u.urlparse('$URI').port)")
+    echo "$2" >"$TMP/$1_delay"
+    $PY "$INTEG/slow_link.py" --target 127.0.0.1:$fport --delay "$2" --commands "$3" --delay-file "$TMP/$1_delay" \
+        --held-file "$TMP/$1_held" --port-file "$TMP/$1_port" 2>"$TMP/$1_link.err" &
+    PIDS+=($!)
+    wait_until 10 test -s "$TMP/$1_port" || fail "slow link $1 did not start"
+    SLOW_URI="mongodb://127.0.0.1:$(cat "$TMP/$1_port")/?serverSelectionTimeoutMS=5000"
 }
 stop_instance() {  # PID: SIGTERM, wait; exit code in STOP_RC
     kill -TERM "$1" 2>/dev/null

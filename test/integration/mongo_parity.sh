@@ -444,20 +444,6 @@ stop_instance $P1
 check_eq "SIGTERM exits 0 (the metrics thread joined)" 0 "$STOP_RC"
 }
 
-# slow_link_to NAME DELAY COMMANDS: a link to FerretDB that delays only the
-# replies to COMMANDS (comma-separated) by DELAY seconds, or by the number in
-# $TMP/NAME_delay once it is changed; sets SLOW_URI.
-slow_link_to() {
-    local fport
-    fport=$($PY -c "import urllib.parse as u; print(u.urlparse('$URI').port)")
-    echo "$2" >"$TMP/$1_delay"
-    $PY "$INTEG/slow_link.py" --target 127.0.0.1:$fport --delay "$2" --commands "$3" --delay-file "$TMP/$1_delay" \
-        --port-file "$TMP/$1_port" 2>"$TMP/$1_link.err" &
-    PIDS+=($!)
-    wait_until 10 test -s "$TMP/$1_port" || fail "slow link $1 did not start"
-    SLOW_URI="mongodb://127.0.0.1:$(cat "$TMP/$1_port")/?serverSelectionTimeoutMS=5000"
-}
-
 # HTTP requests in flight progress while a store command is in progress: a
 # helper thread drives them (docs/mongo.md, "The loop and its threads").
 # Before it, the loop gave HTTP a turn only before each command, so with every
@@ -593,11 +579,11 @@ log "settle rules: max_attempts lowered while an attempt is out"
 local DB=t_settle TOKEN=tok-0123456789abcdef
 "$BIN" init --database $DB >/dev/null
 "$BIN" handler create lowered http "$HOOK/lowered" \
-    --options '{"max_attempts":5,"backoff_base":"100ms","backoff_max":"200ms","timeout":"10s"}' --database $DB >/dev/null
+    --options '{"max_attempts":5,"backoff_base":"100ms","backoff_max":"200ms","timeout":"60s"}' --database $DB >/dev/null
 "$BIN" handler create pulled pull --options '{"max_attempts":5}' --database $DB >/dev/null
 "$BIN" route 'sr.http' lowered --database $DB
 "$BIN" route 'sr.pull' pulled --database $DB
-control /lowered '[{"status": 500, "delay": 3}, {"status": 500}]'
+control /lowered "[{\"status\": 500, \"hold\": \"$TMP/lowered.answer\"}, {\"status\": 500}]"
 "$BIN" publish sr.http '{"n":1}' --key k --database $DB >/dev/null
 "$BIN" publish sr.pull '{"n":2}' --key k --database $DB >/dev/null
 "$BIN" publish sr.pull '{"n":3}' --key k3 --database $DB >/dev/null
@@ -606,6 +592,20 @@ start_instance settle $DB --api-token $TOKEN
 local P1=$IPID
 wait_until 15 has_requests /lowered 1 || fail "(1) attempt 1 never reached the receiver"
 "$BIN" handler alter lowered --options '{"max_attempts":1}' --database $DB >/dev/null
+# The first attempt is answered once the sidecar has read the catalog again:
+# after two heartbeats (a tick reads the handlers, then writes its heartbeat),
+# not after a fixed delay that a loaded machine's slow ticks outlast.
+heartbeat() { $PYM -c "
+import pymongo
+d=pymongo.MongoClient('$URI')['$DB'].relay_instances.find_one({'_id': 'settle'})
+print(d['until'] if d else '')"; }
+beat_after() { [[ "$(heartbeat)" != "$1" ]]; }
+local beat
+beat=$(heartbeat)
+wait_until 60 beat_after "$beat" || fail "(1) no heartbeat after the alter"
+beat=$(heartbeat)
+wait_until 60 beat_after "$beat" || fail "(1) no second heartbeat after the alter"
+touch "$TMP/lowered.answer"
 dead_letter() { $PYM -c "
 import pymongo
 db=pymongo.MongoClient('$URI')['$DB']

@@ -1,0 +1,57 @@
+#include "mongo/pipeline_host.hpp"
+
+#include "core/outbound_policy.hpp"
+#include "mongo/util.hpp"
+
+namespace relaybus::mongo {
+
+bool PipelineHost::ensure(const Config& cfg, std::mt19937_64& rng) {
+  if (engine_ && allowlist_ == cfg.http_allowlist) return true;
+  core::HttpEngineOptions opts;
+  std::string why;
+  if (!core::parse_allowlist(cfg.http_allowlist, &opts.allow, &why)) {
+    log_error("http_allowlist is invalid; http callouts are off", {{"error", why}});
+    return false;
+  }
+  if (engine_) {
+    engine_->set_allowlist(opts.allow);
+    allowlist_ = cfg.http_allowlist;
+    return true;
+  }
+  opts.max_total = cfg.max_in_flight;
+  engine_ = std::make_unique<core::HttpEngine>(opts);
+  allowlist_ = cfg.http_allowlist;
+  if (!engine_->ok()) {
+    log_error("libcurl could not be initialized");
+    engine_.reset();
+    return false;
+  }
+  sink_ = std::make_unique<core::HttpSink>(*engine_);
+  kafka_sink_ = std::make_unique<core::KafkaSink>();
+  if (!kafka_sink_->ok()) {
+    log_error("the kafka producers' wake-up pipe could not be made");
+    kafka_sink_.reset();
+    sink_.reset();
+    engine_.reset();
+    return false;
+  }
+  router_ = std::make_unique<core::RoutingSink>(*sink_, *kafka_sink_);
+  core::PipelineOptions po;
+  po.max_in_flight = cfg.max_in_flight;
+  pipeline_ = std::make_unique<core::DeliveryPipeline>(*router_, po, rng());
+  return true;
+}
+
+void PipelineHost::set_kind(int key, core::HandlerKind kind) {
+  if (router_) router_->set_kind(key, kind);
+}
+
+void PipelineHost::retain_kafka(const std::vector<int>& keys) {
+  if (kafka_sink_) kafka_sink_->retain_handlers(keys);
+}
+
+size_t PipelineHost::in_flight() const { return router_ ? router_->in_flight() : 0; }
+
+size_t PipelineHost::in_flight(int key) const { return router_ ? router_->in_flight(key) : 0; }
+
+}  // namespace relaybus::mongo
