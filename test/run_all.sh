@@ -604,10 +604,7 @@ for t in test/integration/*.sh; do
 done
 if [[ $MONGO_WANTED == yes ]]; then
     add_job ferretdb-build "" 1000002 job_step ferretdb-build bash test/ferretdb/build.sh
-    # Its own objects from the start, beside the extension's build; the link
-    # (and src/core, if the build failed to make it) after that build.
-    add_job mongo-objs "" 1000002 job_step mongo-objs make -s -C src/mongo -j"$JOBS" objs
-    add_job mongo-build "build mongo-objs" 1000001 job_step mongo-build make -s -C src/mongo -j"$JOBS"
+    add_job mongo-build "build" 1000001 job_step mongo-build make -s -C src/mongo -j"$JOBS"
 fi
 AGENT_WANTED=no
 for t in test/integration/agent_*.sh; do

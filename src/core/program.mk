@@ -17,12 +17,8 @@ include $(ROOT)/src/core/core.mk
 OBJS := $(CORE_OBJS) $(patsubst $(ROOT)/src/%.cpp,$(BUILD)/%.o,$(wildcard $(HERE)/*.cpp))
 BIN := $(ROOT)/relaybus-$(NAME)
 
-.PHONY: all objs clean
+.PHONY: all clean
 all: $(BIN)
-
-# The program's own objects, without src/core's: they can be compiled while
-# the extension's build makes src/core (make test starts them together).
-objs: $(filter $(BUILD)/%,$(OBJS))
 
 $(BIN): $(OBJS)
 	$(CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)
