@@ -78,6 +78,12 @@ struct HandlerOptions {
   BackoffPolicy backoff() const;
 };
 
+// The deliveries of one key a dispatcher may have in flight: a kafka
+// handler's key_window, one for every other kind.
+inline int effective_key_window(HandlerKind kind, const HandlerOptions& o) {
+  return kind == HandlerKind::Kafka && o.key_window > 1 ? o.key_window : 1;
+}
+
 // json_text is a JSON object (jsonb's text output). Unknown option names,
 // wrong types, out-of-range values and options not allowed for the kind fail
 // with a message in *why. A key whose value is null means "the default", so

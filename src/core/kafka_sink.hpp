@@ -145,7 +145,7 @@ class KafkaSink final : public DeliverySink {
   std::vector<std::string> log_;
   bool pipelined_ = false;
   std::unordered_map<std::string, KeyRun> runs_;  // Pending::order_key -> its run
-  std::vector<rd_kafka_t*> to_abandon_;            // marked inside librdkafka's callbacks
+  std::vector<rd_kafka_t*> to_abandon_;           // marked inside librdkafka's callbacks
 };
 
 }  // namespace relaybus::core

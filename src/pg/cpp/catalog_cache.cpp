@@ -59,7 +59,7 @@ bool catalog_build(const CatalogHandlerRow* hs, int nh, const CatalogRouteRow* r
       h.inline_payload = config.options.inline_payload;
       h.lease_ms = config.options.lease_ms;
       h.timeout_ms = config.options.timeout_ms;
-      h.key_window = h.kind == core::HandlerKind::Kafka ? config.options.key_window : 1;
+      h.key_window = core::effective_key_window(h.kind, config.options);
       h.config = &config;
       cat->handlers.push_back(h);
       cat->by_name.emplace(std::string_view(cat->handlers.back().name), cat->handlers.size() - 1);

@@ -88,7 +88,7 @@ PgDeliveryStore store;
 // to key_window messages: librdkafka batches them, so a hot key's window is
 // not held to the handful of requests an http handler would have out.
 int in_flight_limit(core::HandlerKind kind, const core::HandlerOptions& o) {
-  const int64_t window = kind == core::HandlerKind::Kafka ? std::max(1, o.key_window) : 1;
+  const int64_t window = core::effective_key_window(kind, o);
   return static_cast<int>(std::min<int64_t>(kMaxHandlerInFlight, int64_t{std::max(1, o.concurrency)} * window));
 }
 
