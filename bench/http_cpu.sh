@@ -189,7 +189,7 @@ cat >"$dir/wrk.lua" <<EOF
 wrk.method = "POST"
 wrk.body = [[$body]]
 wrk.headers["content-type"] = "application/json"
-wrk.headers["user-agent"] = "relaybus/0.2.0"
+wrk.headers["user-agent"] = "relaybus/0.3.0"
 wrk.headers["webhook-id"] = "msg_1234567"
 wrk.headers["webhook-timestamp"] = "1764640000"
 wrk.headers["webhook-signature"] = "v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o6rOnVfNIRQ="

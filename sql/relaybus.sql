@@ -208,6 +208,13 @@ AS 'MODULE_PATHNAME', 'relay_count_pending' LANGUAGE C VOLATILE;
 CREATE FUNCTION relay._handler_latency_buckets(OUT handler_id integer, OUT le float8, OUT count bigint)
 RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_latency_buckets' LANGUAGE C;
 
+-- Attempts that went out (http, kafka) since server start: their send times
+-- and the kafka messages acknowledged after a gap of their key.
+CREATE FUNCTION relay._handler_sends(OUT handler_id integer, OUT sends bigint,
+                                     OUT send_p50_ms float8, OUT send_p99_ms float8,
+                                     OUT send_sum_seconds float8, OUT delivered_after_gap bigint)
+RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_sends' LANGUAGE C;
+
 -- The publish time of a handler's oldest pending delivery: the heads of its
 -- four priority classes in the claim index (a constant cost).
 CREATE FUNCTION relay._oldest_pending(handler_id integer) RETURNS timestamptz
@@ -554,8 +561,8 @@ $$;
 
 -- Views ---------------------------------------------------------------------------
 
--- relay.handler_stats (for humans; its counts scan relay.deliveries) gains the
--- database, as its last column.
+-- relay.handler_stats is for humans: its counts scan relay.deliveries. Columns
+-- only ever join at the end (CREATE OR REPLACE VIEW in an upgrade).
 CREATE VIEW relay.handler_stats AS
 SELECT h.name AS handler,
        h.kind,
@@ -573,9 +580,13 @@ SELECT h.name AS handler,
        c.http_2xx, c.http_3xx, c.http_4xx, c.http_5xx, c.http_errors,
        CASE WHEN c.breaker_until > now() THEN c.breaker_until END AS breaker_until,
        h.paused,
-       current_database() AS database
+       current_database() AS database,
+       s.send_p50_ms,
+       s.send_p99_ms,
+       coalesce(s.delivered_after_gap, 0) AS delivered_after_gap
   FROM relay.handlers h
   LEFT JOIN relay._handler_counters() c ON c.handler_id = h.id
+  LEFT JOIN relay._handler_sends() s ON s.handler_id = h.id
   LEFT JOIN LATERAL (
         SELECT count(*) AS pending,
                count(*) FILTER (WHERE dd.not_before <= now()) AS ready,
@@ -621,10 +632,14 @@ SELECT current_database() AS database,
        coalesce(c.http_2xx, 0) AS http_2xx, coalesce(c.http_3xx, 0) AS http_3xx,
        coalesce(c.http_4xx, 0) AS http_4xx, coalesce(c.http_5xx, 0) AS http_5xx,
        coalesce(c.http_errors, 0) AS http_errors,
-       coalesce(c.breaker_until > now(), false) AS breaker_open
+       coalesce(c.breaker_until > now(), false) AS breaker_open,
+       coalesce(s.sends, 0) AS sends,
+       coalesce(s.send_sum_seconds, 0) AS send_sum_seconds,
+       coalesce(s.delivered_after_gap, 0) AS delivered_after_gap
   FROM relay.handlers h
   CROSS JOIN relay._pending_counted() AS counted(ok)
   LEFT JOIN relay._handler_counters() c ON c.handler_id = h.id
+  LEFT JOIN relay._handler_sends() s ON s.handler_id = h.id
   LEFT JOIN relay._handler_totals() t ON t.handler_id = h.id
   LEFT JOIN (SELECT ls.handler_id, count(*) AS in_flight FROM relay._leases() ls
               WHERE ls.lease_until > clock_timestamp() GROUP BY ls.handler_id) l ON l.handler_id = h.id;
@@ -681,7 +696,7 @@ GRANT EXECUTE ON FUNCTION relay_claim(text, integer, interval, integer),
 -- The stats views call these as the reader: they return counters, delivery
 -- ids and lease times, never payloads.
 GRANT EXECUTE ON FUNCTION relay._leases(), relay._handler_counters(), relay._workers() TO relay_consumer;
-GRANT EXECUTE ON FUNCTION relay._handler_counters(), relay._handler_totals(),
+GRANT EXECUTE ON FUNCTION relay._handler_counters(), relay._handler_totals(), relay._handler_sends(),
                           relay._handler_latency_buckets(), relay._oldest_pending(integer),
                           relay._pending_counted(), relay._leases(), relay._workers()
     TO relay_monitor, relay_consumer;

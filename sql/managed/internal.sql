@@ -666,6 +666,13 @@ RETURNS SETOF record LANGUAGE sql STABLE AS $$
     SELECT NULL::integer, NULL::float8, NULL::bigint WHERE false
 $$;
 
+CREATE FUNCTION relay._handler_sends(OUT handler_id integer, OUT sends bigint,
+                                     OUT send_p50_ms float8, OUT send_p99_ms float8,
+                                     OUT send_sum_seconds float8, OUT delivered_after_gap bigint)
+RETURNS SETOF record LANGUAGE sql STABLE AS $$
+    SELECT NULL::integer, NULL::bigint, NULL::float8, NULL::float8, NULL::float8, NULL::bigint WHERE false
+$$;
+
 -- The heads of the handler's four priority classes in the claim index.
 CREATE FUNCTION relay._oldest_pending(handler_id integer) RETURNS timestamptz
 LANGUAGE sql STABLE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

@@ -36,6 +36,7 @@ Completion classify_result(const PipelineHandler& h, const HttpResult& r, int at
   c.handler_key = h.key;
   c.handler = h.name;
   c.status = r.status;
+  c.after_gap = r.after_gap;
   if (r.outcome == HttpOutcome::Success) {
     c.outcome = CompletionOutcome::Delivered;
     return c;
@@ -139,12 +140,12 @@ void DeliveryPipeline::pump(DeliveryStore& store, int64_t now_ms) {
   }
   submits.reset();
   queue_.swap(keep);
-  for (auto& [sent, result] : refused) finish(sent, result, now_ms);
+  for (auto& [sent, result] : refused) finish(sent, result, now_ms, false);
   // Last: the store may throw; the pipeline is consistent by now.
   if (!give_back.empty()) store.release(give_back);
 }
 
-void DeliveryPipeline::finish(const Sent& sent, const HttpResult& result, int64_t now_ms) {
+void DeliveryPipeline::finish(const Sent& sent, const HttpResult& result, int64_t now_ms, bool reached_sink) {
   const int key = sent.handler->key;
   CircuitBreaker& b = breakers_[key];
   // A failure of a request sent before the breaker last opened says nothing
@@ -160,6 +161,7 @@ void DeliveryPipeline::finish(const Sent& sent, const HttpResult& result, int64_
   c.receipt = sent.receipt;
   c.published = sent.published;
   c.breaker_open_until_ms = b.is_open() ? b.open_until_ms() : 0;
+  if (reached_sink) c.send_ms = std::max<int64_t>(0, now_ms - sent.sent_ms);
   if (waiting_.empty()) first_waiting_ms_ = now_ms;
   waiting_.push_back(std::move(c));
 }
@@ -170,7 +172,7 @@ size_t DeliveryPipeline::collect(int64_t now_ms) {
     if (it == in_flight_.end()) continue;  // cancelled meanwhile
     Sent sent = std::move(it->second);
     in_flight_.erase(it);
-    finish(sent, r, now_ms);
+    finish(sent, r, now_ms, true);
   }
   return waiting_.size();
 }

@@ -80,6 +80,10 @@ struct Completion {
   int status = 0;                     // HTTP status; 0 = none
   int64_t published = 0;              // ClaimedDelivery::published
   int64_t breaker_open_until_ms = 0;  // the handler's breaker after this result; 0 = closed
+  // From handing the attempt to the sink to its result (an HTTP exchange, a
+  // Kafka produce to its acknowledgement); -1: it never reached the sink.
+  int64_t send_ms = -1;
+  bool after_gap = false;  // HttpResult::after_gap
 };
 
 // One result classified with the shared rules: success is Delivered; a
@@ -216,7 +220,7 @@ class DeliveryPipeline {
     int64_t published;
     int64_t sent_ms;
   };
-  void finish(const Sent& sent, const HttpResult& result, int64_t now_ms);
+  void finish(const Sent& sent, const HttpResult& result, int64_t now_ms, bool reached_sink);
 
   DeliverySink& sink_;
   PipelineOptions options_;

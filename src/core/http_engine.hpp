@@ -59,6 +59,9 @@ struct HttpResult {
   int new_connections = 0;      // connections this request had to open (0 = reused one)
   std::string body;             // first max_response_bytes bytes of the response body
   uint64_t response_bytes = 0;  // body bytes received in all (beyond the kept ones too)
+  // Kafka: acknowledged although an earlier message of its key, in flight
+  // with it, failed for good: it is in the partition after that gap.
+  bool after_gap = false;
 };
 
 struct HttpEngineOptions {

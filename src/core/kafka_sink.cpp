@@ -338,7 +338,10 @@ void KafkaSink::release_in_order(const std::string& order_key, KeyRun& run) {
   while (run.next < run.serials.size()) {
     auto d = run.done.find(run.serials[run.next]);
     if (d == run.done.end()) return;
-    if (d->second.outcome == HttpOutcome::Success && !run.failed.empty()) run.acknowledged_after++;
+    if (d->second.outcome == HttpOutcome::Success && !run.failed.empty()) {
+      run.acknowledged_after++;
+      d->second.after_gap = true;
+    }
     results_.push_back(std::move(d->second));
     run.done.erase(d);
     run.next++;

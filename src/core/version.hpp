@@ -2,7 +2,7 @@
 
 namespace relaybus::core {
 
-// Bumped together with the extension's default_version in relaybus.control.
-constexpr const char* kVersion = "0.1.0";
+// The extension's default_version in relaybus.control (test/core/version_test.cpp).
+constexpr const char* kVersion = "0.3.0";
 
 }  // namespace relaybus::core

@@ -21,6 +21,7 @@ PG_FUNCTION_INFO_V1(relay_leases);
 PG_FUNCTION_INFO_V1(relay_lane_of);
 PG_FUNCTION_INFO_V1(relay_workers);
 PG_FUNCTION_INFO_V1(relay_handler_counters);
+PG_FUNCTION_INFO_V1(relay_handler_sends);
 }
 
 using namespace relaybus;
@@ -186,6 +187,35 @@ extern "C" Datum relay_handler_counters(PG_FUNCTION_ARGS) {
                    TimestampTzGetDatum(c.breaker_until)};
     bool n[12] = {false, false, false, false, p50 < 0, p99 < 0,
                   false, false, false, false, false,   c.breaker_until == 0};
+    tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
+  }
+  return (Datum)0;
+}
+
+// relay._handler_sends(): per handler of this database, its attempts that went
+// out since server start (an HTTP exchange, a Kafka produce to its
+// acknowledgement), their send-time percentiles and sum, and the kafka
+// messages acknowledged after a gap of their key.
+extern "C" Datum relay_handler_sends(PG_FUNCTION_ARGS) {
+  InitMaterializedSRF(fcinfo, 0);
+  auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+  if (workers == nullptr) return (Datum)0;
+  auto* copy = static_cast<HandlerCounters*>(palloc(sizeof(HandlerCounters) * kMaxHandlerStats));
+  LWLockAcquire(workers->lock, LW_SHARED);
+  memcpy(copy, workers->handlers, sizeof(HandlerCounters) * kMaxHandlerStats);
+  LWLockRelease(workers->lock);
+  for (int i = 0; i < kMaxHandlerStats; i++) {
+    const HandlerCounters& c = copy[i];
+    if (c.dboid != MyDatabaseId) continue;
+    double p50 = percentile_ms(c.send_latency, c.sends, 0.50);
+    double p99 = percentile_ms(c.send_latency, c.sends, 0.99);
+    Datum v[6] = {Int32GetDatum(c.handler_id),
+                  Int64GetDatum(static_cast<int64>(c.sends)),
+                  Float8GetDatum(p50),
+                  Float8GetDatum(p99),
+                  Float8GetDatum(static_cast<double>(c.send_sum_us) / 1e6),
+                  Int64GetDatum(static_cast<int64>(c.delivered_after_gap))};
+    bool n[6] = {false, false, p50 < 0, p99 < 0, false, false};
     tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
   }
   return (Datum)0;

@@ -317,7 +317,8 @@ void count_retried(Oid dboid, int32 handler_id, bool dead) {
 
 namespace relaybus::pg {
 
-void count_http(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until) {
+void count_attempt(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until, int64 send_ms,
+                   bool after_gap) {
   if (workers == nullptr) return;
   PendingAlert alert;
   LWLockAcquire(workers->lock, LW_EXCLUSIVE);
@@ -330,6 +331,15 @@ void count_http(Oid dboid, int32 handler_id, int status, TimestampTz breaker_unt
     else if (c->breaker_until != 0 && breaker_until == 0)
       alert_event(c, kAlertBreakerClosed, -1, 0, &alert);
     c->breaker_until = breaker_until;
+    if (send_ms >= 0) {
+      // The pipeline's clock counts whole milliseconds: the attempt took
+      // [send_ms, send_ms + 1) ms. The bucket takes the upper end (its
+      // percentile is an upper bound), the sum the middle.
+      c->sends++;
+      c->send_sum_us += static_cast<uint64>(send_ms) * 1000 + 500;
+      c->send_latency[latency_bucket((send_ms + 1) * 1000)]++;
+    }
+    if (after_gap) c->delivered_after_gap++;
   }
   LWLockRelease(workers->lock);
   alert_log(dboid, handler_id, alert);

@@ -78,6 +78,14 @@ struct HandlerCounters {
   bool failing;                 // the last completion failed
   TimestampTz last_alert[4];    // per AlertKind: when its last line was written
   uint32 alerts_suppressed[4];  // per AlertKind: events not logged since then
+  // Attempts that went out and came back (http, kafka): from handing one to
+  // the sink to its result (core::Completion::send_ms).
+  uint64 sends;
+  uint64 send_sum_us;
+  uint64 send_latency[kLatencyBuckets];
+  // kafka: acknowledged after an earlier message of its key, in flight with
+  // it, failed for good (in the partition after that gap: docs/kafka.md).
+  uint64 delivered_after_gap;
 };
 
 struct WorkerState {
@@ -138,8 +146,10 @@ void workers_at_xact_end(bool commit);
 
 // Delivery counters of the workers, for relay.handler_stats.
 void count_retried(Oid dboid, int32 handler_id, bool dead);
-// status < 0: not an HTTP result (a kafka handler's): only the breaker is recorded.
-void count_http(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until);
+// The end of one attempt of an http or kafka handler: status < 0 is not an
+// HTTP result (a kafka handler's), send_ms < 0 an attempt that never went out.
+void count_attempt(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until, int64 send_ms,
+                   bool after_gap);
 
 // Deliveries created for handler_id by this transaction's publishes: added to
 // its `published` counter when the transaction commits, dropped if it (or the

@@ -37,6 +37,8 @@ class MemoryStore final : public DeliveryStore {
     int64_t retry_in_ms = -1;
     std::string error;
     int status = 0;
+    int64_t send_ms = -2;  // Completion::send_ms of the one that took effect
+    bool after_gap = false;
   };
   std::map<int64_t, Row> rows;
   std::vector<int64_t> released;
@@ -76,6 +78,8 @@ class MemoryStore final : public DeliveryStore {
       r.retry_in_ms = c.retry_in_ms;
       r.error = c.error;
       r.status = c.status;
+      r.send_ms = c.send_ms;
+      r.after_gap = c.after_gap;
       completions++;
     }
   }
@@ -335,11 +339,16 @@ class ScriptedSink final : public DeliverySink {
   std::vector<int64_t> sent;
   std::vector<HttpResult> ready;
   std::map<int64_t, bool> open;
+  bool refuse = false;  // submit() refuses (as a bad URL would be)
   void set_handler_limit(int, int) override {}
   bool can_submit(int) const override { return true; }
   size_t in_flight() const override { return open.size(); }
   size_t in_flight(int) const override { return open.size(); }
-  bool submit(const PipelineHandler&, const WebhookMessage& m, int64_t, std::string*) override {
+  bool submit(const PipelineHandler&, const WebhookMessage& m, int64_t, std::string* why) override {
+    if (refuse) {
+      *why = "refused";
+      return false;
+    }
     sent.push_back(m.id);
     open[m.id] = true;
     return true;
@@ -359,7 +368,47 @@ class ScriptedSink final : public DeliverySink {
     open.erase(id);
     ready.push_back(r);
   }
+  void succeed(int64_t id, bool after_gap = false) {
+    HttpResult r;
+    r.tag = static_cast<uint64_t>(id);
+    r.outcome = HttpOutcome::Success;
+    r.after_gap = after_gap;
+    open.erase(id);
+    ready.push_back(r);
+  }
 };
+
+// The send time is the pipeline's: from the pump that handed the attempt to
+// the sink to the collect that took its result, whatever the sink; an
+// attempt the sink refused never went out and has none.
+TEST(DeliveryPipeline, CompletionsCarryTheirSendTime) {
+  ScriptedSink sink;
+  DeliveryPipeline pipeline(sink, PipelineOptions{}, 1);
+  MemoryStore store;
+  auto h = std::make_shared<PipelineHandler>();
+  h->key = 4;
+  h->options.concurrency = 16;
+  h->options.max_attempts = 3;
+  const int64_t t0 = 5000000;
+  pipeline.enqueue(h, {store.claim(1), store.claim(2, "k2")}, t0 + 60000);
+  pipeline.pump(store, t0);
+  ASSERT_EQ(sink.sent.size(), 2u);
+  sink.succeed(1);
+  pipeline.collect(t0 + 37);
+  sink.succeed(2, true);
+  pipeline.collect(t0 + 250);
+  pipeline.flush(store, t0 + 250);
+  EXPECT_EQ(store.rows[1].send_ms, 37);
+  EXPECT_FALSE(store.rows[1].after_gap);
+  EXPECT_EQ(store.rows[2].send_ms, 250);
+  EXPECT_TRUE(store.rows[2].after_gap) << "a sink's after_gap reaches the store";
+  sink.refuse = true;
+  pipeline.enqueue(h, {store.claim(3, "k3")}, t0 + 60000);
+  pipeline.pump(store, t0 + 300);
+  pipeline.flush(store, t0 + 300);
+  EXPECT_EQ(store.rows[3].state, "dead") << "a request the sink refuses is a failure for good";
+  EXPECT_EQ(store.rows[3].send_ms, -1) << "refused by the sink: never sent";
+}
 
 TEST(DeliveryPipeline, LateFailuresOfRequestsSentBeforeTheBreakerOpenedDoNotGrowIt) {
   ScriptedSink sink;

@@ -75,7 +75,7 @@ sleep 0.5  # a late duplicate would show up now
 dump_pub_log "$db" "$TMP/pub.txt"
 # webhook-id: "msg_<system identifier>_<database oid>_<delivery id>" (docs/webhooks.md).
 ID_PREFIX=$(sql "$db" "SELECT 'msg_' || system_identifier || '_' || (SELECT oid FROM pg_database WHERE datname = current_database()) || '_' FROM pg_control_system()")
-py_facts bulk "$LOG" "$TMP/pub.txt" "$ID_PREFIX" <<'EOF'
+py_facts bulk "$LOG" "$TMP/pub.txt" "$ID_PREFIX" "relaybus/$RELAYBUS_VERSION" <<'EOF'
 import sys, datetime, http_log
 recs = http_log.records(sys.argv[1], "/bulk")
 prefix = sys.argv[3]
@@ -98,7 +98,7 @@ for r in recs:
           and set(e) == {"id", "event_id", "topic", "key", "seq", "published_at", "attempt", "headers", "payload"}
           and prefix + str(e["id"]) == h.get("webhook-id") and e["topic"] == "hd.bulk" and e["attempt"] == 1
           and published_ok(e["published_at"], r["t"])
-          and h.get("content-type") == "application/json" and h.get("user-agent") == "relaybus/0.1.0"
+          and h.get("content-type") == "application/json" and h.get("user-agent") == sys.argv[4]
           and h.get("x-relay-test") == "bulk" and abs(int(h.get("webhook-timestamp", 0)) - r["t"]) < 60
           and pub.get(e["event_id"]) == e["key"] and isinstance(e["payload"], dict))
     bad += not ok

@@ -4,6 +4,9 @@
 # each request after 1.5 s, three deliveries claimed together wait in the
 # dispatcher's queue (the third for ~3 s); each still carries the time it was
 # sent (within a second of its arrival) and a signature over that timestamp.
+# relay.handler_stats' send time is the same measure (from the sink taking a
+# request to its response, 1.5 s each) where its publish-to-completion
+# latency includes the queue (the third ~4.5 s).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 
@@ -39,4 +42,17 @@ check "the requests went out one after the other (the last waited in the queue >
     test "$(r spread_ms)" -ge 2500
 check_eq "every webhook-timestamp is the time of sending (within 1.3 s of arrival: $(r ages))" 0 "$(r stale)"
 check_eq "every signature verifies (over that timestamp)" 3 "$(r verified)"
+
+settled() { [[ $(sql "$db" "SELECT count(*) FROM relay.deliveries") == 0 ]]; }
+check "the 3 deliveries are completed" wait_until 20 settled
+stats=$(sql "$db" "SELECT sends, send_p50_ms, send_p99_ms, latency_p99_ms, round(send_sum_seconds::numeric, 1)
+                     FROM relay.handler_stats JOIN relay.handler_metrics USING (handler) WHERE handler = 'slow'")
+log "sends | send p50 | send p99 | latency p99 | send sum (s): $stats"
+IFS='|' read -r sends p50 p99 lat99 sum <<<"$stats"
+check_eq "3 sends counted" 3 "$sends"
+# Log2 buckets: 1.5 s reads 2097.152 ms (the bucket's upper bound); 3 s or more would read 4194.304.
+check_eq "send p50 and p99: each request's 1.5 s, not its wait in the queue" "2097.152|2097.152" "$p50|$p99"
+check "publish-to-completion p99 includes the queue (>= 4194 ms: $lat99)" \
+    awk -v v="$lat99" 'BEGIN { exit !(v >= 4194) }'
+check "the send times sum to ~4.5 s ($sum)" awk -v v="$sum" 'BEGIN { exit !(v >= 4.5 && v < 6) }'
 finish

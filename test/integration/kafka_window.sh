@@ -4,7 +4,8 @@
 #   (a) one hot key of 2,000 events: every one in the topic once, in seq order;
 #   (b) a message too large for its topic inside a window: dead-lettered with
 #       the broker's error, the key's later ones of the window in the topic
-#       after the gap and named in a log line, order kept;
+#       after the gap, named in a log line and counted (relay.handler_stats.
+#       delivered_after_gap), order kept;
 #   (c) kill -9 of the dispatcher with a full window (its completion held
 #       by a row lock, publishers committing): nothing lost, order kept, the
 #       only repeats whole contiguous runs of at most the window per key.
@@ -71,6 +72,9 @@ gap_line() { tail -c +"$((log_mark + 1))" "$SERVER_LOG" | grep -m1 'kafka handle
 check "a log line names the failure and counts the later ones acknowledged after it" wait_until 20 gap_line
 log "$(gap_line | sed 's/.*relaybus dispatcher: //')"
 check "... five of them (6 to 10, all in flight with it)" grep -q '5 later message(s) of the key' <<<"$(gap_line)"
+check_eq "relay.handler_stats counts them in delivered_after_gap; 10 produces went out, each with its send time" \
+    "5|10|t" "$(sql "$db" "SELECT s.delivered_after_gap, m.sends, s.send_p99_ms > 0 FROM relay.handler_stats s
+                            JOIN relay.handler_metrics m USING (handler) WHERE handler = 'gap'")"
 
 # (c) kill -9 with a full window: one hot key and a few others, publishers
 # committing all along.

@@ -13,6 +13,8 @@
 set -uo pipefail
 
 RELAYBUS_ROOT=${RELAYBUS_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)}
+# The version CREATE EXTENSION installs and ALTER EXTENSION UPDATE reaches.
+RELAYBUS_VERSION=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$RELAYBUS_ROOT/relaybus.control")
 INTEG_DIR=$RELAYBUS_ROOT/test/integration
 CLIENT=$INTEG_DIR/build/listen_client
 TEST_NAME=$(basename "${0%.sh}")

@@ -65,7 +65,7 @@ out=${out%%$'\n'*}
 check_eq "ALTER EXTENSION relaybus UPDATE ran" 0 "$rc"
 log "notify deliveries pending when the update started: $out"
 check "the update ran while ready notify deliveries were pending" test "${out:-0}" -gt 0
-check_eq "the database is at 0.2.0" 0.2.0 "$(sql "$db" "SELECT extversion FROM pg_extension WHERE extname = 'relaybus'")"
+check_eq "the database is at $RELAYBUS_VERSION" "$RELAYBUS_VERSION" "$(sql "$db" "SELECT extversion FROM pg_extension WHERE extname = 'relaybus'")"
 
 check "the 10005 notify deliveries arrive (the delayed ones once due)" wait_lines "$TMP/main.out" 10005 60
 dump_pub_log "$db" "$TMP/published"
@@ -75,7 +75,7 @@ check_eq "each exactly once, in key order, no seq gap" "10005|0|0|0|0" \
 drained() { [[ $(sql "$db" "SELECT count(*) FROM relay.deliveries WHERE topic LIKE 'upn.%'") == 0 ]]; }
 check "no notify delivery is left" wait_until 10 drained
 
-log "the pull backlog and the dead letters, through the 0.2.0 API"
+log "the pull backlog and the dead letters, through the current API"
 check_eq "the dead letters replay" 2 "$(sql "$db" "SELECT relay_replay('up_pull')")"
 check_eq "4 deliveries are claimed with leases and acked by lease" "4|4" \
     "$(sql "$db" "WITH c AS (SELECT * FROM relay_claim('up_pull', 10, per_key => 10))

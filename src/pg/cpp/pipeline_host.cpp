@@ -60,6 +60,8 @@ class PgDeliveryStore final : public core::DeliveryStore {
       r.error = c.error.c_str();
       r.status = c.status;
       r.breaker_open_until_ms = c.breaker_open_until_ms;
+      r.send_ms = c.send_ms;
+      r.after_gap = c.after_gap;
       results_.push_back(r);
     }
     const int n = static_cast<int>(results_.size());

@@ -40,6 +40,8 @@ struct PipelineResult {
   const char* error;  // Retry, Dead: what happened
   int status;
   int64_t breaker_open_until_ms;  // 0: the handler's breaker is closed
+  int64_t send_ms;                // core::Completion::send_ms (-1: never went out)
+  bool after_gap;                 // core::Completion::after_gap
 };
 
 struct ReleasedLease {

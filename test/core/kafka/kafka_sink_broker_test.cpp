@@ -387,6 +387,7 @@ TEST_F(KafkaSinkBroker, APermanentFailureInsideAWindowIsLoggedWithTheLaterOnesAc
   for (size_t i = 0; i < r.size(); i++) {
     EXPECT_EQ(r[i].tag, i + 1);
     EXPECT_EQ(r[i].outcome, i == 2 ? HttpOutcome::Fail : HttpOutcome::Success) << r[i].error;
+    EXPECT_EQ(r[i].after_gap, i > 2) << "seq " << i + 1 << ": only the ones acknowledged after the gap";
   }
   bool logged = false;
   for (const auto& line : sink.take_log())
