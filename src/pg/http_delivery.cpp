@@ -47,8 +47,8 @@ void complete_in_xact(const PipelineResult* c, int n) {
     bool kafka = h != nullptr && h->kind == core::HandlerKind::Kafka;
     int64 open_until = c[i].breaker_open_until_ms;
     count_attempt(MyDatabaseId, c[i].handler_key, kafka ? -1 : c[i].status,
-                  open_until != 0 ? TimestampTzPlusMilliseconds(now, open_until - nowms) : 0,
-                  c[i].send_ms, c[i].after_gap);
+                  open_until != 0 ? TimestampTzPlusMilliseconds(now, open_until - nowms) : 0, c[i].send_ms,
+                  c[i].after_gap);
     if (checks[i] != LeaseCheck::Held) continue;  // the lease expired or another holder has it
     SettleOutcome outcome = c[i].outcome == ResultOutcome::Delivered ? SettleOutcome::Delivered
                             : c[i].outcome == ResultOutcome::Dead    ? SettleOutcome::Dead

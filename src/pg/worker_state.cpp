@@ -317,8 +317,7 @@ void count_retried(Oid dboid, int32 handler_id, bool dead) {
 
 namespace relaybus::pg {
 
-void count_attempt(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until, int64 send_ms,
-                   bool after_gap) {
+void count_attempt(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until, int64 send_ms, bool after_gap) {
   if (workers == nullptr) return;
   PendingAlert alert;
   LWLockAcquire(workers->lock, LW_EXCLUSIVE);

@@ -148,8 +148,7 @@ void workers_at_xact_end(bool commit);
 void count_retried(Oid dboid, int32 handler_id, bool dead);
 // The end of one attempt of an http or kafka handler: status < 0 is not an
 // HTTP result (a kafka handler's), send_ms < 0 an attempt that never went out.
-void count_attempt(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until, int64 send_ms,
-                   bool after_gap);
+void count_attempt(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until, int64 send_ms, bool after_gap);
 
 // Deliveries created for handler_id by this transaction's publishes: added to
 // its `published` counter when the transaction commits, dropped if it (or the
