@@ -42,6 +42,8 @@ start_receiver r || die "could not start the receiver"
 log "primary"
 RELAYBUS_PRELOAD=relaybus RELAYBUS_EXTRA_CONF="wal_level = replica
 max_wal_senders = 4
+wal_log_hints = on
+wal_keep_size = '128MB'
 relaybus.worker_synchronous_commit = on
 relaybus.http_allowlist = '127.0.0.1'" \
     bash "$CLUSTER_SH" start "$prim" >"$TMP/primary.out" 2>&1 || die "primary: $(cat "$TMP/primary.out")"
@@ -182,7 +184,7 @@ first_order() {
 import json, sys
 import http_log
 first_bad = behind = 0
-seen, top = {}, {}
+seen, top, copies = {}, {}, {}
 for line in open(sys.argv[1]):
     parts = line.rstrip("\n").split("\t")
     if len(parts) < 2:
@@ -191,6 +193,7 @@ for line in open(sys.argv[1]):
     k, s = m.get("key"), m.get("seq")
     if k is None or s is None:
         continue
+    copies[(k, s)] = copies.get((k, s), 0) + 1
     if s in seen.setdefault(k, set()):
         if s < top[k]:
             behind += 1
@@ -199,7 +202,8 @@ for line in open(sys.argv[1]):
         first_bad += 1
     seen[k].add(s)
     top[k] = max(top.get(k, 0), s)
-http_log.facts({"first_order_violations": first_bad, "resent_behind": behind})
+http_log.facts({"first_order_violations": first_bad, "resent_behind": behind,
+                "max_copies": max(copies.values(), default=0)})
 EOF
 }
 
@@ -217,17 +221,24 @@ received() {
     check_eq "$kind: per key, first receipts in seq order" 0 "${R[first_order_violations]}"
     BEHIND=${R[resent_behind]}
     check_eq "$kind: re-sent only what was in flight (none behind a later seq of its key)" 0 "$BEHIND"
+    # A key has one delivery in flight at a time per handler: the crash can
+    # repeat at most one delivery per key, once.
+    check "$kind: each delivery received at most twice (${R[max_copies]})" test "${R[max_copies]}" -le 2
+    check "$kind: duplicates at most one per key ($DUPS <= 16)" test "$DUPS" -le 16
 }
 received notify "$TMP/client.out"
 notify_dups=$DUPS notify_back=$BEHIND
 
-# http: the receiver's records as listen_client lines, through the same analysis.
-PYTHONPATH="$INTEG_DIR" python3 - "$TMP/r.log" >"$TMP/http.out" <<'EOF'
+# http_lines OUT: the receiver's records as listen_client lines, for the same analyses.
+http_lines() {
+    PYTHONPATH="$INTEG_DIR" python3 - "$TMP/r.log" >"$1" <<'EOF'
 import json, sys
 import http_log
 for r in http_log.records(sys.argv[1], "/fo"):
     print(f"0\t{json.dumps(r['env'])}\tt={r['t']}")
 EOF
+}
+http_lines "$TMP/http.out"
 received http "$TMP/http.out"
 http_dups=$DUPS http_back=$BEHIND
 
@@ -248,4 +259,116 @@ check "a delivery after the promotion" test "$first" != none
 log "failover: committed $committed, acknowledged $acked; duplicates: notify $notify_dups ($notify_back behind a later seq),"
 log "  http $http_dups ($http_back behind a later seq)"
 log "  promotion to first delivery ${first} ms, to all delivered $(python3 -c "print(f'{($drained_at - $promoted_at) * 1000:.0f}')") ms"
+
+# ---------------------------------------------------------------- the old primary rejoins
+# pg_rewind needs wal_log_hints (set above) or data checksums on the old
+# primary, and the old primary's WAL back to the last checkpoint before the
+# servers diverged: the crash recovery pg_rewind runs first ends with a
+# checkpoint that recycles that WAL unless wal_keep_size (set above) keeps it
+# ("could not find previous WAL record"). It reads the new timeline from the source's control file, which a
+# promotion updates only at its first checkpoint: without the CHECKPOINT it
+# finds both on one timeline, rewinds nothing, and the old primary cannot
+# follow the new one. It copies the source's configuration files too, port
+# and socket directory included: this server's own are appended again after it.
+log "the old primary rejoins as a standby of the new primary (CHECKPOINT there, pg_rewind -R)"
+on "$repl" "$rport" postgres -c "CHECKPOINT" || die "CHECKPOINT on the new primary"
+as_postgres() {
+    if ((EUID == 0)); then (cd "$base" && runuser -u postgres -- "$@"); else "$@"; fi
+}
+rewind_started=$(date +%s.%N)
+as_postgres pg_rewind --target-pgdata="$prim/data" -R \
+    --source-server="host=$repl port=$rport user=postgres dbname=postgres application_name=fo_old" \
+    >"$TMP/rewind.out" 2>&1 || die "pg_rewind: $(cat "$TMP/rewind.out")"
+rewind_ms=$(python3 -c "print(f'{($(date +%s.%N) - $rewind_started) * 1000:.0f}')")
+check "pg_rewind rewound the old primary (it had diverged: it crashed, the replica was promoted)" \
+    grep -q 'Done!' "$TMP/rewind.out"
+printf "port = %s\nunix_socket_directories = '%s'\n" "$pport" "$prim" >>"$prim/data/postgresql.conf"
+check "pg_rewind -R wrote standby.signal" test -f "$prim/data/standby.signal"
+log_from=$(($(wc -l <"$prim/log/postgresql.log") + 1))
+bash "$CLUSTER_SH" start "$prim" >"$TMP/rejoin.out" 2>&1 || die "the old primary: $(cat "$TMP/rejoin.out")"
+check_eq "the old primary is in recovery" t "$(on "$prim" "$pport" fo -c "SELECT pg_is_in_recovery()")"
+rejoined() { [[ $(on "$repl" "$rport" postgres -c "SELECT state FROM pg_stat_replication
+                                                     WHERE application_name = 'fo_old'") == streaming ]]; }
+check "the old primary streams from the new primary" wait_until 30 rejoined
+log "pg_rewind took $rewind_ms ms"
+
+# Sampled all along what follows: any relaybus process on the rejoined server.
+old_procs() {
+    on "$prim" "$pport" postgres -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type LIKE 'relaybus%'"
+}
+(while [[ ! -e "$TMP/stop-sampling" ]]; do old_procs; sleep 0.2; done) >"$TMP/old_procs" 2>/dev/null &
+bg_track $!
+check_eq "on the rejoined server: relay.workers is empty" 0 \
+    "$(on "$prim" "$pport" fo -c "SELECT count(*) FROM relay.workers")"
+check_eq "on the rejoined server: relay_publish is refused (25006)" 25006 \
+    "$(state_of "$prim" "$pport" "SELECT relay_publish('fo.e', '{}', 'k0')")"
+check_eq "on the rejoined server: relay_claim is refused (25006)" 25006 \
+    "$(state_of "$prim" "$pport" "SELECT * FROM relay_claim('fo_pull', 10)")"
+check_eq "on the rejoined server: relay_ack is refused (25006)" 25006 \
+    "$(state_of "$prim" "$pport" "SELECT relay_ack(ARRAY[$pull_id::bigint], ARRAY[gen_random_uuid()])")"
+check_eq "on the rejoined server: no lease, nothing in flight" "0|0" \
+    "$(on "$prim" "$pport" fo -c "SELECT (SELECT count(*) FROM relay._leases()),
+                                         (SELECT coalesce(sum(in_flight), 0) FROM relay.handler_stats)")"
+
+# Published on the new primary while the old one streams: delivered once each,
+# by the new primary alone, and replayed on the rejoined server.
+log "publish on the new primary with the old one streaming from it"
+before_rejoin=$(on "$repl" "$rport" fo -c "SELECT max(id) FROM pub_log")
+for ((i = 0; i < 48; i++)); do
+    printf "WITH e AS (SELECT relay_publish('fo.e', jsonb_build_object('r', %d), 'k%d') AS id)
+            INSERT INTO pub_log SELECT id, 'k%d' FROM e;\n" "$i" $((i % 16)) $((i % 16))
+done >"$TMP/rejoin_pub.sql"
+echo "SELECT relay_publish('pull.r', jsonb_build_object('r', g), 'r' || g) FROM generate_series(1, 3) g;" \
+    >>"$TMP/rejoin_pub.sql"
+psql -X -q -v ON_ERROR_STOP=1 -h "$repl" -p "$rport" -U postgres -d fo -f "$TMP/rejoin_pub.sql" >/dev/null \
+    || die "could not publish on the new primary"
+on "$repl" "$rport" fo -c "SELECT id FROM pub_log WHERE id > $before_rejoin ORDER BY id" >"$TMP/rejoin.ids"
+check_eq "48 events published after the rejoin" 48 "$(wc -l <"$TMP/rejoin.ids")"
+check "the new primary delivers them" wait_until 25 drained
+# replayed: prints "pub_log rows past the rejoin|its pull events pending|notify
+# and http deliveries left" (an event is a row of relay.events while a delivery
+# of it is pending: the pull handler's wait for a consumer).
+replayed() {
+    on "$prim" "$pport" fo -c "SELECT (SELECT count(*) FROM pub_log WHERE id > $before_rejoin),
+                                       (SELECT count(*) FROM relay.events WHERE topic = 'pull.r'),
+                                       (SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
+                                        WHERE h.name IN ('fo_notify', 'fo_http'))"
+}
+replayed_all() { [[ $(replayed) == "48|3|0" ]]; }
+wait_until 20 replayed_all
+check_eq "the rejoined server replays them: the events, and their completed deliveries gone" "48|3|0" "$(replayed)"
+check_eq "on the rejoined server: relay_payload reads an event published after the rejoin" '{"r": 2}' \
+    "$(on "$prim" "$pport" fo -c "SELECT relay_payload(min(id)) FROM relay.deliveries WHERE key = 'r2'")"
+# once_each OUT...: every event of rejoin.ids in exactly one line of the OUTs.
+once_each() {
+    python3 - "$TMP/rejoin.ids" "$@" <<'EOF'
+import json, sys
+want = {int(x) for x in open(sys.argv[1]).read().split()}
+counts = {}
+for path in sys.argv[2:]:
+    for line in open(path):
+        parts = line.rstrip("\n").split("\t")
+        if len(parts) < 2:
+            continue
+        eid = json.loads(parts[1]).get("event_id")
+        if eid in want:
+            counts[eid] = counts.get(eid, 0) + 1
+bad = sorted((e, counts.get(e, 0)) for e in want if counts.get(e, 0) != 1)
+print(f"{len(want) - len(bad)} of {len(want)} received exactly once; not: {bad[:10]}")
+sys.exit(1 if bad else 0)
+EOF
+}
+# The receiver logs a request when it answers it, the client a notification
+# before it acks: both are in by the time the deliveries are gone.
+http_lines "$TMP/http2.out"
+check "notify: each event published after the rejoin delivered exactly once" once_each "$TMP/client.out"
+check "http: each event published after the rejoin delivered exactly once" once_each "$TMP/http2.out"
+touch "$TMP/stop-sampling"
+sleep 0.5
+check "the rejoined server ran no relaybus process meanwhile ($(wc -l <"$TMP/old_procs") samples)" \
+    bash -c "[[ -s '$TMP/old_procs' ]] && ! grep -qv '^0\$' '$TMP/old_procs'"
+no_relaybus_lines() { ! tail -n "+$log_from" "$prim/log/postgresql.log" | sed "s|$base||g" | grep -i 'relaybus'; }
+check "the rejoined server's log names no relaybus process" no_relaybus_lines
+check_eq "the rejoined server is still in recovery" t "$(on "$prim" "$pport" fo -c "SELECT pg_is_in_recovery()")"
+log "rejoin: pg_rewind $rewind_ms ms; 48 events after it delivered once each by the new primary"
 finish
