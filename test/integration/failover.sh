@@ -23,6 +23,7 @@
 #     counted and reported, as is the time from promotion to first delivery.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/kafka_lib.sh"
 
 CLUSTER_SH=$RELAYBUS_ROOT/test/cluster.sh
 base=$(mktemp -d /tmp/relaybus-failover.XXXXXX)  # outside $TMP (mode 700): postgres must reach it
@@ -30,14 +31,19 @@ chmod 755 "$base"
 prim=$base/primary
 repl=$base/replica
 # The clusters go with everything else the test made.
-eval "lib_$(declare -f cleanup)"
+eval "$(declare -f cleanup | sed '1s/^cleanup/kafka_cleanup/')"
 cleanup() {
     bash "$CLUSTER_SH" destroy "$repl" >/dev/null 2>&1
     bash "$CLUSTER_SH" destroy "$prim" >/dev/null 2>&1
     rm -rf "$base"
-    lib_cleanup
+    kafka_cleanup
 }
 
+# The broker starts beside the clusters' setup; the kafka handler is created
+# once it is up, before the publishers.
+kafka_pick_port
+kafka_start >"$TMP/kafka.out" 2>&1 &
+kafka_starting=$!
 start_receiver r || die "could not start the receiver"
 log "primary"
 RELAYBUS_PRELOAD=relaybus RELAYBUS_EXTRA_CONF="wal_level = replica
@@ -109,6 +115,13 @@ check_eq "on the replica: relay_pause_handler is refused (25006)" 25006 \
     "$(state_of "$repl" "$rport" "SELECT relay_pause_handler('fo_pull')")"
 check_eq "on the replica: no lease was taken" 0 "$(on "$repl" "$rport" fo -c "SELECT count(*) FROM relay._leases()")"
 
+wait "$kafka_starting" || die "the broker did not start: $(tail -n 20 "$TMP/kafka.out")"
+# A window of 4 per key: pipelined, and a bound on what the crash can repeat.
+KAFKA_WINDOW=4
+on "$prim" "$pport" fo -c "SELECT relay_create_handler('fo_kafka', 'kafka', 'kafka://$KAFKA_BOOTSTRAP/fo-topic',
+                               '{\"lease\": \"60s\", \"timeout\": \"10s\", \"key_window\": $KAFKA_WINDOW}')" \
+    -c "SELECT relay_route('fo.#', 'fo_kafka')" >/dev/null || die "could not create the kafka handler"
+
 log "LISTEN client (reconnects to the server that accepts writes) and publishers"
 conninfo="host=$prim,$repl port=$pport,$rport user=postgres dbname=fo target_session_attrs=read-write"
 rm -f "$TMP/client.ready"
@@ -158,7 +171,7 @@ check_eq "the replica's log shows no relaybus launcher or dispatcher before the 
 
 remaining() {
     on "$repl" "$rport" fo -c "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
-                                WHERE h.name IN ('fo_notify', 'fo_http')"
+                                WHERE h.name IN ('fo_notify', 'fo_http', 'fo_kafka')"
 }
 drained() { [[ $(remaining) == 0 ]]; }
 # Well within the 60 s leases: nothing waits out a lease taken on the old primary.
@@ -325,14 +338,14 @@ psql -X -q -v ON_ERROR_STOP=1 -h "$repl" -p "$rport" -U postgres -d fo -f "$TMP/
 on "$repl" "$rport" fo -c "SELECT id FROM pub_log WHERE id > $before_rejoin ORDER BY id" >"$TMP/rejoin.ids"
 check_eq "48 events published after the rejoin" 48 "$(wc -l <"$TMP/rejoin.ids")"
 check "the new primary delivers them" wait_until 25 drained
-# replayed: prints "pub_log rows past the rejoin|its pull events pending|notify
-# and http deliveries left" (an event is a row of relay.events while a delivery
+# replayed: prints "pub_log rows past the rejoin|its pull events pending|notify,
+# http and kafka deliveries left" (an event is a row of relay.events while a delivery
 # of it is pending: the pull handler's wait for a consumer).
 replayed() {
     on "$prim" "$pport" fo -c "SELECT (SELECT count(*) FROM pub_log WHERE id > $before_rejoin),
                                        (SELECT count(*) FROM relay.events WHERE topic = 'pull.r'),
                                        (SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
-                                        WHERE h.name IN ('fo_notify', 'fo_http'))"
+                                        WHERE h.name IN ('fo_notify', 'fo_http', 'fo_kafka'))"
 }
 replayed_all() { [[ $(replayed) == "48|3|0" ]]; }
 wait_until 20 replayed_all
@@ -367,8 +380,31 @@ touch "$TMP/stop-sampling"
 sleep 0.5
 check "the rejoined server ran no relaybus process meanwhile ($(wc -l <"$TMP/old_procs") samples)" \
     bash -c "[[ -s '$TMP/old_procs' ]] && ! grep -qv '^0\$' '$TMP/old_procs'"
+# kafka: the topic read back whole, against every committed event (the
+# failover's and the rejoin's). A key has at most a window in flight, so the
+# crash repeats at most that many of its messages.
+on "$repl" "$rport" fo -c "SELECT id, key FROM pub_log ORDER BY id" >"$TMP/committed_all"
+check "kafka: every committed event is in the topic" \
+    wait_until 60 kafka_has fo-topic "$(wc -l <"$TMP/committed_all")"
+kafka_consume fo-topic "$TMP/topic.json"
+kafka_order_facts "$TMP/topic.json" "$TMP/committed_all"
+kafka_dups=${R[duplicates]}
+check_eq "kafka: nothing committed is missing, nothing uncommitted arrived" "0|0" "${R[missing]}|${R[extra]}"
+check_eq "kafka: each key in one partition" True "${R[keys_in_one_partition]}"
+check_eq "kafka: per key in seq order, repeats only of contiguous runs" 0 "${R[out_of_order_runs]}"
+check "kafka: a key repeats at most its window (${R[max_dups_per_key]} <= $KAFKA_WINDOW)" \
+    test "${R[max_dups_per_key]}" -le "$KAFKA_WINDOW"
+python3 - "$TMP/topic.json" >"$TMP/kafka2.out" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    h = dict(zip(m["headers"][0::2], m["headers"][1::2]))
+    print(f"0\t{json.dumps({'event_id': int(h['relay-event-id'])})}")
+EOF
+check "kafka: each event published after the rejoin produced exactly once" once_each "$TMP/kafka2.out"
 no_relaybus_lines() { ! tail -n "+$log_from" "$prim/log/postgresql.log" | sed "s|$base||g" | grep -i 'relaybus'; }
 check "the rejoined server's log names no relaybus process" no_relaybus_lines
 check_eq "the rejoined server is still in recovery" t "$(on "$prim" "$pport" fo -c "SELECT pg_is_in_recovery()")"
-log "rejoin: pg_rewind $rewind_ms ms; 48 events after it delivered once each by the new primary"
+log "rejoin: pg_rewind $rewind_ms ms; 48 events after it delivered once each by the new primary;"
+log "  kafka: ${R[messages]} messages, $kafka_dups duplicates (max ${R[max_dups_per_key]} per key, window $KAFKA_WINDOW)"
 finish
