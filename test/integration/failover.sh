@@ -423,7 +423,7 @@ no_dispatcher() { [[ $(on "$repl" "$rport" postgres -c "SELECT count(*) FROM pg_
 check "relaybus.enabled = off: the dispatchers exit" wait_until 20 no_dispatcher
 bash "$CLUSTER_SH" stop "$repl" >"$TMP/switch_stop.out" 2>&1 || die "fast stop: $(cat "$TMP/switch_stop.out")"
 wait_pid "$switch_pub" 10
-sort -n "$TMP/switch_pub.out" >"$TMP/switch.acked"
+sort "$TMP/switch_pub.out" >"$TMP/switch.acked"  # for comm: in its order, not by number
 check "the publisher ran until the shutdown stopped it, mid-stream" test "$(line_count "$TMP/switch.acked")" -lt 3000
 switched_at=$(date +%s.%N)
 check_eq "pg_promote() of the rejoined server" t "$(on "$prim" "$pport" postgres -c "SELECT pg_promote()")"
