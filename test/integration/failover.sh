@@ -5,9 +5,11 @@
 # synchronous_standby_names = the replica's application_name), both with
 # relaybus preloaded, in clusters of their own. Events are published under load
 # (two sessions, shared keys) to a notify handler (ack mode, a LISTEN client that
-# reconnects to whichever server accepts writes and drains with relay_claim) and
-# an http handler (the test receiver). The primary is killed (-m immediate)
-# mid-stream and the replica promoted. Shown:
+# reconnects to whichever server accepts writes and drains with relay_claim), an
+# http handler (the test receiver) and a kafka handler (a real broker). The
+# primary is killed (-m immediate) mid-stream and the replica promoted; the old
+# primary then rejoins as a standby (pg_rewind), and a switchover makes it the
+# primary again. Shown:
 #   - on the replica before promotion: no relaybus launcher or dispatcher (in
 #     pg_stat_activity, relay.workers, its log); the read-only views work; every
 #     call that hands over or completes a delivery is refused with 25006
@@ -20,7 +22,15 @@
 #     without waiting out a lease; only deliveries in flight at the crash are
 #     sent again (relaybus.worker_synchronous_commit = on: completions are
 #     replicated before a key's next delivery goes out); the duplicates are
-#     counted and reported, as is the time from promotion to first delivery.
+#     counted, bounded (one a key per handler, a kafka key's window) and
+#     reported, as is the time from promotion to first delivery;
+#   - the old primary, rewound and streaming from the new one, runs no relaybus
+#     process and refuses relay_publish/claim/ack (25006); what the new primary
+#     publishes meanwhile is replayed there and delivered once, by the new
+#     primary alone;
+#   - a switchover (dispatchers stopped with relaybus.enabled = off, a fast
+#     stop, the rejoined server promoted) loses nothing acknowledged and
+#     delivers what was published across it once (docs/failover.md).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/kafka_lib.sh"
