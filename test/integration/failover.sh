@@ -30,7 +30,8 @@
 #     primary alone;
 #   - a switchover (dispatchers stopped with relaybus.enabled = off, a fast
 #     stop, the rejoined server promoted) loses nothing acknowledged and
-#     delivers what was published across it once (docs/failover.md).
+#     delivers what was published across it once; the server it switched
+#     over from comes back as a standby by a new base backup (docs/failover.md).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/kafka_lib.sh"
@@ -453,6 +454,25 @@ check "http: each event published before the switchover delivered once" \
 log "switchover: $(line_count "$TMP/switch.acked") acknowledged, $(line_count "$TMP/switch.ids") committed;"
 log "  promotion to all delivered $(python3 -c "print(f'{($switch_drained_at - $switched_at) * 1000:.0f}')") ms;"
 log "  notify: $(received_each "$TMP/switch.ids" 2 16 "$TMP/client.out")"
+
+# ---------------------------------------------------------------- a new base backup
+# The other way back for an old primary (docs/failover.md: where pg_rewind
+# cannot run): its data directory replaced by a base backup of the primary.
+log "the switched-over server rejoins by a new base backup"
+rm -rf "$repl/data"
+start_standby "$prim" "$pport" "$repl" fo_again 2>"$TMP/again.out" || die "base backup: $(cat "$TMP/again.out")"
+rport=$STANDBY_PORT
+again() { [[ $(on "$prim" "$pport" postgres -c "SELECT state FROM pg_stat_replication
+                                                  WHERE application_name = 'fo_again'") == streaming ]]; }
+check "it streams from the primary" wait_until 30 again
+check_eq "it is in recovery, with no relaybus process" "t|0" \
+    "$(on "$repl" "$rport" postgres -c "SELECT pg_is_in_recovery(), (SELECT count(*) FROM pg_stat_activity
+                                                                     WHERE backend_type LIKE 'relaybus%')")"
+check_eq "on it: relay_claim is refused (25006)" 25006 \
+    "$(state_of "$repl" "$rport" "SELECT * FROM relay_claim('fo_pull', 10)")"
+on "$prim" "$pport" fo -c "SELECT relay_publish('pull.again', '{\"again\": 1}', 'again')" >/dev/null
+replayed_again() { [[ $(on "$repl" "$rport" fo -c "SELECT count(*) FROM relay.events WHERE topic = 'pull.again'") == 1 ]]; }
+check "it replays what the primary publishes" wait_until 20 replayed_again
 
 # kafka: the topic read back whole, against every committed event (the
 # failover's, the rejoin's, the switchover's). A key has at most a window in
