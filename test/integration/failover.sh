@@ -87,19 +87,22 @@ on "$prim" "$pport" fo -c "CREATE EXTENSION relaybus" \
 log "replica: pg_basebackup -R"
 start_standby "$prim" "$pport" "$repl" fo_replica 2>"$TMP/replica.out" || die "replica: $(cat "$TMP/replica.out")"
 rport=$STANDBY_PORT
-streaming() { [[ $(on "$prim" "$pport" postgres -c "SELECT state FROM pg_stat_replication
-                                                      WHERE application_name = 'fo_replica'") == streaming ]]; }
-wait_until 30 streaming || die "the replica does not stream"
+# replication_is HOST PORT APP COLUMN VALUE: pg_stat_replication of the server at
+# HOST:PORT shows VALUE in COLUMN (state, sync_state) for the standby APP.
+replication_is() {
+    [[ $(on "$1" "$2" postgres -c "SELECT $4 FROM pg_stat_replication WHERE application_name = '$3'") == "$5" ]]
+}
+wait_until 30 replication_is "$prim" "$pport" fo_replica state streaming || die "the replica does not stream"
 on "$prim" "$pport" postgres -c "ALTER SYSTEM SET synchronous_standby_names = 'fo_replica'" \
     -c "SELECT pg_reload_conf()" >/dev/null
-synchronous() { [[ $(on "$prim" "$pport" postgres -c "SELECT sync_state FROM pg_stat_replication
-                                                         WHERE application_name = 'fo_replica'") == sync ]]; }
-check "the replica is synchronous" wait_until 15 synchronous
+check "the replica is synchronous" wait_until 15 replication_is "$prim" "$pport" fo_replica sync_state sync
 check_eq "the replica is in recovery" t "$(on "$repl" "$rport" fo -c "SELECT pg_is_in_recovery()")"
 
-# relaybus processes on the replica (pg_stat_activity): none until promotion.
+# relaybus_procs [HOST PORT]: relaybus processes in pg_stat_activity (default: on
+# the replica, where there is none until promotion).
 relaybus_procs() {
-    on "$repl" "$rport" postgres -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type LIKE 'relaybus%'"
+    on "${1:-$repl}" "${2:-$rport}" postgres -c "SELECT count(*) FROM pg_stat_activity
+                                                  WHERE backend_type LIKE 'relaybus%'"
 }
 replica_has_pull() { [[ $(on "$repl" "$rport" fo -c "SELECT count(*) FROM relay.deliveries") -ge 3 ]]; }
 wait_until 15 replica_has_pull || die "the replica did not replay the pull deliveries"
@@ -314,16 +317,13 @@ check "pg_rewind -R wrote standby.signal" test -f "$prim/data/standby.signal"
 log_from=$(($(wc -l <"$prim/log/postgresql.log") + 1))
 bash "$CLUSTER_SH" start "$prim" >"$TMP/rejoin.out" 2>&1 || die "the old primary: $(cat "$TMP/rejoin.out")"
 check_eq "the old primary is in recovery" t "$(on "$prim" "$pport" fo -c "SELECT pg_is_in_recovery()")"
-rejoined() { [[ $(on "$repl" "$rport" postgres -c "SELECT state FROM pg_stat_replication
-                                                     WHERE application_name = 'fo_old'") == streaming ]]; }
-check "the old primary streams from the new primary" wait_until 30 rejoined
+check "the old primary streams from the new primary" \
+    wait_until 30 replication_is "$repl" "$rport" fo_old state streaming
 log "pg_rewind took $rewind_ms ms"
 
 # Sampled all along what follows: any relaybus process on the rejoined server.
-old_procs() {
-    on "$prim" "$pport" postgres -c "SELECT count(*) FROM pg_stat_activity WHERE backend_type LIKE 'relaybus%'"
-}
-(while [[ ! -e "$TMP/stop-sampling" ]]; do old_procs; sleep 0.2; done) >"$TMP/old_procs" 2>/dev/null &
+(while [[ ! -e "$TMP/stop-sampling" ]]; do relaybus_procs "$prim" "$pport"; sleep 0.2; done) \
+    >"$TMP/old_procs" 2>/dev/null &
 bg_track $!
 check_eq "on the rejoined server: relay.workers is empty" 0 \
     "$(on "$prim" "$pport" fo -c "SELECT count(*) FROM relay.workers")"
@@ -415,9 +415,7 @@ log "rejoin: pg_rewind $rewind_ms ms; 48 events after it delivered once each by 
 log "switchover back: the new primary's dispatchers stopped, then the server, the rejoined server promoted"
 on "$repl" "$rport" postgres -c "ALTER SYSTEM SET synchronous_standby_names = 'fo_old'" \
     -c "SELECT pg_reload_conf()" >/dev/null
-old_sync() { [[ $(on "$repl" "$rport" postgres -c "SELECT sync_state FROM pg_stat_replication
-                                                    WHERE application_name = 'fo_old'") == sync ]]; }
-check "the rejoined server is synchronous" wait_until 15 old_sync
+check "the rejoined server is synchronous" wait_until 15 replication_is "$repl" "$rport" fo_old sync_state sync
 before_switch=$(on "$repl" "$rport" fo -c "SELECT max(id) FROM pub_log")
 for ((i = 0; i < 3000; i++)); do
     printf "WITH e AS (SELECT relay_publish('fo.e', jsonb_build_object('s', %d), 'k%d') AS id)
@@ -462,12 +460,9 @@ log "the switched-over server rejoins by a new base backup"
 rm -rf "$repl/data"
 start_standby "$prim" "$pport" "$repl" fo_again 2>"$TMP/again.out" || die "base backup: $(cat "$TMP/again.out")"
 rport=$STANDBY_PORT
-again() { [[ $(on "$prim" "$pport" postgres -c "SELECT state FROM pg_stat_replication
-                                                  WHERE application_name = 'fo_again'") == streaming ]]; }
-check "it streams from the primary" wait_until 30 again
-check_eq "it is in recovery, with no relaybus process" "t|0" \
-    "$(on "$repl" "$rport" postgres -c "SELECT pg_is_in_recovery(), (SELECT count(*) FROM pg_stat_activity
-                                                                     WHERE backend_type LIKE 'relaybus%')")"
+check "it streams from the primary" wait_until 30 replication_is "$prim" "$pport" fo_again state streaming
+check_eq "it is in recovery" t "$(on "$repl" "$rport" fo -c "SELECT pg_is_in_recovery()")"
+check_eq "on it: no relaybus process" 0 "$(relaybus_procs)"
 check_eq "on it: relay_claim is refused (25006)" 25006 \
     "$(state_of "$repl" "$rport" "SELECT * FROM relay_claim('fo_pull', 10)")"
 on "$prim" "$pport" fo -c "SELECT relay_publish('pull.again', '{\"again\": 1}', 'again')" >/dev/null
