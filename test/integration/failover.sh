@@ -457,6 +457,7 @@ log "  notify: $(received_each "$TMP/switch.ids" 2 16 "$TMP/client.out")"
 # The other way back for an old primary (docs/failover.md: where pg_rewind
 # cannot run): its data directory replaced by a base backup of the primary.
 log "the switched-over server rejoins by a new base backup"
+again_started=$(date +%s.%N)
 rm -rf "$repl/data"
 start_standby "$prim" "$pport" "$repl" fo_again 2>"$TMP/again.out" || die "base backup: $(cat "$TMP/again.out")"
 rport=$STANDBY_PORT
@@ -468,6 +469,7 @@ check_eq "on it: relay_claim is refused (25006)" 25006 \
 on "$prim" "$pport" fo -c "SELECT relay_publish('pull.again', '{\"again\": 1}', 'again')" >/dev/null
 replayed_again() { [[ $(on "$repl" "$rport" fo -c "SELECT count(*) FROM relay.events WHERE topic = 'pull.again'") == 1 ]]; }
 check "it replays what the primary publishes" wait_until 20 replayed_again
+log "base backup to replaying: $(python3 -c "print(f'{($(date +%s.%N) - $again_started) * 1000:.0f}')") ms"
 
 # kafka: the topic read back whole, against every committed event (the
 # failover's, the rejoin's, the switchover's). A key has at most a window in
