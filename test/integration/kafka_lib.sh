@@ -16,9 +16,14 @@ cleanup() {
 }
 
 # kafka_start: a fresh broker on a free loopback port (KAFKA_PORT, KAFKA_BOOTSTRAP).
-kafka_start() {
+# kafka_pick_port alone sets those, for a caller that starts the broker in the
+# background (kafka_start &) beside its own setup.
+kafka_pick_port() {
     KAFKA_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
     KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT
+}
+kafka_start() {
+    [[ -n "$KAFKA_PORT" ]] || kafka_pick_port
     bash "$KAFKA_SCRIPT" start "$KAFKA_DIR" "$KAFKA_PORT"
 }
 # kafka_stop / kafka_restart: the same broker (its data and port kept).
