@@ -5,6 +5,9 @@
 KAFKA_DIR=$TMP/kafka
 KAFKA_PORT=
 KAFKA_SCRIPT=$RELAYBUS_ROOT/scripts/kafka-broker.sh
+# A kafka handler's key_window when it sets none (core::kDefaultKeyWindow).
+DEFAULT_KEY_WINDOW=$(sed -n 's/.*kDefaultKeyWindow = \([0-9]*\);.*/\1/p' "$RELAYBUS_ROOT/src/core/handler_config.hpp")
+[[ -n "$DEFAULT_KEY_WINDOW" ]] || die "kDefaultKeyWindow not found in src/core/handler_config.hpp"
 
 command -v kcat >/dev/null 2>&1 || die "kcat is needed (scripts/install-deps.sh installs it)"
 
