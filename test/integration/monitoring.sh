@@ -11,6 +11,7 @@
 #      promtool accepts, with the database label on every relaybus series.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/prometheus_lib.sh"
 
 SERVER_LOG=${RELAYBUS_CLUSTER_DIR:+$RELAYBUS_CLUSTER_DIR/log/postgresql.log}
 [[ -n "$SERVER_LOG" && -f "$SERVER_LOG" ]] || die "RELAYBUS_CLUSTER_DIR is not set: this test reads the server log"
@@ -110,27 +111,14 @@ check_eq "the counters agree: dead_lettered" "$((dead + 1))" "$(metric m_hook de
 
 # ---------------------------------------------------------------- (3) the exporter
 log "(3) prometheus-postgres-exporter with docs/postgres_exporter.yml, checked by promtool"
-EXPORTER=$(command -v prometheus-postgres-exporter) || die "no prometheus-postgres-exporter (scripts/install-deps.sh)"
 command -v promtool >/dev/null || die "no promtool (scripts/install-deps.sh: prometheus)"
 sql "$db2" "SELECT relay_create_handler('m2_pull', 'pull')" "SELECT relay_route('x.#', 'm2_pull')" \
     "SELECT relay_publish('x.y', '{}')" >/dev/null
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 dsn() { echo "host=$PGHOST port=$PGPORT user=$scraper dbname=$1 sslmode=disable"; }
-# Only relaybus's queries: every collector of the exporter's own off, by the
-# names its version has (Debian 12's 0.11 has database and bgwriter; Debian
-# 13's 0.17 has a dozen, on by default, among them locks and stat_database,
-# whose series promtool rejects and whose queries the scraper role may not run).
-no_collectors=()
-for c in $("$EXPORTER" --help 2>&1 | grep -oE -- '--(\[no-\])?collector\.[a-z_]+' | sed -E 's/.*collector\.//' | sort -u); do
-    no_collectors+=("--no-collector.$c")
-done
-DATA_SOURCE_NAME="$(dsn "$db"),$(dsn "$db2")" "$EXPORTER" --web.listen-address="127.0.0.1:$port" \
-    --extend.query-path="$RELAYBUS_ROOT/docs/postgres_exporter.yml" --disable-default-metrics \
-    --disable-settings-metrics "${no_collectors[@]}" >"$TMP/exporter.log" 2>&1 &
-bg_track $!
-check "the exporter serves /metrics" wait_until 20 curl -sf -o "$TMP/metrics.txt" "http://127.0.0.1:$port/metrics"
+start_exporter "$(dsn "$db"),$(dsn "$db2")"
+check_eq "the exporter serves /metrics" 0 "$?"
+curl -sf -o "$TMP/metrics.txt" "http://127.0.0.1:$EXPORTER_PORT/metrics"
 [[ -s "$TMP/metrics.txt" ]] || log "exporter log: $(tail -5 "$TMP/exporter.log")"
-curl -sf -o "$TMP/metrics.txt" "http://127.0.0.1:$port/metrics"
 promtool check metrics <"$TMP/metrics.txt" >"$TMP/promtool.out" 2>&1
 check_eq "promtool check metrics accepts it (exit 0)" "0" "$?"
 [[ -s "$TMP/promtool.out" ]] && log "promtool: $(head -5 "$TMP/promtool.out")"
