@@ -5,6 +5,7 @@
 # pymongo (Debian's python3-pymongo) serves the application-side publishing path and raw documents.
 SUITE=mongo
 source "$(dirname "${BASH_SOURCE[0]}")/mongo_lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/prometheus_lib.sh"
 SECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
 
 # ------------------------------------------------------------------ init, vectors
@@ -167,6 +168,10 @@ control /f '[{"status":429,"retry_after":"1"}]'
 "$BIN" publish s.one '{"v":4}' --key k3 --database $DB >/dev/null
 start_instance retry $DB
 P1=$IPID
+# A real Prometheus scrapes this instance: docs/grafana/relaybus-mongo.json's
+# panels are checked against it below.
+wait_metrics_addr retry && start_prometheus "$(metrics_addr retry)"
+check_eq "a Prometheus server scrapes the instance" 0 "$?"
 wait_until 30 has_requests /d 4
 wait_until 30 has_requests /f 2
 wait_until 10 pending_is $DB 0
@@ -192,6 +197,19 @@ wait_until 20 has_requests /e 2
 wait_until 10 pending_is $DB 0
 check_eq "replayed deliveries are delivered" "0 0" "$(stats_field $DB dead) $(stats_field $DB pending)"
 check_eq "metrics: dead_total for hook" 1 "$(metric retry 'relaybus_mongo_dead_total{handler="hook"}')"
+prom_value() {
+    curl -sf "http://127.0.0.1:$PROMETHEUS_PORT/api/v1/query" --data-urlencode "query=$1" -G |
+        $PY -c 'import json, sys; r = json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else "")'
+}
+scraped() { [[ $(prom_value 'relaybus_mongo_dead_total{handler="hook"}') == 1 && $(prom_value 'count_over_time(up[1m])') -ge 5 ]]; }
+wait_until 30 scraped && pass "Prometheus scraped the final counts (5 scrapes or more)" || fail "Prometheus did not scrape the final counts"
+dashboard_queries "$ROOT/docs/grafana/relaybus-mongo.json" >"$TMP/queries.txt"
+while IFS='|' read -r n title expr; do
+    check_eq "dashboard panel \"$title\": $expr returns series" yes "$( ((n > 0)) && echo yes || echo "no ($n)")"
+done <"$TMP/queries.txt"
+check_eq "dashboard: every panel's query was run" \
+    "$($PY -c 'import json, sys; print(sum(len(p["targets"]) for p in json.load(open(sys.argv[1]))["panels"]))' "$ROOT/docs/grafana/relaybus-mongo.json")" \
+    "$(wc -l <"$TMP/queries.txt")"
 stop_instance $P1
 
 # Outbound policy: without the allow-list, loopback is refused and dead-lettered at once.

@@ -2,6 +2,9 @@
 # prometheus-postgres-exporter with docs/postgres_exporter.yml, and a real
 # Prometheus server scraping it (both from scripts/install-deps.sh).
 
+# The relaybus-mongo scripts track their background processes in PIDS.
+declare -F bg_track >/dev/null || bg_track() { PIDS+=("$1"); }
+
 free_tcp_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # start_exporter DSN: the exporter serving only relaybus's queries for DSN
