@@ -163,14 +163,10 @@ static double percentile_ms(const uint64* buckets, uint64 total, double q) {
 extern "C" Datum relay_handler_counters(PG_FUNCTION_ARGS) {
   InitMaterializedSRF(fcinfo, 0);
   auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
-  if (workers == nullptr) return (Datum)0;
-  auto* copy = static_cast<HandlerCounters*>(palloc(sizeof(HandlerCounters) * kMaxHandlerStats));
-  LWLockAcquire(workers->lock, LW_SHARED);
-  memcpy(copy, workers->handlers, sizeof(HandlerCounters) * kMaxHandlerStats);
-  LWLockRelease(workers->lock);
-  for (int i = 0; i < kMaxHandlerStats; i++) {
+  int count = 0;
+  const HandlerCounters* copy = copy_handler_counters(&count);
+  for (int i = 0; i < count; i++) {
     const HandlerCounters& c = copy[i];
-    if (c.dboid != MyDatabaseId) continue;
     double p50 = percentile_ms(c.latency, c.delivered, 0.50);
     double p99 = percentile_ms(c.latency, c.delivered, 0.99);
     Datum v[12] = {Int32GetDatum(c.handler_id),
@@ -199,14 +195,10 @@ extern "C" Datum relay_handler_counters(PG_FUNCTION_ARGS) {
 extern "C" Datum relay_handler_sends(PG_FUNCTION_ARGS) {
   InitMaterializedSRF(fcinfo, 0);
   auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
-  if (workers == nullptr) return (Datum)0;
-  auto* copy = static_cast<HandlerCounters*>(palloc(sizeof(HandlerCounters) * kMaxHandlerStats));
-  LWLockAcquire(workers->lock, LW_SHARED);
-  memcpy(copy, workers->handlers, sizeof(HandlerCounters) * kMaxHandlerStats);
-  LWLockRelease(workers->lock);
-  for (int i = 0; i < kMaxHandlerStats; i++) {
+  int count = 0;
+  const HandlerCounters* copy = copy_handler_counters(&count);
+  for (int i = 0; i < count; i++) {
     const HandlerCounters& c = copy[i];
-    if (c.dboid != MyDatabaseId) continue;
     double p50 = percentile_ms(c.send_latency, c.sends, 0.50);
     double p99 = percentile_ms(c.send_latency, c.sends, 0.99);
     Datum v[6] = {Int32GetDatum(c.handler_id),

@@ -31,18 +31,6 @@ PG_FUNCTION_INFO_V1(relay_oldest_pending);
 
 using namespace relaybus::pg;
 
-// This database's counters, copied under the lock; *n is how many.
-static HandlerCounters* copy_counters(int* n) {
-  auto* copy = static_cast<HandlerCounters*>(palloc(sizeof(HandlerCounters) * kMaxHandlerStats));
-  *n = 0;
-  if (workers == nullptr) return copy;
-  LWLockAcquire(workers->lock, LW_SHARED);
-  for (int i = 0; i < kMaxHandlerStats; i++)
-    if (workers->handlers[i].dboid == MyDatabaseId) copy[(*n)++] = workers->handlers[i];
-  LWLockRelease(workers->lock);
-  return copy;
-}
-
 // relay._handler_totals(): per handler, the counters since server start that
 // relay._handler_counters() lacks: published, the latency sum (seconds), and
 // the pending count (NULL until counted: pending_counter.hpp).
@@ -50,7 +38,7 @@ extern "C" Datum relay_handler_totals(PG_FUNCTION_ARGS) {
   InitMaterializedSRF(fcinfo, 0);
   auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
   int n = 0;
-  HandlerCounters* c = copy_counters(&n);
+  HandlerCounters* c = copy_handler_counters(&n);
   // The pending counts hold once a dispatcher counted this installation.
   bool counted = pending_counted_for(MyDatabaseId, get_extension_oid("relaybus", true));
   for (int i = 0; i < n; i++) {
@@ -71,7 +59,7 @@ extern "C" Datum relay_handler_latency_buckets(PG_FUNCTION_ARGS) {
   InitMaterializedSRF(fcinfo, 0);
   auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
   int n = 0;
-  HandlerCounters* c = copy_counters(&n);
+  HandlerCounters* c = copy_handler_counters(&n);
   for (int i = 0; i < n; i++) {
     uint64 below = 0;
     for (int b = 0; b < kLatencyBuckets - 1; b++) {

@@ -317,6 +317,17 @@ void count_retried(Oid dboid, int32 handler_id, bool dead) {
 
 namespace relaybus::pg {
 
+HandlerCounters* copy_handler_counters(int* n) {
+  auto* copy = static_cast<HandlerCounters*>(palloc(sizeof(HandlerCounters) * kMaxHandlerStats));
+  *n = 0;
+  if (workers == nullptr) return copy;
+  LWLockAcquire(workers->lock, LW_SHARED);
+  for (int i = 0; i < kMaxHandlerStats; i++)
+    if (workers->handlers[i].dboid == MyDatabaseId) copy[(*n)++] = workers->handlers[i];
+  LWLockRelease(workers->lock);
+  return copy;
+}
+
 void count_attempt(Oid dboid, int32 handler_id, int status, TimestampTz breaker_until, int64 send_ms, bool after_gap) {
   if (workers == nullptr) return;
   PendingAlert alert;

@@ -144,6 +144,10 @@ void rescan_dispatchers_at_commit();
 void rescan_dispatchers(Oid dboid);
 void workers_at_xact_end(bool commit);
 
+// This database's handler counters, copied under the lock (palloc'd); *n is
+// how many.
+HandlerCounters* copy_handler_counters(int* n);
+
 // Delivery counters of the workers, for relay.handler_stats.
 void count_retried(Oid dboid, int32 handler_id, bool dead);
 // The end of one attempt of an http or kafka handler: status < 0 is not an
