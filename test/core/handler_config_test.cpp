@@ -598,3 +598,19 @@ TEST(HandlerOptions, KeyWindowIsKafkaOnlyAndBounded) {
   EXPECT_NE(options_public_json(K::Kafka, o).find("\"key_window\":7"), std::string::npos);
   EXPECT_EQ(options_public_json(K::Http, o).find("key_window"), std::string::npos);
 }
+
+TEST(HandlerOptions, InFlightLimitCountsAKafkaHandlersRunsOfKeys) {
+  HandlerOptions o;
+  o.concurrency = 16;
+  o.key_window = 32;
+  EXPECT_EQ(handler_in_flight_limit(K::Kafka, o), 512);
+  EXPECT_EQ(handler_in_flight_limit(K::Http, o), 16);  // key_window is kafka's only
+  o.key_window = 1;
+  EXPECT_EQ(handler_in_flight_limit(K::Kafka, o), 16);
+  o.concurrency = 64;
+  o.key_window = 1000;
+  EXPECT_EQ(handler_in_flight_limit(K::Kafka, o), kMaxHandlerInFlight);
+  o.concurrency = 0;
+  o.key_window = 0;
+  EXPECT_EQ(handler_in_flight_limit(K::Kafka, o), 1);
+}
