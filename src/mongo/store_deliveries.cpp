@@ -2,6 +2,7 @@
 // reads, the fence, and what ends an attempt (complete, fail). A malformed
 // document whose _id is not an integer cannot be addressed by these calls;
 // the dispatcher leaves it alone and `stats` counts it.
+#include <algorithm>
 #include <map>
 
 #include "core/lane_hash.hpp"
@@ -252,7 +253,16 @@ void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
   const auto retries_by = group(retry_ids);
   const auto deads_by = group(dead_ids);
   bson_error_t err;
-  for (const auto& [c, retries] : retries_by) {
+  // At most kRetriesPerCommand updates per command: FerretDB v1.24's SQLite
+  // backend keeps a pooled connection open for each update of a command
+  // until the command ends, and one of about 100 updates (a kafka handler's
+  // purged runs, all retried at once) waited for a connection forever,
+  // every later command on the database behind it.
+  constexpr size_t kRetriesPerCommand = 32;
+  for (const auto& [c, all_retries] : retries_by)
+  for (size_t from = 0; from < all_retries.size(); from += kRetriesPerCommand) {
+    const std::vector<const Failure*> retries(
+        all_retries.begin() + from, all_retries.begin() + std::min(all_retries.size(), from + kRetriesPerCommand));
     Bson bopts;
     BSON_APPEND_BOOL(bopts, "ordered", false);
     mongoc_bulk_operation_t* bulk = mongoc_collection_create_bulk_operation_with_opts(c, bopts);
