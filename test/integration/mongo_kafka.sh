@@ -9,7 +9,10 @@
 # handler alter moves a running sidecar to a new topic; librdkafka's log
 # lines reach the sidecar's log; kill -9 of the sidecar
 # mid-delivery loses nothing and keeps per-key order (re-sends only of what
-# was in flight). Ignores the PostgreSQL cluster. Prints "N passed, N failed".
+# was in flight); a hot key of 1,000 events pipelined (key_window 32) with a
+# kill -9 of the sidecar while its run is in flight (repeats only of that
+# run); the broker away with runs in flight (the sink's own timeout, retries,
+# resumption). Ignores the PostgreSQL cluster. Prints "N passed, N failed".
 SUITE=mongo_kafka
 source "$(dirname "${BASH_SOURCE[0]}")/mongo_lib.sh"
 RELAYBUS_ROOT=$ROOT
@@ -249,6 +252,44 @@ check_eq "kill -9: nothing lost, a key in one partition in seq order (re-sends c
 if ((${R[duplicates]:-999} <= KEYS)); then pass "re-sends only of what was in flight (${R[duplicates]} <= one per key)"; else fail "too many duplicates: ${R[duplicates]}"; fi
 stop_instance $PB
 
+# seq_facts TOPIC_JSON PUB...: by relay-seq, against each key's count in the
+# publishers' lines (a fresh database: seqs 1..n). Line 1: missing (seqs never
+# in the topic), skips (a message past its key's next seq: in partition order
+# each is the next seq, or a step back from which the key goes on one by one,
+# i.e. a run produced again whole), partitions per key at most 1 (one=True);
+# line 2: duplicates, rewinds (such steps back), max_rewind (the longest).
+seq_facts() {
+    $PY - "$@" <<'PY'
+import json, sys
+n = {}
+for f in sys.argv[2:]:
+    for l in open(f):
+        if l.strip() and "key" in json.loads(l):
+            k = json.loads(l)["key"]
+            n[k] = n.get(k, 0) + 1
+msgs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+msgs.sort(key=lambda m: (m["partition"], m["offset"]))
+seen, parts, nxt, top = {}, {}, {}, {}
+skips = rewinds = max_rewind = 0
+for m in msgs:
+    k = m.get("key")
+    if k is None:
+        continue
+    seq = int(dict(zip(m["headers"][0::2], m["headers"][1::2]))["relay-seq"])
+    parts.setdefault(k, set()).add(m["partition"])
+    seen[(k, seq)] = seen.get((k, seq), 0) + 1
+    if seq < nxt.get(k, 1):
+        rewinds += 1
+        max_rewind = max(max_rewind, top.get(k, 0) - seq + 1)
+    elif seq > nxt.get(k, 1):
+        skips += 1
+    nxt[k], top[k] = seq + 1, max(top.get(k, 0), seq)
+missing = sum(1 for k, c in n.items() for s in range(1, c + 1) if (k, s) not in seen)
+print("missing=%d skips=%d one=%s" % (missing, skips, all(len(p) == 1 for p in parts.values())))
+print("duplicates=%d rewinds=%d max_rewind=%d" % (sum(c - 1 for c in seen.values()), rewinds, max_rewind))
+PY
+}
+
 # ------------------------------------------------------------------ a hot key pipelined, and kill -9 with windows in flight
 # One key, key_window 32. linger.ms 100 holds every produce request 100 ms:
 # one message at a time would need 100 s for 1,000 events, a run of 32 in
@@ -287,29 +328,9 @@ kafka_consume mk-hot "$TMP/mk-hot.json"
 # By relay-seq (one key): every seq present; in partition order each message
 # is the key's next seq, or a step back from which the key goes on one by
 # one (a run produced again whole), never a skip ahead.
-hot=$($PY - "$TMP/mk-hot.json" $HOT <<'PY'
-import json, sys
-msgs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-msgs.sort(key=lambda m: (m["partition"], m["offset"]))
-n = int(sys.argv[2])
-seen, parts, nxt, top, skips, rewinds, max_rewind = {}, set(), 1, 0, 0, 0, 0
-for m in msgs:
-    h = dict(zip(m["headers"][0::2], m["headers"][1::2]))
-    seq = int(h["relay-seq"])
-    parts.add(m["partition"])
-    seen[seq] = seen.get(seq, 0) + 1
-    if seq < nxt:
-        rewinds += 1
-        max_rewind = max(max_rewind, top - seq + 1)
-    elif seq > nxt:
-        skips += 1
-    nxt, top = seq + 1, max(top, seq)
-print("missing=%d skips=%d partitions=%d" % (sum(1 for s in range(1, n + 1) if s not in seen), skips, len(parts)))
-print("duplicates=%d rewinds=%d max_rewind=%d" % (sum(c - 1 for c in seen.values()), rewinds, max_rewind))
-PY
-)
+hot=$(seq_facts "$TMP/mk-hot.json" "$TMP/pub_hot")
 log "hot key after kill -9: ${hot//$'\n'/ }"
-check_eq "kill -9 with runs in flight: nothing lost, one partition, no skip ahead" "missing=0 skips=0 partitions=1" "$(head -n 1 <<<"$hot")"
+check_eq "kill -9 with runs in flight: nothing lost, one partition, no skip ahead" "missing=0 skips=0 one=True" "$(head -n 1 <<<"$hot")"
 read -r dups rew maxrew < <(sed -n 2p <<<"$hot" | sed 's/[a-z_]*=//g')
 if ((rew <= 1 && maxrew <= 32 && dups <= 32)); then
     pass "repeats only of one contiguous run, at most a window ($dups duplicates, $rew rewind of $maxrew)"
@@ -317,4 +338,48 @@ else
     fail "repeats beyond one window" "$(sed -n 2p <<<"$hot")"
 fi
 stop_instance $PB
+
+# ------------------------------------------------------------------ the broker away with runs in flight
+# 1,200 events before, 200 published while the broker is away. The
+# handler's timeout (2 s) is the sink's own timer with key_window above
+# 1: the sidecar's wait must end at that deadline and poll the sink, which
+# purges and replaces the producer; the runs are retried behind the backoff
+# and the breaker (a purged run's ~100 retries recorded at once), and
+# resume once the broker is back.
+OUTAGE_S=${KAFKA_OUTAGE_S:-10}
+log "the broker away ${OUTAGE_S}s: 4 keys, runs of 32 in flight"
+DB=t_outage
+"$BIN" init --database $DB >/dev/null
+kafka_create_topic mk-outage 3 || die "could not create topic mk-outage"
+"$BIN" handler create k kafka "kafka://$KAFKA_BOOTSTRAP/mk-outage" --database $DB \
+    --options '{"key_window": 32, "timeout": "2s", "backoff_base": "200ms", "backoff_max": "2s", "max_attempts": 1000, "producer": {"linger.ms": "100"}}' \
+    >/dev/null || die "handler create k"
+"$BIN" route 'o.#' k --database $DB
+$PYM "$INTEG/mongo_preload.py" "$URI" $DB o.e 1200 4 --tag before --many >"$TMP/pub_out1" || fail "preload"
+start_instance outage $DB
+PO=$IPID
+wait_until 40 kafka_has mk-outage 100 || fail "fewer than 100 messages before the outage"
+kafka_stop
+log "broker stopped with $(outbox_and_pending $DB) outbox documents and deliveries left"
+$PYM "$INTEG/mongo_preload.py" "$URI" $DB o.e 200 4 --tag during --many >"$TMP/pub_out2" || fail "preload"
+sleep "$OUTAGE_S"
+if grep -q 'purged and replaced' "$TMP/outage.err"; then
+    pass "the sink's own timeout fired while the broker was away (producer purged and replaced)"
+else
+    fail "no purge at the handler's timeout in the sidecar's log" "$(grep -v '"level":"info"' "$TMP/outage.err" | tail -n 3)"
+fi
+kafka_restart || die "the broker did not restart"
+t1=$(date +%s)
+if wait_until 120 drained $DB && wait_until 20 kafka_has mk-outage 1400; then
+    pass "every delivery completed $(($(date +%s) - t1)) s after the broker came back"
+else
+    fail "after the outage" "left: $(outbox_and_pending $DB), topic: $(wc -l <"$TMP/has.json")" "$(grep -v '"level":"info"' "$TMP/outage.err" | tail -n 5)"
+fi
+check_eq "nothing is dead" none "$(dead_letter $DB k)"
+kafka_consume mk-outage "$TMP/mk-outage.json"
+out=$(seq_facts "$TMP/mk-outage.json" "$TMP/pub_out1" "$TMP/pub_out2")
+log "broker outage: ${out//$'\n'/ }"
+check_eq "after the outage: nothing lost, a key in one partition, no skip ahead (repeats only of whole runs)" \
+    "missing=0 skips=0 one=True" "$(head -n 1 <<<"$out")"
+stop_instance $PO
 finish
