@@ -695,7 +695,7 @@ std::string options_public_json(HandlerKind kind, const HandlerOptions& o) {
 }
 
 int handler_in_flight_limit(HandlerKind kind, const HandlerOptions& o) {
-  const int64_t window = kind == HandlerKind::Kafka ? std::max(1, o.key_window) : 1;
+  const int64_t window = effective_key_window(kind, o);
   return static_cast<int>(std::min<int64_t>(kMaxHandlerInFlight, int64_t{std::max(1, o.concurrency)} * window));
 }
 
