@@ -11,8 +11,9 @@
 # mid-delivery loses nothing and keeps per-key order (re-sends only of what
 # was in flight); a hot key of 1,000 events pipelined (key_window 32) with a
 # kill -9 of the sidecar while its run is in flight (repeats only of that
-# run); the broker away with runs in flight (the sink's own timeout, retries,
-# resumption). Ignores the PostgreSQL cluster. Prints "N passed, N failed".
+# run); a message too large for its topic inside a run (dead-lettered, the
+# key's later ones after the gap, counted in a log line); the broker away with
+# runs in flight (the sink's own timeout, retries, resumption). Ignores the PostgreSQL cluster. Prints "N passed, N failed".
 SUITE=mongo_kafka
 source "$(dirname "${BASH_SOURCE[0]}")/mongo_lib.sh"
 RELAYBUS_ROOT=$ROOT
@@ -338,6 +339,54 @@ else
     fail "repeats beyond one window" "$(sed -n 2p <<<"$hot")"
 fi
 stop_instance $PB
+
+# ------------------------------------------------------------------ a message that fails for good inside a run
+# As kafka_window.sh (b) for the extension (docs/kafka.md, "A busy key
+# pipelined"): seq 5 of a run of 10 of one key is larger than the topic's
+# max.message.bytes; batch.size below it keeps the broker's refusal to that
+# one's batch. Published before the sidecar starts, so the ten are one run.
+log "a message too large for its topic at seq 5 of a run of 10 of one key"
+DB=t_gap
+"$BIN" init --database $DB >/dev/null
+kafka_create_topic mk-gap 1 max.message.bytes=2000 || die "could not create topic mk-gap"
+"$BIN" handler create gap kafka "kafka://$KAFKA_BOOTSTRAP/mk-gap" --database $DB \
+    --options '{"key_window": 16, "backoff_base": "100ms", "max_attempts": 10, "producer": {"batch.size": "1500"}}' \
+    >/dev/null || die "handler create gap"
+"$BIN" route 'o.#' gap --database $DB
+for i in $(seq 1 10); do
+    if ((i == 5)); then body="{\"i\": $i, \"blob\": \"$(head -c 5000 /dev/zero | tr '\0' x)\"}"; else body="{\"i\": $i}"; fi
+    "$BIN" publish o.e "$body" --key g --database $DB >/dev/null || fail "publish $i"
+done
+start_instance gap $DB
+PGAP=$IPID
+check_eq "the run's ten claimed and settled: nothing pending" ok \
+    "$(wait_until 60 dead_is_there $DB gap && wait_until 60 none_pending_of $DB gap && echo ok)"
+check_eq "dead on its first attempt with the broker's error, seq 5" \
+    "1|kafka: Broker: Message size too large (MSG_SIZE_TOO_LARGE)|5" \
+    "$($PYM -c "
+import pymongo
+d = pymongo.MongoClient('$URI')['$DB'].relay_dead_letters.find_one({'handler': 'gap'})
+print('%s|%s|%s' % (d.get('attempts'), d.get('last_error'), d.get('seq')))")"
+wait_until 20 kafka_has mk-gap 9 || fail "fewer than nine messages in mk-gap" "$(wc -l <"$TMP/has.json")"
+kafka_consume mk-gap "$TMP/mk-gap.json"
+check_eq "the key's seqs in the partition: the gap at 5, the later ones after it" "1 2 3 4 6 7 8 9 10" \
+    "$($PY -c 'import json,sys
+ms=sorted((json.loads(l) for l in open(sys.argv[1]) if l.strip()), key=lambda m: m["offset"])
+print(" ".join(dict(zip(m["headers"][0::2], m["headers"][1::2]))["relay-seq"] for m in ms))' "$TMP/mk-gap.json")"
+gap_line() { grep -m1 '"msg":"kafka handler gap, key \\"g\\": delivery [0-9]* (seq 5) failed' "$TMP/gap.err"; }
+if wait_until 20 gap_line; then
+    log "$(gap_line)"
+    if grep -q '; 5 later message(s) of the key in flight with it were acknowledged after it' <<<"$(gap_line)"; then
+        pass "a log line names the failure and counts the later ones acknowledged after it (5: seqs 6 to 10)"
+    else
+        fail "the log line counts another number" "$(gap_line)"
+    fi
+else
+    fail "no log line for the failure inside the run" "$(grep -v '"level":"info"' "$TMP/gap.err" | tail -n 3)"
+fi
+check_eq "the sidecar counts 9 delivered and 1 dead (/metrics)" "9 1" \
+    "$(metric gap 'relaybus_mongo_delivered_total{handler="gap"}') $(metric gap 'relaybus_mongo_dead_total{handler="gap"}')"
+stop_instance $PGAP
 
 # ------------------------------------------------------------------ the broker away with runs in flight
 # 1,200 events before, 200 published while the broker is away. The
