@@ -260,32 +260,32 @@ void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
   // every later command on the database behind it.
   constexpr size_t kRetriesPerCommand = 32;
   for (const auto& [c, all_retries] : retries_by)
-  for (size_t from = 0; from < all_retries.size(); from += kRetriesPerCommand) {
-    const std::vector<const Failure*> retries(
-        all_retries.begin() + from, all_retries.begin() + std::min(all_retries.size(), from + kRetriesPerCommand));
-    Bson bopts;
-    BSON_APPEND_BOOL(bopts, "ordered", false);
-    mongoc_bulk_operation_t* bulk = mongoc_collection_create_bulk_operation_with_opts(c, bopts);
-    for (const Failure* f : retries) {
-      Bson sel, upd;
-      BSON_APPEND_INT64(sel, "_id", f->id);
-      bson_t set, inc;
-      bson_append_document_begin(upd, "$set", 4, &set);
-      BSON_APPEND_DATE_TIME(&set, "not_before", f->not_before_ms);
-      BSON_APPEND_UTF8(&set, "last_error", core::text::truncate_utf8(f->error, 1000).c_str());
-      BSON_APPEND_INT32(&set, "last_status", f->status);
-      bson_append_document_end(upd, &set);
-      bson_append_document_begin(upd, "$inc", 4, &inc);
-      BSON_APPEND_INT32(&inc, "attempt", 1);
-      bson_append_document_end(upd, &inc);
-      mongoc_bulk_operation_update_one_with_opts(bulk, sel, upd, nullptr, &err);
+    for (size_t from = 0; from < all_retries.size(); from += kRetriesPerCommand) {
+      const std::vector<const Failure*> retries(
+          all_retries.begin() + from, all_retries.begin() + std::min(all_retries.size(), from + kRetriesPerCommand));
+      Bson bopts;
+      BSON_APPEND_BOOL(bopts, "ordered", false);
+      mongoc_bulk_operation_t* bulk = mongoc_collection_create_bulk_operation_with_opts(c, bopts);
+      for (const Failure* f : retries) {
+        Bson sel, upd;
+        BSON_APPEND_INT64(sel, "_id", f->id);
+        bson_t set, inc;
+        bson_append_document_begin(upd, "$set", 4, &set);
+        BSON_APPEND_DATE_TIME(&set, "not_before", f->not_before_ms);
+        BSON_APPEND_UTF8(&set, "last_error", core::text::truncate_utf8(f->error, 1000).c_str());
+        BSON_APPEND_INT32(&set, "last_status", f->status);
+        bson_append_document_end(upd, &set);
+        bson_append_document_begin(upd, "$inc", 4, &inc);
+        BSON_APPEND_INT32(&inc, "attempt", 1);
+        bson_append_document_end(upd, &inc);
+        mongoc_bulk_operation_update_one_with_opts(bulk, sel, upd, nullptr, &err);
+      }
+      Bson reply;
+      const auto command = count("update");
+      uint32_t ok = mongoc_bulk_operation_execute(bulk, reply, &err);
+      mongoc_bulk_operation_destroy(bulk);
+      if (!ok) raise_store_error("record retries", err);
     }
-    Bson reply;
-    const auto command = count("update");
-    uint32_t ok = mongoc_bulk_operation_execute(bulk, reply, &err);
-    mongoc_bulk_operation_destroy(bulk);
-    if (!ok) raise_store_error("record retries", err);
-  }
   std::vector<int64_t> all_dead;
   for (const auto& [c, deads] : deads_by) {
     // Read the documents (one find), write them as dead letters (one insert),
