@@ -3,6 +3,7 @@
 // pipeline with their receipts.
 #include <algorithm>
 
+#include "core/handler_config.hpp"
 #include "mongo/dispatcher.hpp"
 #include "mongo/util.hpp"
 
@@ -44,7 +45,7 @@ void Dispatcher::stage(SentHandler& h) {
   // kafka handler's run of a key is produced at once, its sink keeps it in
   // order (docs/kafka.md, "A busy key pipelined"); the key's next run waits
   // for this one's end (its held deliveries block the key in the claim).
-  ask.limits.per_key = h.doc.kind == core::HandlerKind::Kafka ? std::max(1, h.doc.options.key_window) : 1;
+  ask.limits.per_key = core::effective_key_window(h.doc.kind, h.doc.options);
   ask.aging_ms = cfg_.priority_aging_ms;
   ask.now_ms = now;
   ask.handed_out = [&pipeline](int64_t id) { return pipeline.holds(id); };
