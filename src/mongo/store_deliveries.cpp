@@ -108,8 +108,10 @@ std::vector<Delivery> Store::find_deliveries(const std::string& handler, const s
   // dispatch index and a sort of the handler's rows in these lanes). FerretDB
   // sorts the whole collection in Go (81 % of 0.1.0's time at 1,000 pending);
   // without a sort it streams rows in insertion order and stops at the limit.
-  // The sequencer inserts deliveries in _id order, so that order is _id order;
-  // retries stay in place, replays are in relay_deliveries, read first. The
+  // The sequencer inserts deliveries in _id order, so on the SQLite backend
+  // that order is _id order (retries stay in place, replays are in
+  // relay_deliveries, read first); on the PostgreSQL backend a retried row
+  // moves, and the claim's fence covers it (keeps_insertion_order). The
   // planner sorts what it gets.
   return find_in_segments(filter, handler, priority, limit, !is_ferretdb(), what);
 }
