@@ -23,11 +23,11 @@
 # from its first "lanes" log line (its lanes held, the backlog waiting: the
 # extension's resume) until /metrics counts every delivery completed. The
 # sidecar runs with --max-in-flight 4096 (the extension's pipeline bound)
-# and --poll-interval 20ms.
+# and --poll-interval 20ms, plus MONGO_ARGS (e.g. "--scan-window 64").
 #
 # Environment: N (20000), N1 (events at 1 key, 2000), SIZE (200), PRODUCER
 # (the handlers' producer option, default {}), WINDOWS, CONCURRENCY (the
-# handlers' concurrency, 1024), SIDECAR, PG_CONFIG (the build to measure,
+# handlers' concurrency, 1024), SIDECAR, MONGO_ARGS, PG_CONFIG (the build to measure,
 # installed there already: make install PG_CONFIG=...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +39,7 @@ PRODUCER=${PRODUCER:-\{\}}
 WINDOWS=${WINDOWS:-1 32}
 CONCURRENCY=${CONCURRENCY:-1024}
 SIDECAR=${SIDECAR:-}
+MONGO_ARGS=${MONGO_ARGS:-}
 PG_CONFIG=${PG_CONFIG:-$(bash "$(dirname "${BASH_SOURCE[0]}")/../scripts/pg-config.sh")}
 export PG_CONFIG PATH="$("$PG_CONFIG" --bindir):$PATH"
 
@@ -108,7 +109,7 @@ floor() {
 }
 
 payload_bytes=$(q -c "SELECT length(jsonb_build_object('p', repeat('x', $PAD))::text)")
-note "payload $payload_bytes bytes, producer $PRODUCER, concurrency $CONCURRENCY, windows $WINDOWS"
+note "payload $payload_bytes bytes, producer $PRODUCER, concurrency $CONCURRENCY, windows $WINDOWS${SIDECAR:+, sidecar on $SIDECAR $MONGO_ARGS}"
 rows=()
 for w in $WINDOWS; do
     rows+=("1 key|$w|$N1|$(run 1 "$N1" "$w")")
@@ -157,7 +158,7 @@ for i in range(0, count, 500):
 PY
     RELAYBUS_MONGO_URI=$MURI "$MBIN" sequence --database "$db" --log-level warn >/dev/null
     RELAYBUS_MONGO_URI=$MURI "$MBIN" run --database "$db" --instance bench --poll-interval 20ms --max-in-flight 4096 \
-        --metrics-listen 127.0.0.1:0 2>"$err" >/dev/null &
+        --metrics-listen 127.0.0.1:0 $MONGO_ARGS 2>"$err" >/dev/null &
     pid=$!
     PIDS+=("$pid")
     addr=
