@@ -159,6 +159,16 @@ none_pending_of() {  # DB HANDLER
     [[ "$($PYM -c "import pymongo, mongo_deliveries as md; print(md.count(pymongo.MongoClient('$URI')['$1'], {'handler': '$2'}))")" == 0 ]]
 }
 
+# kafka_db DB TOPIC OPTIONS [HANDLER]: a fresh database DB whose kafka
+# handler (k) produces into TOPIC, routed 'o.#'.
+kafka_db() {
+    DB=$1
+    "$BIN" init --database "$DB" >/dev/null
+    "$BIN" handler create "${4:-k}" kafka "kafka://$KAFKA_BOOTSTRAP/$2" --database "$DB" --options "$3" >/dev/null ||
+        die "handler create ${4:-k}"
+    "$BIN" route 'o.#' "${4:-k}" --database "$DB"
+}
+
 # ------------------------------------------------------------------ delivery: keys, order, headers, once each
 log "110 events (100 on 5 keys, 10 unkeyed) through the outbox into a 3-partition topic"
 DB=t_flow
@@ -224,12 +234,8 @@ if (($(date +%s%N) - t0 < 5000000000)); then pass "it stopped within 5 s"; else 
 # round, so the kill finds deliveries in flight and pending.
 KEYS=20
 log "kill -9 of the sidecar mid-delivery: 600 events on $KEYS keys"
-DB=t_kill
-"$BIN" init --database $DB >/dev/null
-"$BIN" handler create k kafka "kafka://$KAFKA_BOOTSTRAP/mk-kill" --database $DB \
-    --options '{"concurrency": 64, "key_window": 1, "backoff_base": "100ms", "backoff_max": "1s", "producer": {"linger.ms": "200"}}' \
-    >/dev/null || die "handler create k"
-"$BIN" route 'o.#' k --database $DB
+kafka_db t_kill mk-kill \
+    '{"concurrency": 64, "key_window": 1, "backoff_base": "100ms", "backoff_max": "1s", "producer": {"linger.ms": "200"}}'
 $PYM "$INTEG/mongo_preload.py" "$URI" $DB o.e 600 $KEYS --tag kill --many >"$TMP/pub_kill" || fail "preload"
 start_instance kill_a $DB
 PA=$IPID
@@ -297,12 +303,7 @@ PY
 # flight at once a few seconds. The kill comes while runs are in flight.
 HOT=1000
 log "a hot key: $HOT events in seq order with key_window 32, kill -9 of the sidecar mid-way"
-DB=t_hot
-"$BIN" init --database $DB >/dev/null
-"$BIN" handler create k kafka "kafka://$KAFKA_BOOTSTRAP/mk-hot" --database $DB \
-    --options '{"key_window": 32, "backoff_base": "100ms", "backoff_max": "1s", "producer": {"linger.ms": "100"}}' \
-    >/dev/null || die "handler create k"
-"$BIN" route 'o.#' k --database $DB
+kafka_db t_hot mk-hot '{"key_window": 32, "backoff_base": "100ms", "backoff_max": "1s", "producer": {"linger.ms": "100"}}'
 $PYM "$INTEG/mongo_preload.py" "$URI" $DB o.e $HOT 1 --tag hot --many >"$TMP/pub_hot" || fail "preload"
 start_instance hot_a $DB
 PA=$IPID
@@ -346,13 +347,8 @@ stop_instance $PB
 # max.message.bytes; batch.size below it keeps the broker's refusal to that
 # one's batch. Published before the sidecar starts, so the ten are one run.
 log "a message too large for its topic at seq 5 of a run of 10 of one key"
-DB=t_gap
-"$BIN" init --database $DB >/dev/null
 kafka_create_topic mk-gap 1 max.message.bytes=2000 || die "could not create topic mk-gap"
-"$BIN" handler create gap kafka "kafka://$KAFKA_BOOTSTRAP/mk-gap" --database $DB \
-    --options '{"key_window": 16, "backoff_base": "100ms", "max_attempts": 10, "producer": {"batch.size": "1500"}}' \
-    >/dev/null || die "handler create gap"
-"$BIN" route 'o.#' gap --database $DB
+kafka_db t_gap mk-gap '{"key_window": 16, "backoff_base": "100ms", "max_attempts": 10, "producer": {"batch.size": "1500"}}' gap
 for i in $(seq 1 10); do
     if ((i == 5)); then body="{\"i\": $i, \"blob\": \"$(head -c 5000 /dev/zero | tr '\0' x)\"}"; else body="{\"i\": $i}"; fi
     "$BIN" publish o.e "$body" --key g --database $DB >/dev/null || fail "publish $i"
@@ -397,13 +393,9 @@ stop_instance $PGAP
 # resume once the broker is back.
 OUTAGE_S=${KAFKA_OUTAGE_S:-10}
 log "the broker away ${OUTAGE_S}s: 4 keys, runs of 32 in flight"
-DB=t_outage
-"$BIN" init --database $DB >/dev/null
 kafka_create_topic mk-outage 3 || die "could not create topic mk-outage"
-"$BIN" handler create k kafka "kafka://$KAFKA_BOOTSTRAP/mk-outage" --database $DB \
-    --options '{"key_window": 32, "timeout": "2s", "backoff_base": "200ms", "backoff_max": "2s", "max_attempts": 1000, "producer": {"linger.ms": "100"}}' \
-    >/dev/null || die "handler create k"
-"$BIN" route 'o.#' k --database $DB
+kafka_db t_outage mk-outage \
+    '{"key_window": 32, "timeout": "2s", "backoff_base": "200ms", "backoff_max": "2s", "max_attempts": 1000, "producer": {"linger.ms": "100"}}'
 $PYM "$INTEG/mongo_preload.py" "$URI" $DB o.e 1200 4 --tag before --many >"$TMP/pub_out1" || fail "preload"
 start_instance outage $DB
 PO=$IPID
