@@ -148,15 +148,18 @@ mrun() {
     RELAYBUS_MONGO_URI=$MURI "$MBIN" handler create "$name" kafka "kafka://$BOOT/bench-m$backend-$name" --database "$db" \
         --options "{\"concurrency\": $CONCURRENCY, \"key_window\": $window, \"producer\": $PRODUCER}" >/dev/null
     RELAYBUS_MONGO_URI=$MURI "$MBIN" route "bench.#" "$name" --database "$db" >/dev/null
-    $PYM - "$MURI" "$db" "$keys" "$count" "$PAD" <<'PY'
+    # 1,000 at a time: FerretDB's sequencer reads the whole outbox and its
+    # delete of 20,000 outbox documents outlasted the client's socket timeout.
+    for ((from = 1; from <= count; from += 1000)); do
+        $PYM - "$MURI" "$db" "$keys" "$from" "$((from + 999 < count ? from + 999 : count))" "$PAD" <<'PY'
 import sys, pymongo
-uri, db, keys, count, pad = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-out = pymongo.MongoClient(uri)[db].relay_outbox
-docs = [{"topic": "bench.e", "payload": {"p": "x" * pad}, "key": "k-%d" % (i % keys)} for i in range(1, count + 1)]
-for i in range(0, count, 500):
-    out.insert_many(docs[i:i + 500], ordered=True)
+uri, db, keys, first, last, pad = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+pymongo.MongoClient(uri)[db].relay_outbox.insert_many(
+    [{"topic": "bench.e", "payload": {"p": "x" * pad}, "key": "k-%d" % (i % keys)} for i in range(first, last + 1)],
+    ordered=True)
 PY
-    RELAYBUS_MONGO_URI=$MURI "$MBIN" sequence --database "$db" --log-level warn >/dev/null
+        RELAYBUS_MONGO_URI=$MURI "$MBIN" sequence --database "$db" --log-level error >/dev/null
+    done
     RELAYBUS_MONGO_URI=$MURI "$MBIN" run --database "$db" --instance bench --poll-interval 20ms --max-in-flight 4096 \
         --metrics-listen 127.0.0.1:0 $MONGO_ARGS 2>"$err" >/dev/null &
     pid=$!

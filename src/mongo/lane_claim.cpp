@@ -29,9 +29,7 @@ LaneClaim LaneClaimer::claim(const std::string& handler, const ClaimAsk& ask) {
   cfg.fixed_window = std::max(64, ask.window / 2);
   cfg.key_walk = false;
   cfg.fence_in_fetch = false;
-  // Unsorted windows (FerretDB) hold a key's rows in seq order only where a
-  // retry's update stays in place; elsewhere the fence finds what they hide.
-  cfg.class_window_in_seq_order = store_.keeps_insertion_order();
+  cfg.class_window_in_seq_order = store_.is_ferretdb();
   cfg.ids_follow_seq = false;
   core::ClaimScan scan(cfg, &hints_[handler]);
 

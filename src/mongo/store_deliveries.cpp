@@ -106,14 +106,15 @@ std::vector<Delivery> Store::find_deliveries(const std::string& handler, const s
   }
   // The oldest `limit` rows. MongoDB: _id order (the _id index, or the
   // dispatch index and a sort of the handler's rows in these lanes). FerretDB
-  // sorts the whole collection in Go (81 % of 0.1.0's time at 1,000 pending);
-  // without a sort it streams rows in insertion order and stops at the limit.
-  // The sequencer inserts deliveries in _id order, so on the SQLite backend
-  // that order is _id order (retries stay in place, replays are in
-  // relay_deliveries, read first); on the PostgreSQL backend a retried row
-  // moves, and the claim's fence covers it (keeps_insertion_order). The
-  // planner sorts what it gets.
-  return find_in_segments(filter, handler, priority, limit, !is_ferretdb(), what);
+  // sorts in Go whatever the filter matches, a segment's rows at most (256
+  // ids); without a sort it streams rows in their physical order and stops
+  // at the limit. On the SQLite backend that is insertion order, which is _id
+  // order (the sequencer inserts in _id order, a retry's update stays in
+  // place, replays are in relay_deliveries, read first), so no sort; on the
+  // PostgreSQL backend a retry's update moves its row, and a window cut at
+  // the limit would hold a key's later rows without it. The planner sorts
+  // what it gets.
+  return find_in_segments(filter, handler, priority, limit, !keeps_insertion_order(), what);
 }
 
 std::vector<Delivery> Store::find_in_segments(const bson_t* filter, const std::string& handler, const int* priority,

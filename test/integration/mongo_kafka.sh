@@ -418,8 +418,8 @@ else
 fi
 check_eq "nothing is dead" none "$(dead_letter $DB k)"
 # On FerretDB's PostgreSQL backend a retried delivery's row moves, so an
-# unsorted window can hold a key's later deliveries without it: the claim
-# must not trust insertion order there, or the retried runs' keys skip ahead.
+# unsorted window can hold a key's later deliveries without it: the windows
+# are sorted there, or the retried runs' keys skip ahead.
 want_order=false
 [[ $FDB_BACKEND == sqlite ]] && want_order=true
 check_eq "the claim trusts unsorted windows only on the SQLite backend ($FDB_BACKEND)" \
