@@ -304,7 +304,7 @@ class Store {
   uint64_t commands_ = 0;
   std::map<std::string, uint64_t> by_op_;
   CommandObserver* observer_ = nullptr;
-  int depth_ = 0;      // commands in progress (nested: one bracket)
+  int depth_ = 0;             // commands in progress (nested: one bracket)
   int ferretdb_ = -1;         // unknown until is_ferretdb()
   int insertion_order_ = -1;  // unknown until keeps_insertion_order()
   // Segments (segments.cpp).
