@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <nlohmann/json.hpp>
@@ -691,6 +692,11 @@ std::string options_public_json(HandlerKind kind, const HandlerOptions& o) {
   } catch (const std::exception&) {
     return "{}";
   }
+}
+
+int handler_in_flight_limit(HandlerKind kind, const HandlerOptions& o) {
+  const int64_t window = effective_key_window(kind, o);
+  return static_cast<int>(std::min<int64_t>(kMaxHandlerInFlight, int64_t{std::max(1, o.concurrency)} * window));
 }
 
 }  // namespace relaybus::core

@@ -93,6 +93,13 @@ inline int effective_key_window(HandlerKind kind, const HandlerOptions& o) {
 // result. *out is written only on success (defaults for absent options).
 bool parse_handler_options(HandlerKind kind, std::string_view json_text, HandlerOptions* out, std::string* why);
 
+// A pipelining host's bound on a handler's messages in flight: a kafka
+// handler's concurrency counts keys' runs, each up to key_window messages
+// (librdkafka batches them, so a hot key is not held to the handful of
+// requests an http handler has out); at most kMaxHandlerInFlight.
+inline constexpr int kMaxHandlerInFlight = 4096;
+int handler_in_flight_limit(HandlerKind kind, const HandlerOptions& o);
+
 // Standard Webhooks' minimum: every signing key has at least 24 bytes.
 // Apart from parse_handler_options so that a stored shorter key (0.1.0 took
 // any length) still signs; creating or altering a handler refuses it.

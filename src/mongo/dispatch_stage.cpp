@@ -3,6 +3,7 @@
 // pipeline with their receipts.
 #include <algorithm>
 
+#include "core/handler_config.hpp"
 #include "mongo/dispatcher.hpp"
 #include "mongo/util.hpp"
 
@@ -33,14 +34,18 @@ void Dispatcher::stage(SentHandler& h) {
   core::DeliveryPipeline& pipeline = host_.pipeline();
   metrics_.breaker_open[h.doc.name] = pipeline.breaker_open(h.key);
   // The pipeline's claim-ahead rule (the PostgreSQL dispatchers' too), a batch at most.
-  const int cap = std::min(pipeline.room(h.key, h.doc.options.concurrency, now), cfg_.batch_size);
+  const int cap = std::min(pipeline.room(h.key, h.pipe->options.concurrency, now), cfg_.batch_size);
   if (cap <= 0) return;
 
   ClaimAsk ask;
   for (const auto& [lane, since] : leases_.claimable(now)) ask.lanes.push_back(lane);
   ask.window = claim_window_rows(cfg_);
   ask.limits.max = cap;
-  ask.limits.per_key = 1;  // HTTP requests run concurrently: one per key in flight keeps the order
+  // HTTP requests run concurrently: one per key in flight keeps the order. A
+  // kafka handler's run of a key is produced at once, its sink keeps it in
+  // order (docs/kafka.md, "A busy key pipelined"); the key's next run waits
+  // for this one's end (its held deliveries block the key in the claim).
+  ask.limits.per_key = core::effective_key_window(h.doc.kind, h.doc.options);
   ask.aging_ms = cfg_.priority_aging_ms;
   ask.now_ms = now;
   ask.handed_out = [&pipeline](int64_t id) { return pipeline.holds(id); };

@@ -32,6 +32,7 @@ void HandlerCatalog::load(std::vector<HandlerDoc> docs, const std::vector<std::s
     pipe->name = hs.doc.name;
     pipe->target = hs.doc.target;
     pipe->options = hs.doc.options;
+    pipe->options.concurrency = core::handler_in_flight_limit(hs.doc.kind, hs.doc.options);
     hs.pipe = std::move(pipe);
   }
   for (auto it = sent_.begin(); it != sent_.end();) it = seen.count(it->first) ? std::next(it) : sent_.erase(it);

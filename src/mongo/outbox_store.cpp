@@ -2,6 +2,7 @@
 // write here is idempotent: a sequencer that crashed, or lost its role, and
 // whose work is redone writes the same documents again (duplicates count as done).
 #include <cstdlib>
+#include <cstring>
 
 #include "mongo/outbox.hpp"
 #include "mongo/outbox_order.hpp"
@@ -260,6 +261,30 @@ bool Store::is_ferretdb() {
   bson_iter_t it;
   ferretdb_ = bson_iter_init_find(&it, reply, "ferretdbVersion") ? 1 : 0;
   return ferretdb_ == 1;
+}
+
+bool Store::keeps_insertion_order() {
+  if (insertion_order_ >= 0) return insertion_order_ == 1;
+  if (!is_ferretdb()) {
+    insertion_order_ = 0;
+    return false;
+  }
+  Bson cmd, reply;
+  BSON_APPEND_UTF8(cmd, "getLog", "startupWarnings");
+  bson_error_t err;
+  const auto command = count("getLog");
+  if (!mongoc_client_command_simple(client_, "admin", cmd, nullptr, reply, &err)) raise_store_error("getLog", err);
+  // A JSON log line whose msg is "Powered by FerretDB v1.24.2 and SQLite
+  // 3.46.0." once its backend is connected (the claim asks after the lease
+  // commands), "Powered by FerretDB v1.24.2." before: then the safe answer.
+  bson_iter_t it, line;
+  if (bson_iter_init_find(&it, reply, "log") && BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &line))
+    while (insertion_order_ < 0 && bson_iter_next(&line))
+      if (BSON_ITER_HOLDS_UTF8(&line) && strstr(bson_iter_utf8(&line, nullptr), "Powered by FerretDB ") != nullptr)
+        insertion_order_ = strstr(bson_iter_utf8(&line, nullptr), " and SQLite ") != nullptr ? 1 : 0;
+  if (insertion_order_ < 0) insertion_order_ = 0;
+  log_info("FerretDB's unsorted reads", {{"insertion_order", insertion_order_ == 1}});
+  return insertion_order_ == 1;
 }
 
 }  // namespace relaybus::mongo

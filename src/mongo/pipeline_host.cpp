@@ -28,6 +28,8 @@ bool PipelineHost::ensure(const Config& cfg, std::mt19937_64& rng) {
   }
   sink_ = std::make_unique<core::HttpSink>(*engine_);
   kafka_sink_ = std::make_unique<core::KafkaSink>();
+  // The loop polls the sink by its deadlines too (WaitSet::wait).
+  kafka_sink_->set_pipelined(true);
   if (!kafka_sink_->ok()) {
     log_error("the kafka producers' wake-up pipe could not be made");
     kafka_sink_.reset();

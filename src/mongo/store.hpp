@@ -223,6 +223,12 @@ class Store {
   // FerretDB (buildInfo has ferretdbVersion): it evaluates filters and sorts in
   // Go over whole collections, but stops early at a limit without a sort. Asked once.
   bool is_ferretdb();
+  // A read without a sort returns a collection's rows in insertion order, and
+  // an update leaves its row there: FerretDB on its SQLite backend, named in
+  // getLog's startupWarnings. Not on its PostgreSQL backend (an update writes
+  // a new row version wherever there is room), nor while FerretDB names no
+  // backend yet. Asked once.
+  bool keeps_insertion_order();
   // ---- Delivery segments (segments.cpp).
   // The sequencer, before it inserts deliveries: each segment they fall in
   // is recorded in relay_segments with their priority classes (and gets its
@@ -298,8 +304,9 @@ class Store {
   uint64_t commands_ = 0;
   std::map<std::string, uint64_t> by_op_;
   CommandObserver* observer_ = nullptr;
-  int depth_ = 0;      // commands in progress (nested: one bracket)
-  int ferretdb_ = -1;  // unknown until is_ferretdb()
+  int depth_ = 0;             // commands in progress (nested: one bracket)
+  int ferretdb_ = -1;         // unknown until is_ferretdb()
+  int insertion_order_ = -1;  // unknown until keeps_insertion_order()
   // Segments (segments.cpp).
   std::vector<Segment> segments_;  // relay_deliveries first
   int64_t segments_read_ms_ = -1;

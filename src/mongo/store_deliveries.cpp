@@ -2,6 +2,7 @@
 // reads, the fence, and what ends an attempt (complete, fail). A malformed
 // document whose _id is not an integer cannot be addressed by these calls;
 // the dispatcher leaves it alone and `stats` counts it.
+#include <algorithm>
 #include <map>
 
 #include "core/lane_hash.hpp"
@@ -105,12 +106,15 @@ std::vector<Delivery> Store::find_deliveries(const std::string& handler, const s
   }
   // The oldest `limit` rows. MongoDB: _id order (the _id index, or the
   // dispatch index and a sort of the handler's rows in these lanes). FerretDB
-  // sorts the whole collection in Go (81 % of 0.1.0's time at 1,000 pending);
-  // without a sort it streams rows in insertion order and stops at the limit.
-  // The sequencer inserts deliveries in _id order, so that order is _id order;
-  // retries stay in place, replays are in relay_deliveries, read first. The
-  // planner sorts what it gets.
-  return find_in_segments(filter, handler, priority, limit, !is_ferretdb(), what);
+  // sorts in Go whatever the filter matches, a segment's rows at most (256
+  // ids); without a sort it streams rows in their physical order and stops
+  // at the limit. On the SQLite backend that is insertion order, which is _id
+  // order (the sequencer inserts in _id order, a retry's update stays in
+  // place, replays are in relay_deliveries, read first), so no sort; on the
+  // PostgreSQL backend a retry's update moves its row, and a window cut at
+  // the limit would hold a key's later rows without it. The planner sorts
+  // what it gets.
+  return find_in_segments(filter, handler, priority, limit, !keeps_insertion_order(), what);
 }
 
 std::vector<Delivery> Store::find_in_segments(const bson_t* filter, const std::string& handler, const int* priority,
@@ -252,30 +256,39 @@ void Store::fail(const std::vector<Failure>& failures, int64_t now_ms) {
   const auto retries_by = group(retry_ids);
   const auto deads_by = group(dead_ids);
   bson_error_t err;
-  for (const auto& [c, retries] : retries_by) {
-    Bson bopts;
-    BSON_APPEND_BOOL(bopts, "ordered", false);
-    mongoc_bulk_operation_t* bulk = mongoc_collection_create_bulk_operation_with_opts(c, bopts);
-    for (const Failure* f : retries) {
-      Bson sel, upd;
-      BSON_APPEND_INT64(sel, "_id", f->id);
-      bson_t set, inc;
-      bson_append_document_begin(upd, "$set", 4, &set);
-      BSON_APPEND_DATE_TIME(&set, "not_before", f->not_before_ms);
-      BSON_APPEND_UTF8(&set, "last_error", core::text::truncate_utf8(f->error, 1000).c_str());
-      BSON_APPEND_INT32(&set, "last_status", f->status);
-      bson_append_document_end(upd, &set);
-      bson_append_document_begin(upd, "$inc", 4, &inc);
-      BSON_APPEND_INT32(&inc, "attempt", 1);
-      bson_append_document_end(upd, &inc);
-      mongoc_bulk_operation_update_one_with_opts(bulk, sel, upd, nullptr, &err);
+  // At most kRetriesPerCommand updates per command: FerretDB v1.24's SQLite
+  // backend keeps a pooled connection open for each update of a command
+  // until the command ends, and one of about 100 updates (a kafka handler's
+  // purged runs, all retried at once) waited for a connection forever,
+  // every later command on the database behind it.
+  constexpr size_t kRetriesPerCommand = 32;
+  for (const auto& [c, all_retries] : retries_by)
+    for (size_t from = 0; from < all_retries.size(); from += kRetriesPerCommand) {
+      const std::vector<const Failure*> retries(
+          all_retries.begin() + from, all_retries.begin() + std::min(all_retries.size(), from + kRetriesPerCommand));
+      Bson bopts;
+      BSON_APPEND_BOOL(bopts, "ordered", false);
+      mongoc_bulk_operation_t* bulk = mongoc_collection_create_bulk_operation_with_opts(c, bopts);
+      for (const Failure* f : retries) {
+        Bson sel, upd;
+        BSON_APPEND_INT64(sel, "_id", f->id);
+        bson_t set, inc;
+        bson_append_document_begin(upd, "$set", 4, &set);
+        BSON_APPEND_DATE_TIME(&set, "not_before", f->not_before_ms);
+        BSON_APPEND_UTF8(&set, "last_error", core::text::truncate_utf8(f->error, 1000).c_str());
+        BSON_APPEND_INT32(&set, "last_status", f->status);
+        bson_append_document_end(upd, &set);
+        bson_append_document_begin(upd, "$inc", 4, &inc);
+        BSON_APPEND_INT32(&inc, "attempt", 1);
+        bson_append_document_end(upd, &inc);
+        mongoc_bulk_operation_update_one_with_opts(bulk, sel, upd, nullptr, &err);
+      }
+      Bson reply;
+      const auto command = count("update");
+      uint32_t ok = mongoc_bulk_operation_execute(bulk, reply, &err);
+      mongoc_bulk_operation_destroy(bulk);
+      if (!ok) raise_store_error("record retries", err);
     }
-    Bson reply;
-    const auto command = count("update");
-    uint32_t ok = mongoc_bulk_operation_execute(bulk, reply, &err);
-    mongoc_bulk_operation_destroy(bulk);
-    if (!ok) raise_store_error("record retries", err);
-  }
   std::vector<int64_t> all_dead;
   for (const auto& [c, deads] : deads_by) {
     // Read the documents (one find), write them as dead letters (one insert),

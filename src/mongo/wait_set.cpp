@@ -30,6 +30,10 @@ Signals WaitSet::wait(int64_t max_ms, core::HttpEngine* engine, MetricsServer& s
     int64_t et = engine->timeout_ms();
     if (et >= 0) t = std::min(t, et);
   }
+  // A pipelined kafka message's timeout is the sink's own (librdkafka never
+  // times it out): the wait ends at its deadline and the sink is polled.
+  const int64_t kafka_due = kafka ? kafka->next_deadline_in_ms() : -1;
+  if (kafka_due >= 0) t = std::min(t, kafka_due + 1);
   t = std::max<int64_t>(0, t);
   int n = poll(fds.data(), fds.size(), static_cast<int>(t));
   if (n < 0 && errno != EINTR) log_warn("poll failed", {{"error", strerror(errno)}});
@@ -54,7 +58,7 @@ Signals WaitSet::wait(int64_t max_ms, core::HttpEngine* engine, MetricsServer& s
       engine->on_socket(p.fd, failed || (p.revents & POLLIN), failed || (p.revents & POLLOUT));
     }
   if (fds[engine_to].revents & POLLIN) server.serve_api();
-  if (fds[kafka_at].revents & POLLIN) kafka->poll();
+  if ((fds[kafka_at].revents & POLLIN) || (kafka && kafka_due >= 0 && kafka->next_deadline_in_ms() == 0)) kafka->poll();
   if (kafka)
     for (const std::string& line : kafka->take_log()) log_warn(line);  // librdkafka's errors and warnings
   if (engine && (engine->timeout_ms() == 0 || n == 0)) engine->on_timeout();

@@ -598,3 +598,34 @@ TEST(HandlerOptions, KeyWindowIsKafkaOnlyAndBounded) {
   EXPECT_NE(options_public_json(K::Kafka, o).find("\"key_window\":7"), std::string::npos);
   EXPECT_EQ(options_public_json(K::Http, o).find("key_window"), std::string::npos);
 }
+
+TEST(HandlerOptions, InFlightLimitCountsAKafkaHandlersRunsOfKeys) {
+  HandlerOptions o;
+  o.concurrency = 16;
+  o.key_window = 32;
+  EXPECT_EQ(handler_in_flight_limit(K::Kafka, o), 512);
+  EXPECT_EQ(handler_in_flight_limit(K::Http, o), 16);  // key_window is kafka's only
+  o.key_window = 1;
+  EXPECT_EQ(handler_in_flight_limit(K::Kafka, o), 16);
+  o.concurrency = 64;
+  o.key_window = 1000;
+  EXPECT_EQ(handler_in_flight_limit(K::Kafka, o), kMaxHandlerInFlight);
+  o.concurrency = 0;
+  o.key_window = 0;
+  EXPECT_EQ(handler_in_flight_limit(K::Kafka, o), 1);
+}
+
+// The key_window the catalog gives a handler and the one its in-flight bound
+// counts are the same rule: an http handler given a key_window (or a kafka
+// one given a nonsense 0) bounds both at one delivery per key.
+TEST(HandlerOptions, InFlightLimitCountsTheEffectiveKeyWindow) {
+  HandlerOptions o;
+  o.concurrency = 3;
+  for (int w : {-5, 0, 1, 2, 32, 1000}) {
+    o.key_window = w;
+    for (K k : {K::Kafka, K::Http, K::Notify, K::Pull}) {
+      EXPECT_EQ(handler_in_flight_limit(k, o), 3 * effective_key_window(k, o)) << w;
+      EXPECT_EQ(effective_key_window(k, o), k == K::Kafka && w > 1 ? w : 1) << w;
+    }
+  }
+}

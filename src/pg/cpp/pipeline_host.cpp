@@ -21,7 +21,6 @@ namespace relaybus::pg {
 namespace {
 
 static_assert(sizeof(core::Receipt) == sizeof(uint64_t[2]), "a receipt carries a lease token");
-constexpr int64_t kMaxHandlerInFlight = 4096;  // host_ensure's bound on the engine's max_total
 
 // The dispatcher's side of core::DeliveryPipeline (queue, claim-ahead, breaker,
 // expiry, classification and batching are the pipeline's).
@@ -86,12 +85,8 @@ class PgDeliveryStore final : public core::DeliveryStore {
 };
 PgDeliveryStore store;
 
-// A pipelined kafka handler's concurrency counts keys' runs in flight, each up
-// to key_window messages: librdkafka batches them, so a hot key's window is
-// not held to the handful of requests an http handler would have out.
 int in_flight_limit(core::HandlerKind kind, const core::HandlerOptions& o) {
-  const int64_t window = core::effective_key_window(kind, o);
-  return static_cast<int>(std::min<int64_t>(kMaxHandlerInFlight, int64_t{std::max(1, o.concurrency)} * window));
+  return core::handler_in_flight_limit(kind, o);
 }
 
 // For the calls whose failure changes nothing (the old answer stands).
@@ -115,7 +110,7 @@ bool host_ensure(const char* setting, int max_in_flight, ErrorRecord* err) noexc
       engine_allowlist = setting;
       return;
     }
-    opts.max_total = std::clamp(max_in_flight, 1, static_cast<int>(kMaxHandlerInFlight));
+    opts.max_total = std::clamp(max_in_flight, 1, core::kMaxHandlerInFlight);
     engine = std::make_unique<core::HttpEngine>(opts);
     engine_allowlist = setting;
     if (!engine->ok()) {
