@@ -694,6 +694,12 @@ RETURNS SETOF record LANGUAGE sql STABLE AS $$
     SELECT NULL::integer, NULL::bigint, NULL::float8, NULL::float8, NULL::float8, NULL::bigint WHERE false
 $$;
 
+-- No dispatcher here enforces rate or max_concurrency (docs/managed.md).
+CREATE FUNCTION relay._handler_limits(OUT handler_id integer, OUT held_back bigint, OUT limited boolean)
+RETURNS SETOF record LANGUAGE sql STABLE AS $$
+    SELECT NULL::integer, NULL::bigint, NULL::boolean WHERE false
+$$;
+
 -- The heads of the handler's four priority classes in the claim index.
 CREATE FUNCTION relay._oldest_pending(handler_id integer) RETURNS timestamptz
 LANGUAGE sql STABLE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
