@@ -10,6 +10,9 @@
 #     rate sends in a second or two, relay.handler_stats says `limited`
 #     meanwhile; another handler of the database is served at once
 #     throughout; a relay_alter_handler raising the rate to 200 takes effect.
+#   - Dispatchers that exit with both permits of a max_concurrency 2 handler
+#     (their requests held by the receiver) give them back: their successors
+#     deliver the rest.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 
@@ -121,4 +124,23 @@ EOF
 log "before the change $(r before) arrivals/s, from a second after it $(r after)/s"
 check "relay_alter_handler raising rate to 200 takes effect (>= 150/s: $(r after))" \
     awk -v v="$(r after)" 'BEGIN { exit !(v >= 150) }'
+
+# Permits of dispatchers that exit --------------------------------------------
+http_handler "$db" held "$URL/held" '{"concurrency": 2, "max_concurrency": 2, "timeout": "60s"}' 'held.t' ||
+    die "handler held"
+recv_plan "$RECV_PORT" /held "[{\"hold\": \"$TMP/go\"}, {\"hold\": \"$TMP/go\"}]" || die "receiver control"
+sql "$db" "SELECT relay_publish('held.t', jsonb_build_object('i', i), 'k' || i) FROM generate_series(1, 6) i" >/dev/null
+check "held: 2 requests go out and are held" wait_requests "$LOG" /held 2 20
+sleep 1
+check_eq "held: no third while both permits are out" 2 "$(recv_count "$LOG" /held)"
+old=$(dispatcher_pids "$db" | tr '\n' ' ')
+sql "$db" "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'relaybus dispatcher'
+             AND datname = current_database()" >/dev/null
+gone() { [[ -z "$(comm -12 <(dispatcher_pids "$db") <(tr ' ' '\n' <<<"$old" | sed '/^$/d'))" ]]; }
+check "the dispatchers holding the permits exit" wait_until 30 gone
+check "two new dispatchers serve the database" wait_workers "$db" 2 30
+# The two held deliveries stay leased to their old holders until the leases
+# lapse; the other four need the permits.
+check "held: their successors send the other 4 (the permits came back)" wait_requests "$LOG" /held 6 30
+touch "$TMP/go"
 finish
