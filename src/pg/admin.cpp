@@ -245,4 +245,3 @@ extern "C" Datum relay_handler_limits(PG_FUNCTION_ARGS) {
   }
   return (Datum)0;
 }
-

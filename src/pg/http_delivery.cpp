@@ -100,8 +100,7 @@ bool ensure_engine() {
   return host_running();
 }
 
-
-// http_limits_start
+// The database and the share (worker_index) of this dispatcher in the shared limits: http_limits_start.
 Oid limit_db = InvalidOid;
 int limit_share = -1;
 

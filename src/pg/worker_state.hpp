@@ -97,9 +97,9 @@ struct HandlerLimit {
   // Permits held per dispatcher (its worker_index): a dispatcher that exits,
   // or the next one of its index, gives its share back at once.
   int32 in_flight[kMaxWorkersPerDatabase];
-  double tokens;       // the rate's bucket
-  int64 tokens_at_ms;  // when tokens was last brought up to date; 0: a full bucket
-  uint64 held_back;    // deliveries that waited for a permit
+  double tokens;          // the rate's bucket
+  int64 tokens_at_ms;     // when tokens was last brought up to date; 0: a full bucket
+  uint64 held_back;       // deliveries that waited for a permit
   int64 held_back_at_ms;  // the last refusal (Unix ms)
 };
 

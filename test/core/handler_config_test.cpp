@@ -615,7 +615,8 @@ TEST(HandlerOptions, SharedLimitsAreHttpAndKafkaOnlyAndBounded) {
   const std::string conc = "option \"max_concurrency\" must be an integer between 1 and 100000";
   for (const char* v : {"0", "100001", "-1", "1.5", "\"2\"", "true"})
     EXPECT_EQ(opts_bad(K::Http, std::string(R"({"max_concurrency": )") + v + "}"), conc) << v;
-  const std::string rate = "option \"rate\" must be a number of deliveries per second greater than 0 and at most 100000";
+  const std::string rate =
+      "option \"rate\" must be a number of deliveries per second greater than 0 and at most 100000";
   for (const char* v : {"0", "-0.5", "100000.5", "1e300", "\"50\"", "[]"})
     EXPECT_EQ(opts_bad(K::Http, std::string(R"({"rate": )") + v + "}"), rate) << v;
   EXPECT_EQ(opts_bad(K::Http, R"({"rate": 5, "burst": 0})"),

@@ -81,13 +81,15 @@ t = [r["t"] for r in paced]
 # After the first second (the burst): arrivals per second to the last one.
 start = t[0] + 1.0
 later = [x for x in t if x >= start]
+if len(later) < 2:  # all within the first second: no pacing at all
+    later = t
 waits = [r["t"] - float(r["env"]["payload"]["sent"]) for r in quick]
 last, disorder = {}, 0
 for r in paced:
     k, i = r["env"]["key"], r["env"]["payload"]["i"]
     disorder += last.get(k, 0) > i
     last[k] = i
-http_log.facts(dict(rate=f"{(len(later) - 1) / (later[-1] - later[0]):.1f}", span=f"{t[-1] - t[0]:.1f}",
+http_log.facts(dict(rate=f"{(len(later) - 1) / max(later[-1] - later[0], 1e-3):.1f}", span=f"{t[-1] - t[0]:.1f}",
                     quick_max_ms=int(max(waits) * 1000), disorder=disorder))
 EOF
 log "rate 50, burst 5: $(r rate) arrivals/s over $(r span) s; quick's slowest event took $(r quick_max_ms) ms"
