@@ -22,7 +22,9 @@
 # on a busy machine, unlike the wall clock. CG_OUT keeps the dump.
 #
 # Environment: N (20000; callgrind 4000), C (64), D (1), REPS (3), WRK_SECS (5),
-# MODE (time|callgrind|syscalls), CG_OUT (a file to copy the callgrind dump to).
+# MODE (time|callgrind|syscalls), CG_OUT (a file to copy the callgrind dump to),
+# HANDLER_OPTS (more handler options, a JSON object's members: e.g.
+# '"max_concurrency": 100000' for the cost of a limit that never holds back).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -88,7 +90,7 @@ fi
 SECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
 q -c "CREATE EXTENSION relaybus"
 q -c "SELECT relay_create_handler('bench', 'http', 'http://127.0.0.1:$PORT/hook',
-                                  '{\"secret\": \"$SECRET\", \"concurrency\": $C}')" \
+                                  '{\"secret\": \"$SECRET\", \"concurrency\": $C${HANDLER_OPTS:+, $HANDLER_OPTS}}')" \
   -c "SELECT relay_route('bench.ev', 'bench')" >/dev/null
 PAYLOAD='{"order_id": 123456, "customer": "c-000042", "amount": 129.95, "currency": "EUR", "items": 3, "note": "bench"}'
 

@@ -215,6 +215,11 @@ CREATE FUNCTION relay._handler_sends(OUT handler_id integer, OUT sends bigint,
                                      OUT send_sum_seconds float8, OUT delivered_after_gap bigint)
 RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_sends' LANGUAGE C;
 
+-- Handlers with rate or max_concurrency: deliveries that waited for a permit
+-- since server start, and whether one was refused within the last second.
+CREATE FUNCTION relay._handler_limits(OUT handler_id integer, OUT held_back bigint, OUT limited boolean)
+RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_limits' LANGUAGE C;
+
 -- The publish time of a handler's oldest pending delivery: the heads of its
 -- four priority classes in the claim index (a constant cost).
 CREATE FUNCTION relay._oldest_pending(handler_id integer) RETURNS timestamptz
@@ -583,10 +588,13 @@ SELECT h.name AS handler,
        current_database() AS database,
        s.send_p50_ms,
        s.send_p99_ms,
-       coalesce(s.delivered_after_gap, 0) AS delivered_after_gap
+       coalesce(s.delivered_after_gap, 0) AS delivered_after_gap,
+       coalesce(lim.held_back, 0) AS held_back,
+       coalesce(lim.limited, false) AS limited
   FROM relay.handlers h
   LEFT JOIN relay._handler_counters() c ON c.handler_id = h.id
   LEFT JOIN relay._handler_sends() s ON s.handler_id = h.id
+  LEFT JOIN relay._handler_limits() lim ON lim.handler_id = h.id
   LEFT JOIN LATERAL (
         SELECT count(*) AS pending,
                count(*) FILTER (WHERE dd.not_before <= now()) AS ready,
@@ -635,11 +643,14 @@ SELECT current_database() AS database,
        coalesce(c.breaker_until > now(), false) AS breaker_open,
        coalesce(s.sends, 0) AS sends,
        coalesce(s.send_sum_seconds, 0) AS send_sum_seconds,
-       coalesce(s.delivered_after_gap, 0) AS delivered_after_gap
+       coalesce(s.delivered_after_gap, 0) AS delivered_after_gap,
+       coalesce(lim.held_back, 0) AS held_back,
+       coalesce(lim.limited, false) AS limited
   FROM relay.handlers h
   CROSS JOIN relay._pending_counted() AS counted(ok)
   LEFT JOIN relay._handler_counters() c ON c.handler_id = h.id
   LEFT JOIN relay._handler_sends() s ON s.handler_id = h.id
+  LEFT JOIN relay._handler_limits() lim ON lim.handler_id = h.id
   LEFT JOIN relay._handler_totals() t ON t.handler_id = h.id
   LEFT JOIN (SELECT ls.handler_id, count(*) AS in_flight FROM relay._leases() ls
               WHERE ls.lease_until > clock_timestamp() GROUP BY ls.handler_id) l ON l.handler_id = h.id;
@@ -697,6 +708,7 @@ GRANT EXECUTE ON FUNCTION relay_claim(text, integer, interval, integer),
 -- ids and lease times, never payloads.
 GRANT EXECUTE ON FUNCTION relay._leases(), relay._handler_counters(), relay._workers() TO relay_consumer;
 GRANT EXECUTE ON FUNCTION relay._handler_counters(), relay._handler_totals(), relay._handler_sends(),
+                          relay._handler_limits(),
                           relay._handler_latency_buckets(), relay._oldest_pending(integer),
                           relay._pending_counted(), relay._leases(), relay._workers()
     TO relay_monitor, relay_consumer;

@@ -378,6 +378,8 @@ DECLARE
     key      bytea;
     hdr      record;
     seen     text[] := '{}';
+    has_rate  boolean := false;
+    has_burst boolean := false;
     i        integer;
 BEGIN
     IF _validate_handler.name IS NULL THEN
@@ -436,7 +438,9 @@ BEGIN
             WHEN 'secret' THEN '{http}' WHEN 'headers' THEN '{http}' WHEN 'ack' THEN '{notify}'
             WHEN 'inline_payload' THEN '{notify}' WHEN 'envelope' THEN '{http,kafka}'
             WHEN 'producer' THEN '{kafka}' WHEN 'key_window' THEN '{kafka}'
-            WHEN 'retry_4xx' THEN '{http}' WHEN 'follow_redirects' THEN '{http}' END;
+            WHEN 'retry_4xx' THEN '{http}' WHEN 'follow_redirects' THEN '{http}'
+            WHEN 'max_concurrency' THEN '{http,kafka}' WHEN 'rate' THEN '{http,kafka}'
+            WHEN 'burst' THEN '{http,kafka}' END;
         why := NULL;
         IF kinds IS NULL THEN
             why := 'unknown option ' || relay._quote(opt.key);
@@ -452,6 +456,20 @@ BEGIN
             IF n IS NULL OR n <> trunc(n) OR n < 1 OR n > (CASE opt.key WHEN 'concurrency' THEN 1024 ELSE 1000 END) THEN
                 why := 'option "' || opt.key || '" must be an integer between 1 and '
                        || CASE opt.key WHEN 'concurrency' THEN 1024 ELSE 1000 END;
+            END IF;
+        ELSIF opt.key IN ('max_concurrency', 'burst') THEN
+            n := CASE WHEN jsonb_typeof(opt.value) = 'number' THEN (opt.value #>> '{}')::numeric END;
+            IF n IS NULL OR n <> trunc(n) OR n < 1 OR n > 100000 THEN
+                why := 'option "' || opt.key || '" must be an integer between 1 and 100000';
+            ELSIF opt.key = 'burst' THEN
+                has_burst := true;
+            END IF;
+        ELSIF opt.key = 'rate' THEN
+            n := CASE WHEN jsonb_typeof(opt.value) = 'number' THEN (opt.value #>> '{}')::numeric END;
+            IF n IS NULL OR n <= 0 OR n > 100000 THEN
+                why := 'option "rate" must be a number of deliveries per second greater than 0 and at most 100000';
+            ELSE
+                has_rate := true;
             END IF;
         ELSIF opt.key IN ('backoff_base', 'backoff_max', 'timeout', 'lease') THEN
             ms := CASE WHEN jsonb_typeof(opt.value) = 'string' THEN relay._duration_ms(opt.value #>> '{}') END;
@@ -541,6 +559,9 @@ BEGIN
             RAISE EXCEPTION 'invalid option: %', why USING ERRCODE = 'invalid_parameter_value';
         END IF;
     END LOOP;
+    IF has_burst AND NOT has_rate THEN
+        RAISE EXCEPTION 'invalid option: option "burst" needs option "rate"' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF max_ms < base_ms THEN
         RAISE EXCEPTION 'invalid option: option "backoff_max" (%) must not be less than backoff_base (%)',
             relay._format_ms(max_ms), relay._format_ms(base_ms) USING ERRCODE = 'invalid_parameter_value';
@@ -671,6 +692,12 @@ CREATE FUNCTION relay._handler_sends(OUT handler_id integer, OUT sends bigint,
                                      OUT send_sum_seconds float8, OUT delivered_after_gap bigint)
 RETURNS SETOF record LANGUAGE sql STABLE AS $$
     SELECT NULL::integer, NULL::bigint, NULL::float8, NULL::float8, NULL::float8, NULL::bigint WHERE false
+$$;
+
+-- No dispatcher here enforces rate or max_concurrency (docs/managed.md).
+CREATE FUNCTION relay._handler_limits(OUT handler_id integer, OUT held_back bigint, OUT limited boolean)
+RETURNS SETOF record LANGUAGE sql STABLE AS $$
+    SELECT NULL::integer, NULL::bigint, NULL::boolean WHERE false
 $$;
 
 -- The heads of the handler's four priority classes in the claim index.

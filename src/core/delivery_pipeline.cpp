@@ -66,6 +66,20 @@ DeliveryPipeline::DeliveryPipeline(DeliverySink& sink, PipelineOptions options, 
   options_.complete_batch = std::max(1, options_.complete_batch);
 }
 
+int DeliveryPipeline::room(int key, int concurrency, const HandlerOptions& limits, int64_t now_ms) {
+  int r = room(key, concurrency, now_ms);
+  if (!has_shared_limit(limits) || limiter_ == nullptr || r == 0) return r;
+  int64_t ahead = 1 << 20;
+  if (limits.max_concurrency > 0) ahead = 2 * int64_t{limits.max_concurrency};
+  if (limits.rate > 0)
+    ahead = std::min<int64_t>(ahead, std::max<int64_t>(effective_burst(limits), static_cast<int64_t>(limits.rate)));
+  auto q = queued_of_.find(key);
+  const int64_t held = static_cast<int64_t>(sink_.in_flight(key)) + (q == queued_of_.end() ? 0 : q->second);
+  // Half of it free first, as room() asks of the claim-ahead, so that one claim serves many sends.
+  if (ahead - held < (ahead + 1) / 2) return 0;
+  return static_cast<int>(std::min<int64_t>(r, ahead - held));
+}
+
 int DeliveryPipeline::room(int key, int concurrency, int64_t now_ms) {
   concurrency = std::max(1, concurrency);
   sink_.set_handler_limit(key, concurrency);
@@ -92,7 +106,11 @@ void DeliveryPipeline::enqueue(const std::shared_ptr<const PipelineHandler>& han
 }
 
 void DeliveryPipeline::pump(DeliveryStore& store, int64_t now_ms) {
+  next_permit_ms_ = -1;
   if (queue_.empty()) return;
+  // Handlers refused a permit in this pump: their later deliveries wait too
+  // (claim order, hence key order), whatever another process gives back meanwhile.
+  std::unordered_map<int, int> refused_permit;  // key -> deliveries that began waiting now
   std::vector<ClaimedDelivery> give_back;
   std::deque<Queued> keep;
   std::vector<std::pair<Sent, HttpResult>> refused;
@@ -123,9 +141,27 @@ void DeliveryPipeline::pump(DeliveryStore& store, int64_t now_ms) {
       keep.push_back(std::move(q));
       continue;
     }
+    bool permit = false;
+    if (limiter_ != nullptr && has_shared_limit(q.handler->options)) {
+      auto r = refused_permit.find(key);
+      int64_t retry_in_ms = 1;
+      if (r == refused_permit.end() && limiter_->acquire(*q.handler, now_ms, &retry_in_ms)) {
+        permit = true;
+      } else {
+        if (r == refused_permit.end()) {
+          r = refused_permit.emplace(key, 0).first;
+          const int64_t at = now_ms + std::max<int64_t>(1, retry_in_ms);
+          if (next_permit_ms_ < 0 || at < next_permit_ms_) next_permit_ms_ = at;
+        }
+        if (!q.waited) r->second++;
+        q.waited = true;
+        keep.push_back(std::move(q));
+        continue;
+      }
+    }
     queued_of_[key]--;
     std::string why;
-    Sent sent{q.handler, q.delivery.receipt, q.delivery.message.attempt, q.delivery.published, now_ms};
+    Sent sent{q.handler, q.delivery.receipt, q.delivery.message.attempt, q.delivery.published, now_ms, permit};
     if (!sink_.submit(*q.handler, q.delivery.message, now_ms, &why)) {
       // A request the sink refuses (bad URL or header) is a failed attempt.
       HttpResult failed;
@@ -140,6 +176,12 @@ void DeliveryPipeline::pump(DeliveryStore& store, int64_t now_ms) {
   }
   submits.reset();
   queue_.swap(keep);
+  for (const auto& [key, waited] : refused_permit)
+    for (const auto& q : queue_)
+      if (q.handler->key == key) {
+        limiter_->held_back(*q.handler, waited);
+        break;
+      }
   for (auto& [sent, result] : refused) finish(sent, result, now_ms, false);
   // Last: the store may throw; the pipeline is consistent by now.
   if (!give_back.empty()) store.release(give_back);
@@ -147,6 +189,7 @@ void DeliveryPipeline::pump(DeliveryStore& store, int64_t now_ms) {
 
 void DeliveryPipeline::finish(const Sent& sent, const HttpResult& result, int64_t now_ms, bool reached_sink) {
   const int key = sent.handler->key;
+  if (sent.permit) limiter_->release(*sent.handler);
   CircuitBreaker& b = breakers_[key];
   // A failure of a request sent before the breaker last opened says nothing
   // new about the endpoint: it neither reopens the breaker nor grows its
@@ -217,7 +260,10 @@ void DeliveryPipeline::release_queued(DeliveryStore& store) {
 
 void DeliveryPipeline::cancel_in_flight() {
   sink_.cancel_all();
-  for (const auto& kv : in_flight_) held_.erase(kv.first);
+  for (const auto& kv : in_flight_) {
+    held_.erase(kv.first);
+    if (kv.second.permit) limiter_->release(*kv.second.handler);
+  }
   in_flight_.clear();
 }
 

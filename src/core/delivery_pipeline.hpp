@@ -152,6 +152,23 @@ class DeliveryStore {
   virtual bool still_held(const ClaimedDelivery&, int64_t /*now_ms*/) { return true; }
 };
 
+// Permits of the limits a handler shares with other processes (its
+// max_concurrency and rate across a database's dispatchers: has_shared_limit).
+// The pipeline asks for one as an attempt is about to go out and gives it back
+// with the attempt's result; a handler refused waits, in claim order, while
+// the others go on. Calls must not throw.
+class HandlerLimiter {
+ public:
+  virtual ~HandlerLimiter() = default;
+  // A permit for one attempt now, or false and *retry_in_ms: when one may be
+  // free (a rate's next token; a guess for a concurrency permit another
+  // process may give back at any time).
+  virtual bool acquire(const PipelineHandler& handler, int64_t now_ms, int64_t* retry_in_ms) = 0;
+  virtual void release(const PipelineHandler& handler) = 0;
+  // waited deliveries began waiting for a permit in this pump (each counted once).
+  virtual void held_back(const PipelineHandler& handler, int waited) = 0;
+};
+
 struct PipelineOptions {
   int max_in_flight = 256;          // all handlers, in flight + queued
   int complete_batch = 16;          // completions flush at this many...
@@ -169,7 +186,16 @@ class DeliveryPipeline {
   // half of that is free, so one claim serves many requests; with its breaker
   // open, no more than it may send (0, or 1 for the probe); never beyond
   // max_in_flight for all handlers together.
+  // A handler with shared limits claims no more than those let it send soon:
+  // 2 x max_concurrency, and a second's worth of rate (at least its burst).
   int room(int key, int concurrency, int64_t now_ms);
+  int room(int key, int concurrency, const HandlerOptions& limits, int64_t now_ms);
+  // Where handlers with shared limits take their permits; nullptr (the
+  // default): their limits are not enforced.
+  void set_limiter(HandlerLimiter* limiter) { limiter_ = limiter; }
+  // When a delivery held back by its handler's limits may get a permit
+  // (pump again then), or -1.
+  int64_t next_permit_ms() const { return next_permit_ms_; }
   // Claimed deliveries, in claim order: sent by pump() once there is room,
   // given back instead if still queued after expires_ms.
   void enqueue(const std::shared_ptr<const PipelineHandler>& handler, std::vector<ClaimedDelivery> claimed,
@@ -212,6 +238,7 @@ class DeliveryPipeline {
     std::shared_ptr<const PipelineHandler> handler;
     ClaimedDelivery delivery;
     int64_t expires_ms;
+    bool waited = false;  // refused a permit once (HandlerLimiter::held_back counted it)
   };
   struct Sent {
     std::shared_ptr<const PipelineHandler> handler;
@@ -219,6 +246,7 @@ class DeliveryPipeline {
     int attempt;
     int64_t published;
     int64_t sent_ms;
+    bool permit = false;  // holds a HandlerLimiter permit
   };
   void finish(const Sent& sent, const HttpResult& result, int64_t now_ms, bool reached_sink);
 
@@ -234,6 +262,8 @@ class DeliveryPipeline {
   std::unordered_set<int64_t> held_;
   std::unordered_map<int, CircuitBreaker> breakers_;
   std::unordered_map<int, int64_t> opened_at_ms_;  // handler key -> when its breaker last (re)opened
+  HandlerLimiter* limiter_ = nullptr;
+  int64_t next_permit_ms_ = -1;
 };
 
 }  // namespace relaybus::core

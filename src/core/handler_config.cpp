@@ -313,6 +313,9 @@ const OptionRule* find_rule(std::string_view name) {
       {"retry_4xx", kHttp, "http handlers"},
       {"follow_redirects", kHttp, "http handlers"},
       {"lease", kAll, ""},
+      {"max_concurrency", kHttp | kKafka, "http and kafka handlers"},
+      {"rate", kHttp | kKafka, "http and kafka handlers"},
+      {"burst", kHttp | kKafka, "http and kafka handlers"},
   };
   for (const auto& r : kRules)
     if (name == r.name) return &r;
@@ -355,6 +358,17 @@ bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOpt
     } else if (name == "key_window") {
       ok = parse_int_option("key_window", v, 1, kMaxKeyWindow, &n, why);
       if (ok) o.key_window = static_cast<int>(n);
+    } else if (name == "max_concurrency" || name == "burst") {
+      ok = parse_int_option(name.c_str(), v, 1, kMaxLimitValue, &n, why);
+      if (ok) (name == "burst" ? o.burst : o.max_concurrency) = static_cast<int>(n);
+    } else if (name == "rate") {
+      const double r = v.is_number() ? v.get<double>() : 0;
+      ok = std::isfinite(r) && r > 0 && r <= kMaxLimitValue;
+      if (ok)
+        o.rate = r;
+      else
+        set_why(why, "option \"rate\" must be a number of deliveries per second greater than 0 and at most " +
+                         std::to_string(kMaxLimitValue));
     } else if (name == "backoff_base") {
       ok = parse_interval_option("backoff_base", "1s", v, 1, kMsPerDay, &o.backoff_base_ms, why);
     } else if (name == "backoff_max") {
@@ -384,6 +398,10 @@ bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOpt
       ok = parse_producer_option(v, &o.producer, why);
     }
     if (!ok) return false;
+  }
+  if (o.burst > 0 && o.rate <= 0) {
+    set_why(why, "option \"burst\" needs option \"rate\"");
+    return false;
   }
   if (o.backoff_max_ms < o.backoff_base_ms) {
     set_why(why, "option \"backoff_max\" (" + format_duration_ms(o.backoff_max_ms) +
@@ -644,6 +662,11 @@ bool parse_handler_options(HandlerKind kind, std::string_view json_text, Handler
   }
 }
 
+int effective_burst(const HandlerOptions& o) {
+  if (o.burst > 0) return o.burst;
+  return static_cast<int>(std::max(1.0, std::ceil(o.rate)));
+}
+
 bool check_secret_strength(const HandlerOptions& o, std::string* why) {
   static const std::string kShort = "option \"secret\" must be a key of at least 24 bytes (Standard Webhooks)";
   for (size_t i = 0; i < o.secrets.size(); ++i) {
@@ -678,6 +701,12 @@ std::string options_public_json(HandlerKind kind, const HandlerOptions& o) {
       json h = json::object();
       for (const auto& kv : o.headers) h[kv.first] = "[redacted]";
       j["headers"] = std::move(h);
+    }
+    // Only when set, as the defaults are "no limit".
+    if (o.max_concurrency > 0) j["max_concurrency"] = o.max_concurrency;
+    if (o.rate > 0) {
+      j["rate"] = o.rate;
+      j["burst"] = effective_burst(o);
     }
     if (kind == HandlerKind::Kafka) {
       j["timeout"] = format_duration_ms(o.timeout_ms);

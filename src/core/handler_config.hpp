@@ -45,6 +45,7 @@ bool validate_target(HandlerKind kind, std::string_view target, bool target_is_n
 // throughput tuned"), for at most 128 repeats per key after a crash.
 inline constexpr int kDefaultKeyWindow = 128;
 inline constexpr int kMaxKeyWindow = 1000;
+inline constexpr int kMaxLimitValue = 100000;
 
 struct HandlerOptions {
   int max_attempts = 10;            // 1..1000
@@ -73,6 +74,13 @@ struct HandlerOptions {
   // it; 1 waits for each message's acknowledgement before the next.
   int key_window = kDefaultKeyWindow;
   int64_t lease_ms = 30000;  // all; 1s..1d
+  // http, kafka: limits that hold across every dispatcher of a database
+  // (docs/sql-api.md). max_concurrency: attempts in flight, 0 = none;
+  // rate: attempts per second (a token bucket of `burst` tokens), 0 = none;
+  // burst 0 = the default, max(1, ceil(rate)) (effective_burst).
+  int max_concurrency = 0;  // 1..kMaxLimitValue
+  double rate = 0;          // > 0, <= kMaxLimitValue
+  int burst = 0;            // 1..kMaxLimitValue, only with rate
   // Not an option: set by the host that loads the handler, so a webhook-id is
   // unique across databases (PostgreSQL: "msg_<system identifier>_<database
   // oid>_"; relaybus-mongo: "msg_mongo_<database name>_"). Followed by the delivery id.
@@ -85,6 +93,12 @@ struct HandlerOptions {
 inline int effective_key_window(HandlerKind kind, const HandlerOptions& o) {
   return kind == HandlerKind::Kafka && o.key_window > 1 ? o.key_window : 1;
 }
+
+// Whether a handler has a limit shared by the dispatchers (rate or max_concurrency).
+inline bool has_shared_limit(const HandlerOptions& o) { return o.max_concurrency > 0 || o.rate > 0; }
+
+// The token bucket's size: burst, or max(1, ceil(rate)).
+int effective_burst(const HandlerOptions& o);
 
 // json_text is a JSON object (jsonb's text output). Unknown option names,
 // wrong types, out-of-range values and options not allowed for the kind fail

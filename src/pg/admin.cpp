@@ -22,6 +22,7 @@ PG_FUNCTION_INFO_V1(relay_lane_of);
 PG_FUNCTION_INFO_V1(relay_workers);
 PG_FUNCTION_INFO_V1(relay_handler_counters);
 PG_FUNCTION_INFO_V1(relay_handler_sends);
+PG_FUNCTION_INFO_V1(relay_handler_limits);
 }
 
 using namespace relaybus;
@@ -208,6 +209,30 @@ extern "C" Datum relay_handler_sends(PG_FUNCTION_ARGS) {
                   Float8GetDatum(static_cast<double>(c.send_sum_us) / 1e6),
                   Int64GetDatum(static_cast<int64>(c.delivered_after_gap))};
     bool n[6] = {false, false, p50 < 0, p99 < 0, false, false};
+    tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
+  }
+  return (Datum)0;
+}
+
+// relay._handler_limits(): per handler of this database with a shared limit
+// (rate, max_concurrency), its deliveries that waited for a permit since server
+// start, and whether one was refused within the last second (held back now).
+extern "C" Datum relay_handler_limits(PG_FUNCTION_ARGS) {
+  InitMaterializedSRF(fcinfo, 0);
+  auto* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+  if (workers == nullptr) return (Datum)0;
+  auto* copy = static_cast<HandlerLimit*>(palloc(sizeof(HandlerLimit) * kMaxHandlerStats));
+  int n_copied = 0;
+  SpinLockAcquire(&workers->limits_lock);
+  for (int i = 0; i < kMaxHandlerStats; i++)
+    if (workers->limits[i].dboid == MyDatabaseId) copy[n_copied++] = workers->limits[i];
+  SpinLockRelease(&workers->limits_lock);
+  const int64 now = timestamptz_to_epoch_ms(GetCurrentTimestamp());
+  for (int i = 0; i < n_copied; i++) {
+    const HandlerLimit& l = copy[i];
+    Datum v[3] = {Int32GetDatum(l.handler_id), Int64GetDatum(static_cast<int64>(l.held_back)),
+                  BoolGetDatum(l.held_back_at_ms != 0 && now - l.held_back_at_ms < 1000)};
+    bool n[3] = {false, false, false};
     tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
   }
   return (Datum)0;

@@ -72,6 +72,7 @@ static void on_exit_release(int code, Datum arg) {
   // Ended by SIGTERM (die) inside an iteration: its transaction is rolled
   // back, so what it leased goes back at once instead of when the leases lapse.
   release_inflight(st);
+  http_limits_exit();
   LWLockAcquire(workers->lock, LW_EXCLUSIVE);
   lanes_free_locked(st);
   DispatcherSlot& s = workers->slots[st->slot];
@@ -104,9 +105,11 @@ static MemoryContext start(DispatcherState* st) {
     st->slot = args.slot;
     st->db = database_slot(st->dboid, true);
   }
+  int share = slot.worker_index;
   LWLockRelease(workers->lock);
   if (st->slot < 0 || st->db < 0) proc_exit(0);
   before_shmem_exit(on_exit_release, PointerGetDatum(st));
+  http_limits_start(st->dboid, share);
 
   BackgroundWorkerInitializeConnectionByOid(st->dboid, InvalidOid, 0);
   pgstat_report_appname("relaybus dispatcher");

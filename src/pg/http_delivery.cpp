@@ -100,7 +100,30 @@ bool ensure_engine() {
   return host_running();
 }
 
+// The database and the share (worker_index) of this dispatcher in the shared limits: http_limits_start.
+Oid limit_db = InvalidOid;
+int limit_share = -1;
+
 }  // namespace
+
+bool shared_limit_acquire(int32_t handler_id, int max_concurrency, double rate, int burst, int64_t now,
+                          int64_t* retry_in_ms) noexcept {
+  return limit_acquire(limit_db, limit_share, handler_id, max_concurrency, rate, burst, now, retry_in_ms);
+}
+
+void shared_limit_release(int32_t handler_id) noexcept { limit_release(limit_db, limit_share, handler_id); }
+
+void shared_limit_held_back(int32_t handler_id, int waited, int64_t now) noexcept {
+  limit_held_back(limit_db, handler_id, waited, now);
+}
+
+void http_limits_start(Oid dboid, int share) {
+  limit_db = dboid;
+  limit_share = share;
+  limit_reset_share(dboid, share);
+}
+
+void http_limits_exit() { limit_reset_share(limit_db, limit_share); }
 
 bool store_complete(const PipelineResult* results, int n, ErrorRecord* err) noexcept {
   return pg_catch(err, [&] { complete_in_xact(results, n); });

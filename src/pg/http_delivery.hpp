@@ -51,5 +51,10 @@ void http_retain_kafka(const int32* ids, int n);
 // short while to finish, and what finished is completed; errors are logged.
 void drain_http_on_exit(MemoryContext cxt);
 void http_shutdown();
+// This dispatcher's share of its database's shared limits (its worker_index,
+// worker_state.hpp HandlerLimit): what an earlier dispatcher of that index
+// held is given back, and is again when this one exits.
+void http_limits_start(Oid dboid, int share);
+void http_limits_exit();
 
 }  // namespace relaybus::pg

@@ -63,6 +63,13 @@ bool wait_for_work(long timeout_ms) {
     engine_timer = false;
   }
 
+  // A handler held back by its limits: the loop's pump sends once a permit
+  // may be free; no claim is due for that.
+  if (plan.next_permit_ms >= 0 && plan.next_permit_ms - nowms + 1 < timeout_ms) {
+    timeout_ms = static_cast<long>(Max(plan.next_permit_ms - nowms, static_cast<int64>(0)) + 1);
+    engine_timer = true;
+  }
+
   // A pipelined kafka message's timeout is the sink's own (librdkafka never
   // times it out): served after the wait, like libcurl's timers no wake-up.
   if (plan.kafka_timer_ms >= 0 && plan.kafka_timer_ms + 1 < timeout_ms) {

@@ -1,6 +1,8 @@
 #include "pg/worker_state.hpp"
 #include "pg/pg_compat.hpp"
 
+#include <cmath>
+
 #include "pg/handler_alerts.hpp"
 
 extern "C" {
@@ -39,6 +41,7 @@ void worker_state_init(bool found) {
   }
   for (int d = 0; d < workers->ndatabases; d++)
     for (int l = 0; l < kNumLanes; l++) workers->lanes[d][l].owner_slot = -1;
+  SpinLockInit(&workers->limits_lock);
   workers->next_token = 1;
   workers->extension_generation = 1;
   workers->epoch = GetCurrentTimestamp();
@@ -353,6 +356,104 @@ void count_attempt(Oid dboid, int32 handler_id, int status, TimestampTz breaker_
   }
   LWLockRelease(workers->lock);
   alert_log(dboid, handler_id, alert);
+}
+
+// With limits_lock held.
+static HandlerLimit* limit_of(Oid dboid, int32 handler_id, bool create) {
+  uint32 h = (static_cast<uint32>(dboid) * 2654435761u) ^ static_cast<uint32>(handler_id);
+  for (int probe = 0; probe < kMaxHandlerStats; probe++) {
+    HandlerLimit* l = &workers->limits[(h + probe) % kMaxHandlerStats];
+    if (l->dboid == dboid && l->handler_id == handler_id) return l;
+    if (l->dboid == InvalidOid) {
+      if (!create) return nullptr;
+      memset(l, 0, sizeof(*l));
+      l->dboid = dboid;
+      l->handler_id = handler_id;
+      return l;
+    }
+  }
+  return nullptr;
+}
+
+static bool valid_share(int share) { return share >= 0 && share < kMaxWorkersPerDatabase; }
+
+bool limit_acquire(Oid dboid, int share, int32 handler_id, int max_concurrency, double rate, int burst, int64 now_ms,
+                   int64* retry_in_ms) {
+  if (workers == nullptr || !valid_share(share)) return true;
+  bool ok = true;
+  SpinLockAcquire(&workers->limits_lock);
+  HandlerLimit* l = limit_of(dboid, handler_id, true);
+  if (l != nullptr) {
+    if (max_concurrency > 0) {
+      int held = 0;
+      for (int i = 0; i < kMaxWorkersPerDatabase; i++) held += l->in_flight[i];
+      if (held >= max_concurrency) {
+        ok = false;
+        // Given back by a result in any dispatcher, which does not wake this one.
+        *retry_in_ms = 5;
+      }
+    }
+    if (ok && rate > 0) {
+      // Dispatchers' clocks are read at different moments: never backwards.
+      if (l->tokens_at_ms == 0) {
+        l->tokens = burst;
+        l->tokens_at_ms = now_ms;
+      } else if (now_ms > l->tokens_at_ms) {
+        l->tokens = Min(static_cast<double>(burst), l->tokens + (now_ms - l->tokens_at_ms) * rate / 1000.0);
+        l->tokens_at_ms = now_ms;
+      }
+      l->tokens = Min(l->tokens, static_cast<double>(burst));  // a smaller burst set live
+      if (l->tokens >= 1) {
+        l->tokens -= 1;
+      } else {
+        ok = false;
+        *retry_in_ms = Max(static_cast<int64>(1), static_cast<int64>(std::ceil((1 - l->tokens) * 1000.0 / rate)));
+      }
+    }
+    if (ok) l->in_flight[share]++;
+  }
+  SpinLockRelease(&workers->limits_lock);
+  return ok;
+}
+
+void limit_release(Oid dboid, int share, int32 handler_id) {
+  if (workers == nullptr || !valid_share(share)) return;
+  SpinLockAcquire(&workers->limits_lock);
+  HandlerLimit* l = limit_of(dboid, handler_id, false);
+  if (l != nullptr && l->in_flight[share] > 0) l->in_flight[share]--;
+  SpinLockRelease(&workers->limits_lock);
+}
+
+void limit_held_back(Oid dboid, int32 handler_id, int waited, int64 now_ms) {
+  if (workers == nullptr) return;
+  SpinLockAcquire(&workers->limits_lock);
+  HandlerLimit* l = limit_of(dboid, handler_id, false);
+  if (l != nullptr) {
+    l->held_back += static_cast<uint64>(Max(0, waited));
+    l->held_back_at_ms = now_ms;
+  }
+  SpinLockRelease(&workers->limits_lock);
+}
+
+void limit_reset_share(Oid dboid, int share) {
+  if (workers == nullptr || !valid_share(share)) return;
+  SpinLockAcquire(&workers->limits_lock);
+  for (int i = 0; i < kMaxHandlerStats; i++)
+    if (workers->limits[i].dboid == dboid) workers->limits[i].in_flight[share] = 0;
+  SpinLockRelease(&workers->limits_lock);
+}
+
+void limit_stats(Oid dboid, int32 handler_id, uint64* held_back, int64* held_back_at_ms) {
+  *held_back = 0;
+  *held_back_at_ms = 0;
+  if (workers == nullptr) return;
+  SpinLockAcquire(&workers->limits_lock);
+  HandlerLimit* l = limit_of(dboid, handler_id, false);
+  if (l != nullptr) {
+    *held_back = l->held_back;
+    *held_back_at_ms = l->held_back_at_ms;
+  }
+  SpinLockRelease(&workers->limits_lock);
 }
 
 }  // namespace relaybus::pg

@@ -6,6 +6,7 @@
 
 extern "C" {
 #include "port/atomics.h"
+#include "storage/spin.h"
 }
 
 namespace relaybus::pg {
@@ -88,6 +89,20 @@ struct HandlerCounters {
   uint64 delivered_after_gap;
 };
 
+// A handler's max_concurrency and rate, shared by its database's dispatchers
+// (docs/architecture.md, "Shared limits"). Only handlers with a limit have one.
+struct HandlerLimit {
+  Oid dboid;  // InvalidOid: free
+  int32 handler_id;
+  // Permits held per dispatcher (its worker_index): a dispatcher that exits,
+  // or the next one of its index, gives its share back at once.
+  int32 in_flight[kMaxWorkersPerDatabase];
+  double tokens;          // the rate's bucket
+  int64 tokens_at_ms;     // when tokens was last brought up to date; 0: a full bucket
+  uint64 held_back;       // deliveries that waited for a permit
+  int64 held_back_at_ms;  // the last refusal (Unix ms)
+};
+
 struct WorkerState {
   LWLock* lock;
   TimestampTz epoch;  // set when shared memory is (re)initialized
@@ -103,6 +118,9 @@ struct WorkerState {
   LaneLease (*lanes)[kNumLanes];  // [ndatabases]: the lanes of databases[d]
   HandlerCounters handlers[kMaxHandlerStats];
   uint64 next_token;
+  // Held for a few instructions at a time, never across a call that may fail.
+  slock_t limits_lock;
+  HandlerLimit limits[kMaxHandlerStats];
 };
 
 extern WorkerState* workers;
@@ -173,5 +191,17 @@ bool pending_counted_for(Oid dboid, Oid extension);
 // Rows were written by other means (COPY into relay.deliveries, as pg_restore
 // does): the database's pending counts are counted again by its dispatcher.
 void forget_pending_counts(Oid dboid);
+
+// A permit of a handler's shared limits for dispatcher `share` (its
+// worker_index), or false and *retry_in_ms. Never raises an error: without a
+// free entry for the handler (kMaxHandlerStats handlers with limits) it is not limited.
+bool limit_acquire(Oid dboid, int share, int32 handler_id, int max_concurrency, double rate, int burst, int64 now_ms,
+                   int64* retry_in_ms);
+void limit_release(Oid dboid, int share, int32 handler_id);
+void limit_held_back(Oid dboid, int32 handler_id, int waited, int64 now_ms);
+// Every permit dispatcher `share` of the database holds goes back.
+void limit_reset_share(Oid dboid, int share);
+// For relay.handler_stats: deliveries that waited, and when one was last refused (0: never).
+void limit_stats(Oid dboid, int32 handler_id, uint64* held_back, int64* held_back_at_ms);
 
 }  // namespace relaybus::pg

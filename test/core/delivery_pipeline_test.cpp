@@ -446,5 +446,59 @@ TEST(DeliveryPipeline, LateFailuresOfRequestsSentBeforeTheBreakerOpenedDoNotGrow
   EXPECT_EQ(pipeline.next_probe_ms(t0 + 10010), t0 + 10010 + 400);
 }
 
+// A limiter of one process, as the dispatchers' shared-memory one behaves for
+// a single dispatcher: max_concurrency permits, no rate.
+class CountingLimiter final : public HandlerLimiter {
+ public:
+  std::map<int, int> in_flight;
+  std::map<int, int> waited;
+  bool acquire(const PipelineHandler& h, int64_t, int64_t* retry_in_ms) override {
+    if (in_flight[h.key] >= h.options.max_concurrency) {
+      *retry_in_ms = 10;
+      return false;
+    }
+    in_flight[h.key]++;
+    return true;
+  }
+  void release(const PipelineHandler& h) override { in_flight[h.key]--; }
+  void held_back(const PipelineHandler& h, int n) override { waited[h.key] += n; }
+};
+
+// A handler held back by its shared limit waits in claim order, counted once
+// per delivery, and the next handler's deliveries go out past it.
+TEST(DeliveryPipeline, ALimitedHandlerWaitsInOrderWithoutHoldingOthersBack) {
+  ScriptedSink sink;
+  CountingLimiter limiter;
+  MemoryStore store;
+  DeliveryPipeline pipeline(sink, PipelineOptions{}, 1);
+  pipeline.set_limiter(&limiter);
+  auto limited = std::make_shared<PipelineHandler>();
+  limited->key = 1;
+  limited->options.max_concurrency = 2;
+  auto free = std::make_shared<PipelineHandler>();
+  free->key = 2;
+  const int64_t t0 = 1000000;
+  EXPECT_EQ(pipeline.room(1, 16, limited->options, t0), 4);  // 2 x max_concurrency
+  std::vector<ClaimedDelivery> a, b;
+  for (int64_t id = 1; id <= 4; id++) a.push_back(store.claim(id, "same"));
+  for (int64_t id = 11; id <= 13; id++) b.push_back(store.claim(id));
+  pipeline.enqueue(limited, std::move(a), t0 + 60000);
+  pipeline.enqueue(free, std::move(b), t0 + 60000);
+  pipeline.pump(store, t0);
+  EXPECT_EQ(sink.sent, (std::vector<int64_t>{1, 2, 11, 12, 13}));
+  EXPECT_EQ(limiter.waited[1], 2);
+  EXPECT_EQ(pipeline.next_permit_ms(), t0 + 10);
+  EXPECT_EQ(pipeline.room(1, 16, limited->options, t0), 0);  // 4 held of 4
+  pipeline.pump(store, t0 + 10);
+  EXPECT_EQ(limiter.waited[1], 2);  // still the same two waiting: not counted again
+  sink.succeed(1);
+  pipeline.collect(t0 + 20);
+  EXPECT_EQ(limiter.in_flight[1], 1);
+  pipeline.pump(store, t0 + 20);
+  EXPECT_EQ(sink.sent, (std::vector<int64_t>{1, 2, 11, 12, 13, 3}));
+  pipeline.cancel_in_flight();
+  EXPECT_EQ(limiter.in_flight[1], 0);  // permits come back with cancelled attempts
+}
+
 }  // namespace
 }  // namespace relaybus::core

@@ -629,3 +629,31 @@ TEST(HandlerOptions, InFlightLimitCountsTheEffectiveKeyWindow) {
     }
   }
 }
+
+TEST(HandlerOptions, SharedLimitsAreHttpAndKafkaOnlyAndBounded) {
+  const HandlerOptions none = opts_ok(K::Http, "{}");
+  EXPECT_FALSE(has_shared_limit(none));
+  EXPECT_EQ(options_public_json(K::Http, none).find("rate"), std::string::npos);
+  const HandlerOptions c = opts_ok(K::Kafka, R"({"max_concurrency": 2})");
+  EXPECT_EQ(c.max_concurrency, 2);
+  EXPECT_TRUE(has_shared_limit(c));
+  EXPECT_NE(options_public_json(K::Kafka, c).find("\"max_concurrency\":2"), std::string::npos);
+  const HandlerOptions r = opts_ok(K::Http, R"({"rate": 2.5})");
+  EXPECT_DOUBLE_EQ(r.rate, 2.5);
+  EXPECT_EQ(effective_burst(r), 3);
+  EXPECT_EQ(effective_burst(opts_ok(K::Http, R"({"rate": 0.1})")), 1);
+  EXPECT_EQ(effective_burst(opts_ok(K::Http, R"({"rate": 50, "burst": 5})")), 5);
+  const std::string conc = "option \"max_concurrency\" must be an integer between 1 and 100000";
+  for (const char* v : {"0", "100001", "-1", "1.5", "\"2\"", "true"})
+    EXPECT_EQ(opts_bad(K::Http, std::string(R"({"max_concurrency": )") + v + "}"), conc) << v;
+  const std::string rate =
+      "option \"rate\" must be a number of deliveries per second greater than 0 and at most 100000";
+  for (const char* v : {"0", "-0.5", "100000.5", "1e300", "\"50\"", "[]"})
+    EXPECT_EQ(opts_bad(K::Http, std::string(R"({"rate": )") + v + "}"), rate) << v;
+  EXPECT_EQ(opts_bad(K::Http, R"({"rate": 5, "burst": 0})"),
+            "option \"burst\" must be an integer between 1 and 100000");
+  EXPECT_EQ(opts_bad(K::Http, R"({"burst": 5})"), "option \"burst\" needs option \"rate\"");
+  EXPECT_EQ(opts_bad(K::Notify, R"({"rate": 5})"), "option \"rate\" is only valid for http and kafka handlers");
+  EXPECT_EQ(opts_bad(K::Pull, R"({"max_concurrency": 5})"),
+            "option \"max_concurrency\" is only valid for http and kafka handlers");
+}

@@ -6,7 +6,9 @@
 Serves HTTP/1.1 with keep-alive on 127.0.0.1 (a free port, written to
 --port-file). Every request to any path except /_control/... is recorded as
 one JSON line in --log: {"t", "path", "headers" (lower-case names), "body",
-"answered"} and answered by the path's behaviour:
+"answered", "active" (requests of the path being served at its arrival, itself
+included: the concurrency the sender reached)} and answered by the path's
+behaviour:
 
     POST /_control/<path>   body: a JSON list of behaviours applied to the next
                             requests of /<path>, in order; when the list is empty
@@ -33,6 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOCK = threading.Lock()
 PLANS = {}      # path -> list of behaviours
+ACTIVE = {}     # path -> requests being served
 RECORDS = []
 LOG = None
 
@@ -77,7 +80,9 @@ class Handler(BaseHTTPRequestHandler):
             behaviour = plan[pick] if pick is not None else {"status": 200}
             if pick is not None and not behaviour.get("repeat"):
                 plan.pop(pick)
+            ACTIVE[self.path] = ACTIVE.get(self.path, 0) + 1
             record = {
+                "active": ACTIVE[self.path],
                 "t": time.time(),
                 "path": self.path,
                 "headers": {k.lower(): v for k, v in self.headers.items()},
@@ -94,6 +99,10 @@ class Handler(BaseHTTPRequestHandler):
             deadline = time.monotonic() + 120
             while not os.path.exists(behaviour["hold"]) and time.monotonic() < deadline:
                 time.sleep(0.05)
+        # Before the answer: once the sender has it, it may send the next
+        # request, which must not count this one.
+        with LOCK:
+            ACTIVE[self.path] -= 1
         if behaviour.get("drop"):
             self.close_connection = True
             self.connection.shutdown(2)

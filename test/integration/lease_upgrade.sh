@@ -58,6 +58,8 @@ SELECT 'version', extversion FROM pg_extension WHERE extname = 'relaybus';
 SET ROLE relay_monitor;
 SELECT 'stats', handler, send_p50_ms IS NULL, delivered_after_gap FROM relay.handler_stats;
 SELECT 'metrics', handler, sends, send_sum_seconds, delivered_after_gap FROM relay.handler_metrics;
+SELECT 'limits', s.held_back, s.limited, m.held_back, m.limited
+  FROM relay.handler_stats s JOIN relay.handler_metrics m USING (handler);
 SQL
 )
 rc=$?
@@ -68,4 +70,5 @@ check_eq "0.2.0 has no send columns" "cols020|0" "$(grep '^cols020' <<<"$out")"
 check_eq "updated to $RELAYBUS_VERSION" "version|$RELAYBUS_VERSION" "$(grep '^version' <<<"$out")"
 check_eq "relay_monitor reads the send columns of relay.handler_stats" "stats|up2|t|0" "$(grep '^stats|' <<<"$out")"
 check_eq "... and of relay.handler_metrics" "metrics|up2|0|0|0" "$(grep '^metrics' <<<"$out")"
+check_eq "... and the shared limits' columns of both" "limits|0|f|0|f" "$(grep '^limits' <<<"$out")"
 finish

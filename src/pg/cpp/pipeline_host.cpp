@@ -85,6 +85,21 @@ class PgDeliveryStore final : public core::DeliveryStore {
 };
 PgDeliveryStore store;
 
+// The shared-memory permits (worker_state.hpp HandlerLimit) through the glue.
+class PgLimiter final : public core::HandlerLimiter {
+ public:
+  bool acquire(const core::PipelineHandler& h, int64_t now_ms, int64_t* retry_in_ms) override {
+    return shared_limit_acquire(h.key, h.options.max_concurrency, h.options.rate, core::effective_burst(h.options),
+                                now_ms, retry_in_ms);
+  }
+  void release(const core::PipelineHandler& h) override { shared_limit_release(h.key); }
+  void held_back(const core::PipelineHandler& h, int waited) override {
+    shared_limit_held_back(h.key, waited, last_pump_ms);
+  }
+  int64_t last_pump_ms = 0;
+};
+PgLimiter limiter;
+
 int in_flight_limit(core::HandlerKind kind, const core::HandlerOptions& o) {
   return core::handler_in_flight_limit(kind, o);
 }
@@ -131,6 +146,7 @@ bool host_ensure(const char* setting, int max_in_flight, ErrorRecord* err) noexc
     core::PipelineOptions po;
     po.max_in_flight = opts.max_total;
     pipeline = std::make_unique<core::DeliveryPipeline>(*router, po, std::random_device{}());
+    pipeline->set_limiter(&limiter);
   });
 }
 
@@ -142,7 +158,7 @@ int host_room(int32_t handler_id, core::HandlerKind kind, const HandlerConfig* c
   int capacity = 0;
   quietly([&] {
     router->set_kind(handler_id, kind);
-    capacity = pipeline->room(handler_id, in_flight_limit(kind, config->options), now_ms);
+    capacity = pipeline->room(handler_id, in_flight_limit(kind, config->options), config->options, now_ms);
   });
   return capacity;
 }
@@ -198,7 +214,10 @@ size_t host_queued() noexcept { return pipeline ? pipeline->queued() : 0; }
 size_t host_in_flight() noexcept { return router ? router->in_flight() : 0; }
 
 bool host_pump(int64_t now_ms, ErrorRecord* err) noexcept {
-  return invoke_cpp(err, [&] { pipeline->pump(store, now_ms); });
+  return invoke_cpp(err, [&] {
+    limiter.last_pump_ms = now_ms;
+    pipeline->pump(store, now_ms);
+  });
 }
 
 bool host_release_queued(ErrorRecord* err) noexcept {
@@ -253,7 +272,7 @@ int host_socket_count() noexcept {
 }
 
 int host_wait_plan(int64_t now_ms, SocketWait* sockets, int cap, WaitPlan* plan) noexcept {
-  *plan = WaitPlan{-1, kafka_sink ? kafka_sink->wait_fd() : -1, -1, -1, -1};
+  *plan = WaitPlan{-1, kafka_sink ? kafka_sink->wait_fd() : -1, -1, -1, -1, -1};
   if (!engine) return 0;
   int nsock = 0;
   plan->engine_fd = engine->ready_fd();
@@ -266,6 +285,7 @@ int host_wait_plan(int64_t now_ms, SocketWait* sockets, int cap, WaitPlan* plan)
     plan->engine_timeout_ms = engine->timeout_ms();
     plan->next_probe_ms = pipeline->next_probe_ms(now_ms);
     plan->kafka_timer_ms = kafka_sink->next_deadline_in_ms();
+    plan->next_permit_ms = pipeline->next_permit_ms();
   });
   return nsock;
 }

@@ -54,6 +54,13 @@ struct ReleasedLease {
 bool store_complete(const PipelineResult* results, int n, ErrorRecord* err) noexcept;
 bool store_release(const ReleasedLease* leases, int n, ErrorRecord* err) noexcept;
 
+// Permits of handlers' limits shared by the database's dispatchers (glue,
+// http_delivery.cpp, over worker_state's HandlerLimit table; never an error).
+bool shared_limit_acquire(int32_t handler_id, int max_concurrency, double rate, int burst, int64_t now_ms,
+                          int64_t* retry_in_ms) noexcept;
+void shared_limit_release(int32_t handler_id) noexcept;
+void shared_limit_held_back(int32_t handler_id, int waited, int64_t now_ms) noexcept;
+
 // Creates the engine, the sinks and the pipeline, or gives the engine a
 // reloaded allow-list (with requests in flight too). False with err->message
 // saying why callouts are off.
@@ -87,6 +94,7 @@ struct WaitPlan {
   int64_t engine_timeout_ms;  // -1: no timer
   int64_t next_probe_ms;      // -1: no breaker probe due
   int64_t kafka_timer_ms;     // from now: a pipelined kafka message times out (the sink's own timeout); -1: none
+  int64_t next_permit_ms;     // a delivery held back by its handler's limits may get a permit; -1: none
 };
 struct SocketWait {
   int fd;
