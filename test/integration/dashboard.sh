@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Grafana dashboard docs/grafana/relaybus.json against real parts: events
-# flow to an http handler (some requests answered 500, then retried), a
+# flow to an http handler (rate-limited to 5/s; some requests answered 500,
+# then retried), a
 # handler whose deliveries are dead-lettered (410) and a notify handler;
 # prometheus-postgres-exporter with docs/postgres_exporter.yml scrapes the
 # database as a relay_monitor role, a Prometheus server scrapes the exporter,
@@ -20,7 +21,8 @@ http_test_db dashboard
 scraper="it_dash_$$"
 psql_q -d postgres -c "CREATE ROLE $scraper LOGIN IN ROLE relay_monitor" >/dev/null || die "role"
 drop_scraper() { psql_q -d postgres -c "DROP ROLE IF EXISTS $scraper" >/dev/null 2>&1; }
-http_handler "$db" d_http "$URL/ok" '{"backoff_base": "100ms", "backoff_max": "200ms"}' 'd.h.#' || die "handler d_http"
+http_handler "$db" d_http "$URL/ok" '{"backoff_base": "100ms", "backoff_max": "200ms", "rate": 5, "burst": 1}' 'd.h.#' ||
+    die "handler d_http"
 http_handler "$db" d_gone "$URL/gone" '{"max_attempts": 1}' 'd.g.#' || die "handler d_gone"
 notify_handler "$db" d_fire it_d_fire '{}' 'd.n.#' || die "handler d_fire"
 recv_plan "$RECV_PORT" /ok '[{"status": 500}, {"status": 500}, {"status": 500}]' || die "receiver control"

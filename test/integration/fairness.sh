@@ -5,8 +5,10 @@
 # receiver promptly: each dispatcher iteration claims for every handler, and
 # the pipeline keeps each handler's queue and concurrency apart. Checked:
 # every quiet event arrives while the backlog is still draining, with p99
-# (of 40) publish-to-arrival under 500 ms (a bound generous for this shared
-# 2-core machine; bench/fairness.sh measures it with a backlog of 100,000).
+# (of 40) publish-to-arrival under 2 s: generous for this shared 2-core
+# machine (one run with twelve suites beside it saw 1.08 s), and still far
+# below the ~10 s the backlog takes to drain, which a starved quiet handler
+# would wait (bench/fairness.sh measures it with a backlog of 100,000).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 BACKLOG=${FAIRNESS_BACKLOG:-40000}
@@ -40,5 +42,5 @@ pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else -1
 http_log.facts(dict(n=len(lat), p50=int(pick(0.5)), p99=int(pick(0.99)), max=int(lat[-1]) if lat else -1))
 PY
 log "quiet handler, publish to arrival: p50 $(r p50) ms, p99 $(r p99) ms, max $(r max) ms ($(r n) events)"
-check "p99 publish-to-arrival of the quiet handler under 500 ms ($(r p99) ms)" test "$(r p99)" -lt 500
+check "p99 publish-to-arrival of the quiet handler under 2 s ($(r p99) ms)" test "$(r p99)" -lt 2000
 finish

@@ -2,9 +2,12 @@
 # Publishers wake the dispatchers when they commit: with relaybus.poll_interval
 # at 10 s, a published event reaches a LISTEN client in well under 2 s, round
 # after round (single publish, batch, a transaction that commits late), and in
-# ack mode relay_ack wakes the dispatcher for the key's next delivery.
+# ack mode relay_ack wakes the dispatcher for the key's next delivery; a
+# wake-up during a lock wait (in an iteration, or completing an http
+# delivery) is not lost.
 # A functional check of the wake-up path, not a benchmark.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 
 LIMIT=2.0  # seconds; the poll interval is 10 s
 new_db db wakeup || die "could not create a database"
@@ -98,6 +101,29 @@ t=$(sql "$db" "SELECT extract(epoch FROM clock_timestamp())")
 n=$((n + 2))
 check "the event published during the lock wait arrives < ${LIMIT}s after the lock is released" latency_ok "$n" "$t"
 check_eq "it is the second one" 1 "$(sed -n "${n}p" "$TMP/main.out" | grep -c '"locked": "b"')"
+
+# The same while it waits on a lock outside an iteration: completing an http
+# delivery (its DELETE waits for a row another session holds) when a publish
+# wakes it. The wake-up is not lost either.
+start_receiver r || die "the receiver did not start"
+allow_loopback || die "could not set relaybus.http_allowlist"
+http_handler "$db" hook "http://127.0.0.1:$RECV_PORT/hook" '{}' 'wakehttp.#' || die "handler hook"
+recv_plan "$RECV_PORT" /hook "[{\"hold\": \"$TMP/answer\"}]" || die "receiver control"
+sql "$db" "SELECT relay_publish('wakehttp.one', '{}')" >/dev/null
+check "the http request is in flight (the receiver holds its answer)" wait_requests "$TMP/r.log" /hook 1 10
+psql_q -d "$db" -c "BEGIN" -c "SELECT id FROM relay.deliveries WHERE topic = 'wakehttp.one' FOR UPDATE" \
+    -c "SELECT pg_sleep(3)" -c "COMMIT" >/dev/null &
+locker=$!
+bg_track "$locker"
+sleep 0.5
+touch "$TMP/answer"
+check "the dispatcher waits on the held row to complete the http delivery" wait_until 10 dispatcher_waits
+sql "$db" "SELECT relay_publish('wake.locked', '{\"locked\": \"c\"}', 'lock-c')" >/dev/null
+wait_pid "$locker" 10
+t=$(sql "$db" "SELECT extract(epoch FROM clock_timestamp())")
+n=$((n + 1))
+check "the event published during the completion's lock wait arrives < ${LIMIT}s after the lock is released" latency_ok "$n" "$t"
+check_eq "it is that one" 1 "$(sed -n "${n}p" "$TMP/main.out" | grep -c '"locked": "c"')"
 
 reset_conf relaybus.poll_interval
 check "relaybus.poll_interval is back to its default" wait_until 5 show_is 1s
