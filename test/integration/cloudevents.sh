@@ -46,7 +46,7 @@ http_handler "$db" strh "$URL/strh" \
 # The second event fails once with 500 in both modes: its retry is the same
 # CloudEvent (id) with the next relaybusattempt.
 for p in /binh /strh; do recv_plan "$RECV_PORT" $p '[{"status": 500, "match": "\"n\": 2"}]'; done
-check "the broker started" wait "$KAFKA_STARTER"
+wait "$KAFKA_STARTER" || die "the broker did not start: $(tail -5 "$TMP/kafka-start.log")"
 kafka_handler "$db" kb ce-bin '{"cloudevents": "binary", "backoff_base": "100ms"}' 'ce.#'
 kafka_handler "$db" ks ce-str '{"cloudevents": "structured", "backoff_base": "100ms"}' 'ce.#'
 # type is the wire name: the exact route's wins over 'ce.#'.
@@ -105,14 +105,14 @@ key = base64.b64decode(secret[len("whsec_"):])
 def ms(t):
     return round(datetime.datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp() * 1000)
 
-def mismatches(e, source):
+def mismatches(e, source, content_type="application/json"):
     """The attributes of parsed event e that differ from the envelope's."""
     if "error" in e:
         return [e["error"]]
     v = env.get(int(e.get("id", "-1")))
     if v is None:
         return [f"id {e.get('id')} is no event's"]
-    want = {"specversion": "1.0", "source": source, "type": v["topic"], "datacontenttype": "application/json",
+    want = {"specversion": "1.0", "source": source, "type": v["topic"], "datacontenttype": content_type,
             "subject": v["key"], "relaybusseq": None if v["seq"] is None else str(v["seq"])}
     bad = [f"{a}={e.get(a)!r}, expected {w!r}" for a, w in want.items() if e.get(a) != w]
     if ms(e["time"]) != ms(v["published_at"]):
@@ -127,7 +127,11 @@ for name, source in (("binh", source_default), ("strh", "urn:example:shop"), ("c
     msgs = json.load(open(f"{tmp}/{name}.msgs"))
     for sdk in ("py", "js"):
         parsed = json.load(open(f"{tmp}/{name}.{sdk}.json"))
-        bad = [b for e in parsed for b in mismatches(e, source)]
+        # The PyPI SDK's Kafka from_structured takes every header for an
+        # attribute, content-type (the format's) for datacontenttype too.
+        quirk = name == "ce-str" and sdk == "py"
+        ct = "application/cloudevents+json" if quirk else "application/json"
+        bad = [b for e in parsed for b in mismatches(e, source, ct)]
         out[f"{name}_{sdk}_parsed"] = len(parsed)
         out[f"{name}_{sdk}_bad"] = "; ".join(bad[:3]) or "none"
         ids = [e.get("id") for e in parsed]
