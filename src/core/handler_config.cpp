@@ -440,8 +440,9 @@ bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOpt
     return false;
   }
   if (envelope_asked && o.cloudevents != CloudEventsMode::Off) {
-    set_why(why, "option \"cloudevents\" cannot be combined with \"envelope\": true (the CloudEvent takes the "
-                 "envelope's place)");
+    set_why(why,
+            "option \"cloudevents\" cannot be combined with \"envelope\": true (the CloudEvent takes the "
+            "envelope's place)");
     return false;
   }
   *out = std::move(o);

@@ -76,7 +76,7 @@ struct HandlerOptions {
   // Only a host that turns pipelining on (KafkaSink::set_pipelined) honours
   // it; 1 waits for each message's acknowledgement before the next.
   int key_window = kDefaultKeyWindow;
-  int64_t lease_ms = 30000;  // all; 1s..1d
+  int64_t lease_ms = 30000;                            // all; 1s..1d
   CloudEventsMode cloudevents = CloudEventsMode::Off;  // http, kafka
   // http, kafka: the events' source attribute, a URI-reference; empty: the
   // host's default_cloudevents_source.

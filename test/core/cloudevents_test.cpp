@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/webhook_signature.hpp"
+#include "request_header.hpp"
 
 using namespace relaybus::core;
 
@@ -22,19 +23,11 @@ HandlerOptions options(HandlerKind kind, const char* json) {
   return o;
 }
 
+// Fields in WebhookMessage's order: id, event_id, topic, has_key, key, seq,
+// published_at_ms, attempt, headers_json, payload_json.
 WebhookMessage keyed() {
-  WebhookMessage m;
-  m.id = 42;
-  m.event_id = 7;
-  m.topic = "order.created";
-  m.has_key = true;
-  m.key = "cust 9/ü";
-  m.seq = 3;
-  m.published_at_ms = 1700000000123;
-  m.attempt = 2;
-  m.headers_json = R"({"x":"y"})";
-  m.payload_json = R"({"total":12.5})";
-  return m;
+  return WebhookMessage{
+      42, 7, "order.created", true, "cust 9/ü", 3, 1700000000123, 2, R"({"x":"y"})", R"({"total":12.5})"};
 }
 
 WebhookMessage unkeyed() {
@@ -53,12 +46,6 @@ Headers without_webhook_headers(const HttpRequest& r) {
   return out;
 }
 
-std::string header(const HttpRequest& r, const std::string& name) {
-  for (const auto& kv : r.headers)
-    if (kv.first == name) return kv.second;
-  return "<none>";
-}
-
 }  // namespace
 
 TEST(CloudEvents, DefaultSourcePercentEncodesTheDatabaseName) {
@@ -70,25 +57,18 @@ TEST(CloudEvents, HttpBinaryModeHeadersAndBody) {
   const HandlerOptions o = options(HandlerKind::Http, R"({"cloudevents":"binary"})");
   const HttpRequest r = build_webhook_request(o, "http://h/x", 1, keyed(), 1700000001);
   EXPECT_EQ(r.body, R"({"total":12.5})");
-  const Headers want = {{"content-type", "application/json"},
-                        {"ce-specversion", "1.0"},
-                        {"ce-id", "7"},
-                        {"ce-source", "/relaybus/shop"},
-                        {"ce-type", "order.created"},
-                        {"ce-subject", "cust%209/%C3%BC"},
-                        {"ce-time", "2023-11-14T22:13:20.123Z"},
-                        {"ce-relaybusseq", "3"},
-                        {"ce-relaybusattempt", "2"}};
+  const Headers want = {
+      {"content-type", "application/json"},    {"ce-specversion", "1.0"},    {"ce-id", "7"},
+      {"ce-source", "/relaybus/shop"},         {"ce-type", "order.created"}, {"ce-subject", "cust%209/%C3%BC"},
+      {"ce-time", "2023-11-14T22:13:20.123Z"}, {"ce-relaybusseq", "3"},      {"ce-relaybusattempt", "2"}};
   EXPECT_EQ(without_webhook_headers(r), want);
   EXPECT_EQ(header(r, "webhook-id"), "msg_1_2_42");
 
   const HttpRequest u = build_webhook_request(o, "http://h/x", 1, unkeyed(), 1700000001);
-  const Headers want_unkeyed = {{"content-type", "application/json"}, {"ce-specversion", "1.0"},
-                                {"ce-id", "7"},
-                                {"ce-source", "/relaybus/shop"},
-                                {"ce-type", "order.created"},
-                                {"ce-time", "2023-11-14T22:13:20.123Z"},
-                                {"ce-relaybusattempt", "1"}};
+  const Headers want_unkeyed = {
+      {"content-type", "application/json"}, {"ce-specversion", "1.0"},    {"ce-id", "7"},
+      {"ce-source", "/relaybus/shop"},      {"ce-type", "order.created"}, {"ce-time", "2023-11-14T22:13:20.123Z"},
+      {"ce-relaybusattempt", "1"}};
   EXPECT_EQ(without_webhook_headers(u), want_unkeyed);
 }
 
@@ -97,10 +77,9 @@ TEST(CloudEvents, HttpStructuredModeBody) {
       options(HandlerKind::Http, R"({"cloudevents":"structured","cloudevents_source":"urn:example:shop"})");
   const HttpRequest r = build_webhook_request(o, "http://h/x", 1, keyed(), 1700000001);
   EXPECT_EQ(without_webhook_headers(r), (Headers{{"content-type", "application/cloudevents+json"}}));
-  EXPECT_EQ(r.body,
-            R"({"specversion":"1.0","id":"7","source":"urn:example:shop","type":"order.created",)"
-            R"("subject":"cust 9/ü","time":"2023-11-14T22:13:20.123Z","datacontenttype":"application/json",)"
-            R"("relaybusseq":3,"relaybusattempt":2,"data":{"total":12.5}})");
+  EXPECT_EQ(r.body, R"({"specversion":"1.0","id":"7","source":"urn:example:shop","type":"order.created",)"
+                    R"("subject":"cust 9/ü","time":"2023-11-14T22:13:20.123Z","datacontenttype":"application/json",)"
+                    R"("relaybusseq":3,"relaybusattempt":2,"data":{"total":12.5}})");
   WebhookMessage m = unkeyed();
   m.published_at_ms = 0;
   m.payload_json.clear();
@@ -114,10 +93,10 @@ TEST(CloudEvents, HttpStructuredModeBody) {
 // CloudEvent's, and webhook-id stays the delivery's.
 TEST(CloudEvents, SignatureCoversTheCloudEventBody) {
   for (const char* mode : {"binary", "structured"}) {
-    const HandlerOptions o =
-        options(HandlerKind::Http, (std::string(R"({"secret":"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",)") +
-                                    R"("cloudevents":")" + mode + R"("})")
-                                       .c_str());
+    const HandlerOptions o = options(
+        HandlerKind::Http,
+        (std::string(R"({"secret":"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",)") + R"("cloudevents":")" + mode + R"("})")
+            .c_str());
     const HttpRequest r = build_webhook_request(o, "http://h/x", 1, keyed(), 1700000001);
     EXPECT_EQ(header(r, "webhook-id"), "msg_1_2_42") << mode;
     EXPECT_EQ(header(r, "webhook-timestamp"), "1700000001") << mode;
@@ -130,15 +109,10 @@ TEST(CloudEvents, KafkaBinaryModeHeadersAsTheyAre) {
   const HandlerOptions o = options(HandlerKind::Kafka, R"({"cloudevents":"binary"})");
   const CloudEventMessage ce = make_cloudevent(o, keyed(), CloudEventsBinding::Kafka);
   EXPECT_EQ(ce.body, R"({"total":12.5})");
-  const Headers want = {{"content-type", "application/json"},
-                        {"ce_specversion", "1.0"},
-                        {"ce_id", "7"},
-                        {"ce_source", "/relaybus/shop"},
-                        {"ce_type", "order.created"},
-                        {"ce_subject", "cust 9/ü"},
-                        {"ce_time", "2023-11-14T22:13:20.123Z"},
-                        {"ce_relaybusseq", "3"},
-                        {"ce_relaybusattempt", "2"}};
+  const Headers want = {
+      {"content-type", "application/json"},    {"ce_specversion", "1.0"},    {"ce_id", "7"},
+      {"ce_source", "/relaybus/shop"},         {"ce_type", "order.created"}, {"ce_subject", "cust 9/ü"},
+      {"ce_time", "2023-11-14T22:13:20.123Z"}, {"ce_relaybusseq", "3"},      {"ce_relaybusattempt", "2"}};
   EXPECT_EQ(ce.headers, want);
 }
 
@@ -146,10 +120,9 @@ TEST(CloudEvents, KafkaStructuredModeIsTheJsonEvent) {
   const HandlerOptions o = options(HandlerKind::Kafka, R"({"cloudevents":"structured"})");
   const CloudEventMessage ce = make_cloudevent(o, unkeyed(), CloudEventsBinding::Kafka);
   EXPECT_EQ(ce.headers, (Headers{{"content-type", "application/cloudevents+json"}}));
-  EXPECT_EQ(ce.body,
-            R"({"specversion":"1.0","id":"7","source":"/relaybus/shop","type":"order.created",)"
-            R"("time":"2023-11-14T22:13:20.123Z","datacontenttype":"application/json","relaybusattempt":1,)"
-            R"("data":{"total":12.5}})");
+  EXPECT_EQ(ce.body, R"({"specversion":"1.0","id":"7","source":"/relaybus/shop","type":"order.created",)"
+                     R"("time":"2023-11-14T22:13:20.123Z","datacontenttype":"application/json","relaybusattempt":1,)"
+                     R"("data":{"total":12.5}})");
 }
 
 TEST(CloudEvents, OptionsAreListedOnlyWhenSet) {

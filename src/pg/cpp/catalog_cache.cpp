@@ -32,8 +32,7 @@ static void copy_name(char (&to)[kNameLen], const char* from) {
 }
 
 bool catalog_build(const CatalogHandlerRow* hs, int nh, const CatalogRouteRow* rs, int nr,
-                   const char* message_id_prefix, const char* database_name, Catalog** out,
-                   ErrorRecord* err) noexcept {
+                   const char* message_id_prefix, const char* database_name, Catalog** out, ErrorRecord* err) noexcept {
   return invoke_cpp(err, [&] {
     auto cat = std::make_unique<Catalog>();
     // Reserved: entries point into configs, by_name into entries.
