@@ -7,6 +7,7 @@
 
 #include "backoff.hpp"
 #include "cloudevents.hpp"
+#include "text_util.hpp"
 #include "webhook_signature.hpp"
 
 namespace relaybus::core {
@@ -99,6 +100,10 @@ HttpRequest build_webhook_request(const HandlerOptions& options, std::string_vie
   if (options.cloudevents != CloudEventsMode::Off) {
     CloudEventMessage ce = make_cloudevent(options, m, CloudEventsBinding::Http);
     HttpRequest r = make_webhook_request(options, target, handler_key, m.id, std::move(ce.body), timestamp_s);
+    // The handler's own ce-* headers would forge or repeat the event's attributes.
+    r.headers.erase(std::remove_if(r.headers.begin(), r.headers.end(),
+                                   [](const auto& kv) { return text::iequals(kv.first.substr(0, 3), "ce-"); }),
+                    r.headers.end());
     r.headers.insert(r.headers.end(), ce.headers.begin(), ce.headers.end());
     return r;
   }

@@ -54,21 +54,32 @@ TEST(CloudEvents, DefaultSourcePercentEncodesTheDatabaseName) {
 }
 
 TEST(CloudEvents, HttpBinaryModeHeadersAndBody) {
-  const HandlerOptions o = options(HandlerKind::Http, R"({"cloudevents":"binary"})");
+  const HandlerOptions o =
+      options(HandlerKind::Http, R"({"cloudevents":"binary","headers":{"CE-Id":"forged","x-team":"a"}})");
   const HttpRequest r = build_webhook_request(o, "http://h/x", 1, keyed(), 1700000001);
   EXPECT_EQ(r.body, R"({"total":12.5})");
-  const Headers want = {
-      {"content-type", "application/json"},    {"ce-specversion", "1.0"},    {"ce-id", "7"},
-      {"ce-source", "/relaybus/shop"},         {"ce-type", "order.created"}, {"ce-subject", "cust%209/%C3%BC"},
-      {"ce-time", "2023-11-14T22:13:20.123Z"}, {"ce-relaybusseq", "3"},      {"ce-relaybusattempt", "2"}};
+  const Headers want = {{"x-team", "a"},
+                        {"content-type", "application/json"},
+                        {"ce-specversion", "1.0"},
+                        {"ce-id", "7"},
+                        {"ce-source", "/relaybus/shop"},
+                        {"ce-type", "order.created"},
+                        {"ce-subject", "cust%209/%C3%BC"},
+                        {"ce-time", "2023-11-14T22:13:20.123Z"},
+                        {"ce-relaybusseq", "3"},
+                        {"ce-relaybusattempt", "2"}};
   EXPECT_EQ(without_webhook_headers(r), want);
   EXPECT_EQ(header(r, "webhook-id"), "msg_1_2_42");
 
   const HttpRequest u = build_webhook_request(o, "http://h/x", 1, unkeyed(), 1700000001);
-  const Headers want_unkeyed = {
-      {"content-type", "application/json"}, {"ce-specversion", "1.0"},    {"ce-id", "7"},
-      {"ce-source", "/relaybus/shop"},      {"ce-type", "order.created"}, {"ce-time", "2023-11-14T22:13:20.123Z"},
-      {"ce-relaybusattempt", "1"}};
+  const Headers want_unkeyed = {{"x-team", "a"},
+                                {"content-type", "application/json"},
+                                {"ce-specversion", "1.0"},
+                                {"ce-id", "7"},
+                                {"ce-source", "/relaybus/shop"},
+                                {"ce-type", "order.created"},
+                                {"ce-time", "2023-11-14T22:13:20.123Z"},
+                                {"ce-relaybusattempt", "1"}};
   EXPECT_EQ(without_webhook_headers(u), want_unkeyed);
 }
 

@@ -87,9 +87,9 @@ ce=$(curl -s "$HOOK/_requests" | $PY -c "
 import json,sys
 for r in json.load(sys.stdin):
     if r['path']=='/ce':
-        h=r['headers']; print(h.get('ce-source'), h.get('ce-type'), h.get('ce-subject'), h.get('ce-relaybusseq'), r['body'])")
+        h=r['headers']; print(h.get('ce-source'), h.get('ce-type'), h.get('ce-subject'), h.get('ce-relaybusseq'), json.loads(r['body']))")
 check_eq "cloudevents binary: source /relaybus-mongo/<database>, type, subject, seq, the payload as body" \
-    '/relaybus-mongo/t_order ce.x ck 1 {"c":1}' "$ce"
+    "/relaybus-mongo/t_order ce.x ck 1 {'c': 1}" "$ce"
 check_eq "metrics: delivered_total" 120 "$(metric one 'relaybus_mongo_delivered_total{handler="hook"}')"
 code=$(curl -s -o /dev/null -w '%{http_code}' "http://$(metrics_addr one)/healthz")
 check_eq "/healthz answers 200" 200 "$code"
