@@ -18,6 +18,7 @@ NODE_SDK=cloudevents@8.0.3
 SDK_CACHE=${RELAYBUS_CE_SDK_CACHE:-$RELAYBUS_ROOT/build/ce-sdk}
 if [[ ! -d "$SDK_CACHE/python/cloudevents" ]]; then
     log "installing $PY_SDK from PyPI into $SDK_CACHE/python"
+    rm -rf "$SDK_CACHE/python.tmp"
     timeout 300 python3 -m pip install --quiet --disable-pip-version-check --target "$SDK_CACHE/python.tmp" "$PY_SDK" \
         >"$TMP/pip.log" 2>&1 && mv "$SDK_CACHE/python.tmp" "$SDK_CACHE/python" ||
         die "could not install $PY_SDK from PyPI (is the registry reachable?): $(tail -3 "$TMP/pip.log")"
