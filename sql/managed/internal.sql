@@ -381,6 +381,8 @@ DECLARE
     has_rate  boolean := false;
     has_burst boolean := false;
     i        integer;
+    envelope_asked boolean := false;
+    cloudevents_on boolean := false;
 BEGIN
     IF _validate_handler.name IS NULL THEN
         RAISE EXCEPTION 'name must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -440,7 +442,8 @@ BEGIN
             WHEN 'producer' THEN '{kafka}' WHEN 'key_window' THEN '{kafka}'
             WHEN 'retry_4xx' THEN '{http}' WHEN 'follow_redirects' THEN '{http}'
             WHEN 'max_concurrency' THEN '{http,kafka}' WHEN 'rate' THEN '{http,kafka}'
-            WHEN 'burst' THEN '{http,kafka}' END;
+            WHEN 'burst' THEN '{http,kafka}'
+            WHEN 'cloudevents' THEN '{http,kafka}' WHEN 'cloudevents_source' THEN '{http,kafka}' END;
         why := NULL;
         IF kinds IS NULL THEN
             why := 'unknown option ' || relay._quote(opt.key);
@@ -491,6 +494,31 @@ BEGIN
         ELSIF opt.key IN ('ack', 'envelope', 'retry_4xx', 'follow_redirects', 'inline_payload') THEN
             IF jsonb_typeof(opt.value) <> 'boolean' THEN
                 why := 'option ' || relay._quote(opt.key) || ' must be true or false';
+            ELSIF opt.key = 'envelope' THEN
+                envelope_asked := opt.value = 'true';
+            END IF;
+        ELSIF opt.key = 'cloudevents' THEN
+            IF opt.value NOT IN ('"binary"', '"structured"') THEN
+                why := 'option "cloudevents" must be "binary" or "structured" (got ' || relay._json_excerpt(opt.value) || ')';
+            END IF;
+            cloudevents_on := true;
+        ELSIF opt.key = 'cloudevents_source' THEN
+            s := CASE WHEN jsonb_typeof(opt.value) = 'string' THEN opt.value #>> '{}' END;
+            IF coalesce(s, '') = '' THEN
+                why := 'option "cloudevents_source" must be a non-empty string, a URI-reference such as "/orders"';
+            ELSIF octet_length(s) > 1024 THEN
+                why := 'option "cloudevents_source" is longer than 1024 bytes';
+            ELSE
+                -- The first offending character, as the core walks them.
+                FOR i IN 1 .. length(s) LOOP
+                    IF ascii(substr(s, i, 1)) NOT BETWEEN 33 AND 126 OR strpos('"<>\^`{|}', substr(s, i, 1)) > 0 THEN
+                        why := 'option "cloudevents_source": ' || relay._describe_char(substr(s, i, 1))
+                               || ' is not allowed in a URI-reference (percent-encode it)';
+                    ELSIF substr(s, i, 1) = '%' AND substr(s, i + 1, 2) !~ '^[0-9A-Fa-f]{2}$' THEN
+                        why := 'option "cloudevents_source" has a ''%'' not followed by two hex digits';
+                    END IF;
+                    EXIT WHEN why IS NOT NULL;
+                END LOOP;
             END IF;
         ELSIF opt.key = 'secret' THEN
             IF jsonb_typeof(opt.value) = 'string' THEN
@@ -565,6 +593,10 @@ BEGIN
     IF max_ms < base_ms THEN
         RAISE EXCEPTION 'invalid option: option "backoff_max" (%) must not be less than backoff_base (%)',
             relay._format_ms(max_ms), relay._format_ms(base_ms) USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF envelope_asked AND cloudevents_on THEN
+        RAISE EXCEPTION 'invalid option: option "cloudevents" cannot be combined with "envelope": true (the CloudEvent takes the envelope''s place)'
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
     i := 0;
     FOREACH s IN ARRAY coalesce(secrets, '{}') LOOP

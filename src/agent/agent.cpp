@@ -9,6 +9,7 @@
 #include "core/json_log.hpp"
 #include "core/backoff.hpp"
 #include "core/clock.hpp"
+#include "core/cloudevents.hpp"
 #include "core/error_class.hpp"
 #include "core/handler_config.hpp"
 #include "core/lease_token.hpp"
@@ -108,7 +109,7 @@ void Agent::load_handlers() {
       "SELECT id, name, kind, coalesce(target, ''),"
       " (CASE WHEN cardinality(secrets) > 0 THEN options || jsonb_build_object('secret', to_jsonb(secrets))"
       "       ELSE options END)::text,"
-      " paused, message_id_prefix FROM relay._agent_handlers()");
+      " paused, message_id_prefix, current_database() FROM relay._agent_handlers()");
   std::map<int, Handler> next;
   int notify = 0, http = 0;
   for (int i = 0; i < r.rows(); i++) {
@@ -125,6 +126,8 @@ void Agent::load_handlers() {
       p->options = core::HandlerOptions{};
     }
     p->options.message_id_prefix = r.text(i, 6);
+    // The extension's default, so an event keeps its source across editions.
+    p->options.default_cloudevents_source = core::default_cloudevents_source("/relaybus/", r.text(i, 7));
     Handler h;
     auto old = handlers_.find(p->key);
     if (old != handlers_.end()) h.due = old->second.due;

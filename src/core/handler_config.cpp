@@ -259,6 +259,48 @@ bool parse_headers_option(const json& v, std::vector<std::pair<std::string, std:
   return true;
 }
 
+constexpr size_t kMaxSourceBytes = 1024;
+
+bool parse_cloudevents_option(const json& v, CloudEventsMode* out, std::string* why) {
+  if (v.is_string() && v.get_ref<const std::string&>() == "binary") {
+    *out = CloudEventsMode::Binary;
+  } else if (v.is_string() && v.get_ref<const std::string&>() == "structured") {
+    *out = CloudEventsMode::Structured;
+  } else {
+    set_why(why, "option \"cloudevents\" must be \"binary\" or \"structured\" (got " + describe_value(v) + ")");
+    return false;
+  }
+  return true;
+}
+
+// A URI-reference (RFC 3986) as far as its characters go: what a receiver's
+// CloudEvents SDK takes as source without complaint.
+bool parse_source_option(const json& v, std::string* out, std::string* why) {
+  if (!v.is_string() || v.get_ref<const std::string&>().empty()) {
+    set_why(why, "option \"cloudevents_source\" must be a non-empty string, a URI-reference such as \"/orders\"");
+    return false;
+  }
+  const std::string& s = v.get_ref<const std::string&>();
+  if (s.size() > kMaxSourceBytes) {
+    set_why(why, "option \"cloudevents_source\" is longer than " + std::to_string(kMaxSourceBytes) + " bytes");
+    return false;
+  }
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c < 0x21 || c > 0x7e || std::string_view("\"<>\\^`{|}").find(c) != std::string_view::npos) {
+      set_why(why, "option \"cloudevents_source\": " + describe_char(c) +
+                       " is not allowed in a URI-reference (percent-encode it)");
+      return false;
+    }
+    if (c == '%' && (i + 2 >= s.size() || !is_hex(s[i + 1]) || !is_hex(s[i + 2]))) {
+      set_why(why, "option \"cloudevents_source\" has a '%' not followed by two hex digits");
+      return false;
+    }
+  }
+  *out = s;
+  return true;
+}
+
 bool parse_producer_option(const json& v, std::vector<std::pair<std::string, std::string>>* out, std::string* why) {
   static const std::string kShape =
       "option \"producer\" must be a JSON object of librdkafka properties with string values";
@@ -316,6 +358,8 @@ const OptionRule* find_rule(std::string_view name) {
       {"max_concurrency", kHttp | kKafka, "http and kafka handlers"},
       {"rate", kHttp | kKafka, "http and kafka handlers"},
       {"burst", kHttp | kKafka, "http and kafka handlers"},
+      {"cloudevents", kHttp | kKafka, "http and kafka handlers"},
+      {"cloudevents_source", kHttp | kKafka, "http and kafka handlers"},
   };
   for (const auto& r : kRules)
     if (name == r.name) return &r;
@@ -331,6 +375,7 @@ bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOpt
   HandlerOptions o;
   // A Kafka message's headers carry the envelope's fields already.
   if (kind == HandlerKind::Kafka) o.envelope = false;
+  bool envelope_asked = false;
   for (const auto& item : j.items()) {
     const std::string& name = item.key();
     const json& v = item.value();
@@ -384,6 +429,7 @@ bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOpt
         if (name == "ack") o.ack = b;
         if (name == "inline_payload") o.inline_payload = b;
         if (name == "envelope") o.envelope = b;
+        if (name == "envelope") envelope_asked = b;
         if (name == "retry_4xx") o.retry_4xx = b;
         if (name == "follow_redirects") o.follow_redirects = b;
       } else {
@@ -396,6 +442,10 @@ bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOpt
       ok = parse_headers_option(v, &o.headers, why);
     } else if (name == "producer") {
       ok = parse_producer_option(v, &o.producer, why);
+    } else if (name == "cloudevents") {
+      ok = parse_cloudevents_option(v, &o.cloudevents, why);
+    } else if (name == "cloudevents_source") {
+      ok = parse_source_option(v, &o.cloudevents_source, why);
     }
     if (!ok) return false;
   }
@@ -406,6 +456,12 @@ bool parse_options_impl(HandlerKind kind, std::string_view json_text, HandlerOpt
   if (o.backoff_max_ms < o.backoff_base_ms) {
     set_why(why, "option \"backoff_max\" (" + format_duration_ms(o.backoff_max_ms) +
                      ") must not be less than backoff_base (" + format_duration_ms(o.backoff_base_ms) + ")");
+    return false;
+  }
+  if (envelope_asked && o.cloudevents != CloudEventsMode::Off) {
+    set_why(why,
+            "option \"cloudevents\" cannot be combined with \"envelope\": true (the CloudEvent takes the "
+            "envelope's place)");
     return false;
   }
   *out = std::move(o);
@@ -717,6 +773,10 @@ std::string options_public_json(HandlerKind kind, const HandlerOptions& o) {
         p[kv.first] = kafka_property_is_secret(kv.first) ? std::string("[redacted]") : kv.second;
       j["producer"] = std::move(p);
     }
+    // Only when set: every http and kafka handler's listing stays as it was.
+    if (o.cloudevents != CloudEventsMode::Off)
+      j["cloudevents"] = o.cloudevents == CloudEventsMode::Binary ? "binary" : "structured";
+    if (!o.cloudevents_source.empty()) j["cloudevents_source"] = o.cloudevents_source;
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
   } catch (const std::exception&) {
     return "{}";

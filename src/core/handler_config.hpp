@@ -47,6 +47,10 @@ inline constexpr int kDefaultKeyWindow = 128;
 inline constexpr int kMaxKeyWindow = 1000;
 inline constexpr int kMaxLimitValue = 100000;
 
+// http, kafka: today's messages (Off), or CloudEvents 1.0 in the binding's
+// binary or structured mode (src/core/cloudevents.hpp).
+enum class CloudEventsMode { Off, Binary, Structured };
+
 struct HandlerOptions {
   int max_attempts = 10;            // 1..1000
   int64_t backoff_base_ms = 1000;   // 1ms..1d
@@ -81,6 +85,13 @@ struct HandlerOptions {
   int max_concurrency = 0;  // 1..kMaxLimitValue
   double rate = 0;          // > 0, <= kMaxLimitValue
   int burst = 0;            // 1..kMaxLimitValue, only with rate
+  CloudEventsMode cloudevents = CloudEventsMode::Off;  // http, kafka
+  // http, kafka: the events' source attribute, a URI-reference; empty: the
+  // host's default_cloudevents_source.
+  std::string cloudevents_source;
+  // Not an option: set by the host that loads the handler, naming its
+  // database (default_cloudevents_source in cloudevents.hpp).
+  std::string default_cloudevents_source;
   // Not an option: set by the host that loads the handler, so a webhook-id is
   // unique across databases (PostgreSQL: "msg_<system identifier>_<database
   // oid>_"; relaybus-mongo: "msg_mongo_<database name>_"). Followed by the delivery id.

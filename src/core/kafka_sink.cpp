@@ -11,6 +11,7 @@
 #include <optional>
 #include <string_view>
 
+#include "cloudevents.hpp"
 #include "webhook_delivery.hpp"
 
 namespace relaybus::core {
@@ -233,14 +234,20 @@ bool KafkaSink::submit(const PipelineHandler& h, const WebhookMessage& m, int64_
     return true;
   }
   std::string value;
-  if (h.options.envelope) {
+  CloudEventMessage ce;
+  if (h.options.cloudevents != CloudEventsMode::Off) {
+    ce = make_cloudevent(h.options, m, CloudEventsBinding::Kafka);
+    value = std::move(ce.body);
+  } else if (h.options.envelope) {
     value = webhook_envelope_json(m.id, m.event_id, m.topic, m.has_key ? &m.key : nullptr,
                                   m.has_key ? std::optional<int64_t>(m.seq) : std::nullopt, m.published_at_ms,
                                   m.attempt, m.headers_json, m.payload_json);
   }
-  const std::string& body = h.options.envelope ? value : m.payload_json;
+  const bool own_value = h.options.envelope || h.options.cloudevents != CloudEventsMode::Off;
+  const std::string& body = own_value ? value : m.payload_json;
 
-  rd_kafka_headers_t* hdrs = rd_kafka_headers_new(8);
+  rd_kafka_headers_t* hdrs = rd_kafka_headers_new(8 + ce.headers.size());
+  for (const auto& kv : ce.headers) add_header(hdrs, kv.first.c_str(), kv.second);
   add_header(hdrs, "relay-id", std::to_string(m.id));
   add_header(hdrs, "relay-event-id", std::to_string(m.event_id));
   add_header(hdrs, "relay-topic", m.topic);
@@ -256,6 +263,8 @@ bool KafkaSink::submit(const PipelineHandler& h, const WebhookMessage& m, int64_
       for (const auto& item : j.items()) {
         // relay-* are relaybus's: a publisher cannot forge a delivery id.
         if (!item.value().is_string() || item.key().rfind("relay-", 0) == 0) continue;
+        // Nor a CloudEvent's attributes.
+        if (!ce.headers.empty() && (item.key().rfind("ce_", 0) == 0 || item.key() == "content-type")) continue;
         const std::string& v = item.value().get_ref<const std::string&>();
         rd_kafka_header_add(hdrs, item.key().data(), static_cast<ssize_t>(item.key().size()), v.data(),
                             static_cast<ssize_t>(v.size()));

@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "backoff.hpp"
+#include "cloudevents.hpp"
+#include "text_util.hpp"
 #include "webhook_signature.hpp"
 
 namespace relaybus::core {
@@ -51,11 +53,6 @@ std::string format_rfc3339_ms(int64_t unix_ms) {
   return buf;
 }
 
-namespace {
-
-// A JSON string literal, as nlohmann's dump writes it (invalid UTF-8
-// replaced); printable ASCII with nothing to escape, the common topic or
-// key, is copied as is.
 void append_json_string(std::string* out, std::string_view s) {
   bool plain = true;
   for (char c : s) plain = plain && c >= 0x20 && c < 0x7f && c != '"' && c != '\\';
@@ -67,8 +64,6 @@ void append_json_string(std::string* out, std::string_view s) {
   out->append(s);
   *out += '"';
 }
-
-}  // namespace
 
 std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view topic, const std::string* key,
                                   std::optional<int64_t> seq, int64_t published_at_ms, int attempt,
@@ -102,6 +97,16 @@ std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view
 
 HttpRequest build_webhook_request(const HandlerOptions& options, std::string_view target, int handler_key,
                                   const WebhookMessage& m, int64_t timestamp_s) {
+  if (options.cloudevents != CloudEventsMode::Off) {
+    CloudEventMessage ce = make_cloudevent(options, m, CloudEventsBinding::Http);
+    HttpRequest r = make_webhook_request(options, target, handler_key, m.id, std::move(ce.body), timestamp_s);
+    // The handler's own ce-* headers would forge or repeat the event's attributes.
+    r.headers.erase(std::remove_if(r.headers.begin(), r.headers.end(),
+                                   [](const auto& kv) { return text::iequals(kv.first.substr(0, 3), "ce-"); }),
+                    r.headers.end());
+    r.headers.insert(r.headers.end(), ce.headers.begin(), ce.headers.end());
+    return r;
+  }
   std::string body = options.envelope
                          ? webhook_envelope_json(m.id, m.event_id, m.topic, m.has_key ? &m.key : nullptr,
                                                  m.has_key ? std::optional<int64_t>(m.seq) : std::nullopt,

@@ -40,7 +40,8 @@ struct WebhookMessage {
 
 // THE request of a webhook attempt, for the PostgreSQL dispatchers and
 // relaybus-mongo alike: the body (the envelope, or with "envelope": false the
-// payload text alone) and make_webhook_request's headers, with timestamp_s as
+// payload text alone, or with "cloudevents" the CloudEvent's, its headers
+// added: cloudevents.hpp) and make_webhook_request's headers, with timestamp_s as
 // webhook-timestamp and the signature over it. Call it when the request is
 // sent (the engine starts it at once), not when it was claimed: a request that
 // waited in a queue still carries the time it went out. The same message,
@@ -59,6 +60,10 @@ HttpRequest build_webhook_request(const HandlerOptions& options, std::string_vie
 std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view topic, const std::string* key,
                                   std::optional<int64_t> seq, int64_t published_at_ms, int attempt,
                                   std::string_view headers_json, std::string_view payload_json);
+
+// A JSON string literal, as nlohmann's dump writes it (invalid UTF-8
+// replaced); printable ASCII with nothing to escape is copied as is.
+void append_json_string(std::string* out, std::string_view s);
 
 // Unix milliseconds as RFC 3339 UTC: "2023-11-14T22:13:20.123Z".
 std::string format_rfc3339_ms(int64_t unix_ms);

@@ -1,5 +1,7 @@
 // Store calls of the handler catalog (store.hpp): relay_handlers and relay_routes.
 #include "mongo/store.hpp"
+
+#include "core/cloudevents.hpp"
 #include "mongo/store_docs.hpp"
 #include "mongo/util.hpp"
 
@@ -56,6 +58,7 @@ std::vector<HandlerDoc> Store::load_handlers(std::vector<std::string>* bad) {
     // webhook-id = this prefix + the delivery id (docs/mongo.md): never equal to
     // a PostgreSQL database's ("msg_<system id>_<oid>_"), the same on every retry.
     h.options.message_id_prefix = "msg_mongo_" + db_ + "_";
+    h.options.default_cloudevents_source = core::default_cloudevents_source("/relaybus-mongo/", db_);
     out.push_back(std::move(h));
   });
   return out;

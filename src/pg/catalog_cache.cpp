@@ -6,6 +6,7 @@
 
 extern "C" {
 #include "access/xlog.h"
+#include "commands/dbcommands.h"
 #include "miscadmin.h"
 }
 
@@ -74,7 +75,8 @@ void reload(Oid schema, uint64 generation) {
 
   Catalog* built = nullptr;
   ErrorRecord err;
-  if (!catalog_build(hs, nh, rs, nr, message_id_prefix, &built, &err))
+  const char* database_name = get_database_name(MyDatabaseId);
+  if (!catalog_build(hs, nh, rs, nr, message_id_prefix, database_name ? database_name : "", &built, &err))
     raise_error_in("relaybus could not load its catalog", &err);
   catalog_free(current);
   current = built;

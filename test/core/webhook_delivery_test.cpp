@@ -5,18 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/webhook_signature.hpp"
+#include "request_header.hpp"
 
 using namespace relaybus::core;
-
-namespace {
-
-std::string header(const HttpRequest& r, const std::string& name) {
-  for (const auto& kv : r.headers)
-    if (kv.first == name) return kv.second;
-  return "<none>";
-}
-
-}  // namespace
 
 TEST(WebhookDelivery, RequestCarriesStandardWebhookHeadersAndHandlerHeaders) {
   HandlerOptions o;

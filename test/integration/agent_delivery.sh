@@ -209,10 +209,20 @@ check_eq "(2) notify: per key in order, gapless, no rolled-back event" "0 0 0" \
 check "(2) notify: the extension's payload (jsonb text: id, key, seq, topic, attempt, headers, payload, event_id)" \
     grep -qE $'\t''\{"id": [0-9]+, "key": "two[0-9]", "seq": [0-9]+, "topic": "two.x", "attempt": 1, "headers": null, "payload": \{"i": [0-9]+, "t": [0-9]+\}, "event_id": [0-9]+\}$' "$TMP/c2.out"
 
-own -c "SELECT relay_create_handler('hs_new', 'http', '$URL/hs_new')" -c "SELECT relay_route('twoc.#', 'hs_new')" \
+own -c "SELECT relay_create_handler('hs_new', 'http', '$URL/hs_new', '{\"cloudevents\": \"structured\"}')" \
+    -c "SELECT relay_route('twoc.#', 'hs_new')" \
     -c "SELECT relay_publish('twoc.x', jsonb_build_object('n', n)) FROM generate_series(1, 3) n" >/dev/null
 check "(2) a handler created meanwhile: its events arrive (the 'catalog' NOTIFY reloaded the agent)" \
     wait_requests "$LOG" /hs_new 3 15
+py_facts ce "$LOG" <<'PY'
+import json, sys
+from http_log import records, facts
+rs = records(sys.argv[1], "/hs_new")
+facts({"sources": ",".join(sorted({r["env"]["source"] for r in rs})),
+       "types": ",".join(sorted({r["headers"]["content-type"] for r in rs}))})
+PY
+check_eq "(2) ... as CloudEvents (structured) with the extension's default source /relaybus/<database>" \
+    "/relaybus/$DB application/cloudevents+json" "$(r sources) $(r types)"
 
 psql_q -U postgres -d postgres -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
     WHERE application_name = 'relaybus-agent' AND usename = 'agent_login'" >/dev/null

@@ -58,6 +58,10 @@ check_eq "handler create refuses a secret key shorter than 24 bytes (exit 2)" "2
     "$rc $(grep -c 'at least 24 bytes' <<<"$out")"
 "$BIN" route 'order.*' hook --database $DB
 "$BIN" route 'order.created' hook --wire orders.v1.created --database $DB
+# CloudEvents from the same builder as the extension's, with the sidecar's source.
+"$BIN" handler create ce http "$HOOK/ce" --options '{"cloudevents":"binary"}' --database $DB >/dev/null
+"$BIN" route 'ce.x' ce --database $DB
+"$BIN" publish ce.x '{"c":1}' --key ck --database $DB >/dev/null || fail "publish ce.x"
 : >"$TMP/pub_a"
 for i in $(seq 1 120); do
     if ((i % 10 == 0)); then
@@ -79,6 +83,13 @@ check_eq "every delivery once, in key order, seqs in publish order, signatures v
     "missing=${R[missing]} dups=${R[dups]} extra=${R[extra]} order=${R[order_violations]} seq_mismatch=${R[seq_mismatch]} gaps=${R[seq_gap_keys]} publish_order=${R[publish_order]} badsig=${R[bad_signature]} env=${R[envelope_errors]}"
 topic=$(curl -s "$HOOK/_requests" | $PY -c "import json,sys; print(sorted({json.loads(r['body'])['topic'] for r in json.load(sys.stdin) if r['path']=='/a'}))")
 check_eq "the most specific route's wire name is the topic" "['orders.v1.created']" "$topic"
+ce=$(curl -s "$HOOK/_requests" | $PY -c "
+import json,sys
+for r in json.load(sys.stdin):
+    if r['path']=='/ce':
+        h=r['headers']; print(h.get('ce-source'), h.get('ce-type'), h.get('ce-subject'), h.get('ce-relaybusseq'), json.loads(r['body']))")
+check_eq "cloudevents binary: source /relaybus-mongo/<database>, type, subject, seq, the payload as body" \
+    "/relaybus-mongo/t_order ce.x ck 1 {'c': 1}" "$ce"
 check_eq "metrics: delivered_total" 120 "$(metric one 'relaybus_mongo_delivered_total{handler="hook"}')"
 code=$(curl -s -o /dev/null -w '%{http_code}' "http://$(metrics_addr one)/healthz")
 check_eq "/healthz answers 200" 200 "$code"

@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/cloudevents.hpp"
 #include "core/route_resolver.hpp"
 #include "pg/cpp/handler_config.hpp"
 #include "pg/cpp/invoke.hpp"
@@ -31,7 +32,7 @@ static void copy_name(char (&to)[kNameLen], const char* from) {
 }
 
 bool catalog_build(const CatalogHandlerRow* hs, int nh, const CatalogRouteRow* rs, int nr,
-                   const char* message_id_prefix, Catalog** out, ErrorRecord* err) noexcept {
+                   const char* message_id_prefix, const char* database_name, Catalog** out, ErrorRecord* err) noexcept {
   return invoke_cpp(err, [&] {
     auto cat = std::make_unique<Catalog>();
     // Reserved: entries point into configs, by_name into entries.
@@ -55,6 +56,7 @@ bool catalog_build(const CatalogHandlerRow* hs, int nh, const CatalogRouteRow* r
       if (!core::parse_handler_options(h.kind, hs[i].options, &config.options, &ignored))
         config.options = core::HandlerOptions{};
       config.options.message_id_prefix = message_id_prefix;
+      config.options.default_cloudevents_source = core::default_cloudevents_source("/relaybus/", database_name);
       h.ack = config.options.ack;
       h.inline_payload = config.options.inline_payload;
       h.lease_ms = config.options.lease_ms;

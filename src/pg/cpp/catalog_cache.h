@@ -54,9 +54,10 @@ struct CatalogRouteRow {
 
 struct Catalog;  // opaque
 
-// message_id_prefix: the webhook-id prefix of this cluster and database.
+// message_id_prefix: the webhook-id prefix of this cluster and database;
+// database_name: this database's, for the default CloudEvents source.
 bool catalog_build(const CatalogHandlerRow* handlers, int nhandlers, const CatalogRouteRow* routes, int nroutes,
-                   const char* message_id_prefix, Catalog** out, ErrorRecord* err) noexcept;
+                   const char* message_id_prefix, const char* database_name, Catalog** out, ErrorRecord* err) noexcept;
 void catalog_free(Catalog* cat) noexcept;
 // nullptr if none; pointers stay valid until catalog_free().
 const HandlerEntry* catalog_find_name(const Catalog* cat, const char* name) noexcept;
