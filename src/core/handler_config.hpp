@@ -82,9 +82,9 @@ struct HandlerOptions {
   // (docs/sql-api.md). max_concurrency: attempts in flight, 0 = none;
   // rate: attempts per second (a token bucket of `burst` tokens), 0 = none;
   // burst 0 = the default, max(1, ceil(rate)) (effective_burst).
-  int max_concurrency = 0;  // 1..kMaxLimitValue
-  double rate = 0;          // > 0, <= kMaxLimitValue
-  int burst = 0;            // 1..kMaxLimitValue, only with rate
+  int max_concurrency = 0;                             // 1..kMaxLimitValue
+  double rate = 0;                                     // > 0, <= kMaxLimitValue
+  int burst = 0;                                       // 1..kMaxLimitValue, only with rate
   CloudEventsMode cloudevents = CloudEventsMode::Off;  // http, kafka
   // http, kafka: the events' source attribute, a URI-reference; empty: the
   // host's default_cloudevents_source.
