@@ -59,8 +59,12 @@ std::string kafka_error_text(rd_kafka_resp_err_t err) {
   return std::string("kafka: ") + rd_kafka_err2str(err) + " (" + rd_kafka_err2name(err) + ")";
 }
 
-// The sink times the handler's messages itself (KafkaSink::set_pipelined).
-bool self_timed(bool pipelined, const PipelineHandler& h) { return pipelined && h.options.key_window > 1; }
+// The sink times the handler's messages itself (KafkaSink::set_pipelined)
+// when a key has more than one of them out: the one key_window rule, every
+// handler here being a kafka one.
+bool self_timed(bool pipelined, const PipelineHandler& h) {
+  return pipelined && effective_key_window(HandlerKind::Kafka, h.options) > 1;
+}
 
 std::string fingerprint_of(const PipelineHandler& h, bool self_timed) {
   std::string f = h.target;
