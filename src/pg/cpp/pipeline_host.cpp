@@ -100,10 +100,6 @@ class PgLimiter final : public core::HandlerLimiter {
 };
 PgLimiter limiter;
 
-int in_flight_limit(core::HandlerKind kind, const core::HandlerOptions& o) {
-  return core::handler_in_flight_limit(kind, o);
-}
-
 // For the calls whose failure changes nothing (the old answer stands).
 template <typename F>
 void quietly(F&& f) noexcept {
@@ -158,7 +154,8 @@ int host_room(int32_t handler_id, core::HandlerKind kind, const HandlerConfig* c
   int capacity = 0;
   quietly([&] {
     router->set_kind(handler_id, kind);
-    capacity = pipeline->room(handler_id, in_flight_limit(kind, config->options), config->options, now_ms);
+    capacity =
+        pipeline->room(handler_id, core::handler_in_flight_limit(kind, config->options), config->options, now_ms);
   });
   return capacity;
 }
@@ -172,7 +169,7 @@ bool host_stage(int32_t handler_id, core::HandlerKind kind, const char* name, co
     handler->name = name;
     handler->target = config->target;
     handler->options = config->options;
-    handler->options.concurrency = in_flight_limit(kind, config->options);
+    handler->options.concurrency = core::handler_in_flight_limit(kind, config->options);
     Staged s{std::move(handler), {}, expires_ms};
     s.claimed.reserve(n);
     for (int i = 0; i < n; i++) {
