@@ -215,9 +215,20 @@ size_t DeliveryPipeline::collect(int64_t now_ms) {
     if (it == in_flight_.end()) continue;  // cancelled meanwhile
     Sent sent = std::move(it->second);
     in_flight_.erase(it);
+    if (r.unsent) {
+      if (sent.permit) limiter_->release(*sent.handler);
+      held_.erase(static_cast<int64_t>(r.tag));
+      ++unsent_;
+      continue;
+    }
     finish(sent, r, now_ms, true);
   }
   return waiting_.size();
+}
+
+const Receipt* DeliveryPipeline::receipt_in_flight(int64_t id) const {
+  auto it = in_flight_.find(id);
+  return it == in_flight_.end() ? nullptr : &it->second.receipt;
 }
 
 bool DeliveryPipeline::completion_due(int64_t now_ms) const {

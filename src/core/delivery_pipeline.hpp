@@ -205,7 +205,9 @@ class DeliveryPipeline {
   // breaker tripped beyond its probe.
   void pump(DeliveryStore& store, int64_t now_ms);
   // Takes the sink's results: breakers, classification. Returns how many
-  // completions wait.
+  // completions wait. A result the sink never sent (HttpResult::unsent) is
+  // dropped without a completion, as a delivery given back: no attempt was
+  // made, the breaker learns nothing, the lane's holder sends it.
   size_t collect(int64_t now_ms);
   // A batch is ready: complete_batch of them, or the oldest waited
   // complete_delay_ms, or nothing is in flight any more (and no store
@@ -224,6 +226,10 @@ class DeliveryPipeline {
 
   // Whether a delivery is queued, in flight or awaiting completion here.
   bool holds(int64_t id) const { return held_.count(id) != 0; }
+  // The receipt a delivery in flight was sent under; null if none is.
+  const Receipt* receipt_in_flight(int64_t id) const;
+  // Results the sink never sent (collect), since the pipeline started.
+  uint64_t unsent() const { return unsent_; }
   // Calls f with the receipt of every delivery held here.
   void for_each_receipt(const std::function<void(const Receipt&)>& f) const;
   size_t queued() const { return queue_.size(); }
@@ -260,6 +266,7 @@ class DeliveryPipeline {
   int64_t first_waiting_ms_ = 0;
   int64_t retry_flush_at_ms_ = 0;
   std::unordered_set<int64_t> held_;
+  uint64_t unsent_ = 0;
   std::unordered_map<int, CircuitBreaker> breakers_;
   std::unordered_map<int, int64_t> opened_at_ms_;  // handler key -> when its breaker last (re)opened
   HandlerLimiter* limiter_ = nullptr;

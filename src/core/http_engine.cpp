@@ -183,6 +183,7 @@ struct HttpEngine::Transfer {
   int hop_refused = 0;
   std::string refusal;
   bool reuse_refused = false;  // the prereq check refused the connection's address
+  bool gate_refused = false;   // the send gate refused the request (HttpEngine::set_send_gate)
 
   Transfer() = default;
   Transfer(const Transfer&) = delete;
@@ -266,6 +267,21 @@ struct HttpEngineCallbacks {
   // connection opened under a wider list is not used once the list narrowed.
   static int prereq_cb(void* clientp, char* primary_ip, char*, int primary_port, int) {
     auto* t = static_cast<HttpEngine::Transfer*>(clientp);
+    const int verdict = address_check(t, primary_ip, primary_port);
+    if (verdict != CURL_PREREQFUNC_OK) return verdict;
+    try {
+      if (t->engine->send_gate_ && !t->engine->send_gate_(t->req.tag)) {
+        t->gate_refused = true;
+        return CURL_PREREQFUNC_ABORT;
+      }
+    } catch (...) {
+      t->gate_refused = true;
+      return CURL_PREREQFUNC_ABORT;
+    }
+    return CURL_PREREQFUNC_OK;
+  }
+
+  static int address_check(HttpEngine::Transfer* t, const char* primary_ip, int primary_port) {
     try {
       sockaddr_storage ss{};
       socklen_t len = 0;
@@ -783,7 +799,10 @@ void HttpEngine::finish_done_transfers() {
             r.error = "response cut short: " + detail;
             break;
           case CURLE_ABORTED_BY_CALLBACK:
-            if (t->reuse_refused) {
+            if (t->gate_refused) {
+              r.unsent = true;
+              r.error = "not sent: the send gate refused it";
+            } else if (t->reuse_refused) {
               r.outcome = HttpOutcome::Fail;  // the policy, as for a refused new connection
               r.error = t->refusal;
             } else {

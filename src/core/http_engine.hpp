@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -54,6 +55,9 @@ struct HttpResult {
   std::string error;
   // From Retry-After on 429/503 (clamped to the request's max_retry_after_ms), else -1.
   int64_t retry_after_ms = -1;
+  // The send gate refused the request just before it would have gone out
+  // (outcome Retry): the receiver got nothing, no attempt was made.
+  bool unsent = false;
   int64_t elapsed_ms = 0;       // submit to completion
   int http_version = 0;         // 10, 11, 20, 30; 0 = no response
   int new_connections = 0;      // connections this request had to open (0 = reused one)
@@ -93,6 +97,14 @@ class HttpEngine {
   // from now on, on a new or a kept-alive connection (one opened under the
   // old list to an address the new one refuses is not used again).
   void set_allowlist(const Allowlist& allow);
+
+  // Asked with a request's tag right before the request goes out, on a new
+  // or a kept-alive connection (each hop): false stops it there, and its
+  // result says so (unsent). A submit can precede the moment the request
+  // leaves by a whole blocked loop pass; a caller whose right to send runs
+  // out in time (a lease) checks it here as well as at submit. Needs libcurl
+  // 7.80 (CURLOPT_PREREQFUNCTION); older ones check at submit only.
+  void set_send_gate(std::function<bool(uint64_t tag)> gate) { send_gate_ = std::move(gate); }
 
   // Requests of one handler_key in flight at once; default 16, < 1 means 1.
   // Lowering it below what is in flight only stops new submits.
@@ -169,6 +181,7 @@ class HttpEngine {
   void remove_transfer(Transfer* t);
 
   HttpEngineOptions options_;
+  std::function<bool(uint64_t)> send_gate_;
   void* multi_ = nullptr;  // CURLM*
   std::unordered_map<Transfer*, std::unique_ptr<Transfer>> transfers_;
   std::unordered_map<int, int> limits_;

@@ -81,6 +81,7 @@ void Dispatcher::stage(SentHandler& h) {
   // reads may have taken longer than that).
   pipeline.enqueue(h.pipe, std::move(claimed), wall_ms() + cfg_.lease_ms);
   pipeline.pump(*this, wall_ms());
+  pause_point("after_stage", h.doc.name);  // a test hook: a store call that blocks the loop here
   metrics_.in_flight = static_cast<int>(host_.in_flight());
   // More may be waiting: look again as soon as there is room.
   if (static_cast<int>(got.deliveries.size()) >= cap || got.may_have_more) loop_.next_fetch_ms = 0;

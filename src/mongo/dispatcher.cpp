@@ -16,6 +16,14 @@ Dispatcher::Dispatcher(Config cfg, std::map<std::string, std::string> flags, Sto
       leases_(cfg_, store_, metrics_, sequencer_, rng_()) {
   metrics_.commands = &store_.command_counts();
   metrics_.started_ms = wall_ms();
+  // A request queued while its lease held may leave a whole blocked loop
+  // pass later (a slow store call), after the lease ran out and another
+  // instance sent the key's later deliveries: it would arrive behind them.
+  host_.set_send_check([this](int64_t id, const core::Receipt& r) {
+    if (leases_.receipt_holds(r, wall_ms())) return true;
+    log_warn("request not sent: lane lease lapsed before it went out", {{"id", id}, {"lane", r.a}});
+    return false;
+  });
 }
 
 Dispatcher::~Dispatcher() { store_.set_observer(nullptr); }

@@ -26,6 +26,12 @@ bool PipelineHost::ensure(const Config& cfg, std::mt19937_64& rng) {
     engine_.reset();
     return false;
   }
+  if (send_check_)
+    engine_->set_send_gate([this](uint64_t tag) {
+      const int64_t id = static_cast<int64_t>(tag);
+      const core::Receipt* r = pipeline_ ? pipeline_->receipt_in_flight(id) : nullptr;
+      return r != nullptr && send_check_(id, *r);  // none: cancelled meanwhile
+    });
   sink_ = std::make_unique<core::HttpSink>(*engine_);
   kafka_sink_ = std::make_unique<core::KafkaSink>();
   // The loop polls the sink by its deadlines too (WaitSet::wait).

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -26,6 +27,10 @@ class PipelineHost {
   // (the engine checks every connection and every request against it).
   // false (logged): nothing can be sent, with the reason in the log.
   bool ensure(const Config& cfg, std::mt19937_64& rng);
+  // Asked right before an http request leaves (core::HttpEngine::set_send_gate)
+  // with the delivery's id and receipt: false keeps it from going out. Set
+  // before the first ensure().
+  void set_send_check(std::function<bool(int64_t id, const core::Receipt&)> check) { send_check_ = std::move(check); }
   bool ready() const { return pipeline_ != nullptr; }
 
   // Valid once ensure() returned true.
@@ -50,6 +55,7 @@ class PipelineHost {
   std::unique_ptr<core::RoutingSink> router_;
   std::unique_ptr<core::DeliveryPipeline> pipeline_;
   std::string allowlist_;
+  std::function<bool(int64_t, const core::Receipt&)> send_check_;
 };
 
 }  // namespace relaybus::mongo

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <stdexcept>
 
 #include "core/backoff.hpp"
@@ -218,6 +219,28 @@ TEST(DeliveryPipeline, BreakerOpensAndGivesBackTheQueue) {
   ASSERT_TRUE(rig.run_until([&] { return rig.store.completions == 5; }));
   EXPECT_EQ(rig.store.rows[1].state, "retry");
   EXPECT_EQ(rig.store.rows[1].status, 503);
+}
+
+TEST(DeliveryPipeline, ARequestTheSendGateStopsIsNeitherCompletedNorCountedAgainstTheBreaker) {
+  TestHttpServer server([](const auto&) { return Reply{}; });
+  Rig rig;
+  auto h = handler(server);
+  // The gate asks the pipeline for the receipt it sent under (as the sidecar
+  // does); delivery 1's lease ran out between its submit and its going out.
+  std::set<int64_t> lapsed{1};
+  rig.engine.set_send_gate([&](uint64_t tag) {
+    const Receipt* r = rig.pipeline.receipt_in_flight(static_cast<int64_t>(tag));
+    return r != nullptr && lapsed.count(static_cast<int64_t>(tag)) == 0;
+  });
+  rig.pipeline.enqueue(h, {rig.store.claim(1), rig.store.claim(2, "k2")}, now_ms() + 60000);
+  ASSERT_TRUE(rig.run_until([&] { return rig.store.completions == 1 && rig.pipeline.unsent() == 1; }));
+  EXPECT_EQ(server.requests().size(), 1u);
+  EXPECT_FALSE(rig.pipeline.holds(1));  // claimable again by whoever holds it
+  EXPECT_EQ(rig.store.rows[1].state, "pending");
+  EXPECT_EQ(rig.store.completions, 1);
+  EXPECT_EQ(rig.store.rows[2].state, "delivered");
+  EXPECT_FALSE(rig.pipeline.breaker_open(h->key));
+  EXPECT_EQ(rig.pipeline.receipt_in_flight(2), nullptr);
 }
 
 TEST(DeliveryPipeline, AStaleReceiptsCompletionChangesNothing) {

@@ -376,6 +376,32 @@ TEST(HttpEngine, ReloadedAllowListAppliesToKeptAliveConnections) {
   EXPECT_EQ(server.requests().size(), 3u);
 }
 
+TEST(HttpEngine, TheSendGateStopsARequestRightBeforeItLeaves) {
+  TestHttpServer server;
+  HttpEngine engine(loopback_options());
+  std::vector<uint64_t> asked;
+  bool open = false;
+  engine.set_send_gate([&](uint64_t tag) {
+    asked.push_back(tag);
+    return open;
+  });
+  HttpRequest first = post(server.url("/"), "{}");
+  const uint64_t first_tag = first.tag;
+  const HttpResult stopped = run_one(engine, std::move(first));
+  EXPECT_TRUE(stopped.unsent);
+  EXPECT_EQ(stopped.outcome, HttpOutcome::Retry);
+  EXPECT_EQ(stopped.status, 0);
+  EXPECT_EQ(server.requests().size(), 0u);  // the receiver got nothing
+  EXPECT_EQ(asked, std::vector<uint64_t>{first_tag});
+
+  open = true;  // asked again for the next request, on the connection kept or a new one
+  const HttpResult sent = run_one(engine, post(server.url("/"), "{}"));
+  EXPECT_FALSE(sent.unsent);
+  EXPECT_EQ(sent.outcome, HttpOutcome::Success) << sent.error;
+  EXPECT_EQ(server.requests().size(), 1u);
+  EXPECT_EQ(asked.size(), 2u);
+}
+
 TEST(HttpEngine, LoopbackIsAllowedByCidrOrHostName) {
   TestHttpServer server;
   {

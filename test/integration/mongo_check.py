@@ -17,6 +17,8 @@ Prints name=value lines:
   id_reuse         delivery ids received with more than one payload
   seq_reuse        (key, seq) pairs received with more than one payload
   order_violations per key, a seq lower than the key's previous one in receive order
+  order_sample     the first violations: key:previous>seq@request index#delivery id,
+                   (repeat) when that seq had arrived before, else (first)
   seq_mismatch     envelopes whose key differs from the published one
   seq_gap_keys     keys whose received seqs are not exactly 1..(events of the key)
   publish_order    per publisher and key, an event with a lower seq than an earlier one
@@ -71,7 +73,8 @@ def main():
     last_seq = {}
     got_seqs = {}
     order_violations = seq_mismatch = bad_sig = env_err = 0
-    for r in reqs:
+    order_sample = []  # "key:prev>seq@request#(repeat|first)" for the first violations
+    for idx, r in enumerate(reqs):
         h = r["headers"]
         # webhook-id: "msg_mongo_<database>_<delivery id>" (docs/mongo.md)
         raw = h.get("webhook-id", "")
@@ -105,6 +108,9 @@ def main():
             seq_of_payload[c] = s
             if key in last_seq and s < last_seq[key]:
                 order_violations += 1
+                if len(order_sample) < 8:
+                    kind = "repeat" if s in got_seqs.get(key, set()) else "first"
+                    order_sample.append(f"{key}:{last_seq[key]}>{s}@{idx}#{wid}({kind})")
             last_seq[key] = s
             got_seqs.setdefault(key, set()).add(s)
     missing = [c for c in pub if c not in ids_of_payload]
@@ -132,6 +138,7 @@ def main():
         "id_reuse": sum(1 for s in payloads_of_id.values() if len(s) > 1),
         "seq_reuse": sum(1 for s in payloads_of_seq.values() if len(s) > 1),
         "order_violations": order_violations,
+        "order_sample": " ".join(order_sample),
         "seq_mismatch": seq_mismatch,
         "seq_gap_keys": len(gap_keys),
         "publish_order": publish_order,

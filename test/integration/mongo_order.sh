@@ -120,6 +120,15 @@ check_eq "each publisher's order kept per key (events sequenced below an earlier
 check_eq "nothing lost, nothing sequenced twice, seqs gapless and delivered in seq order" \
     "missing=0 extra=0 reissued=0 seq_reuse=0 gaps=0 order=0" \
     "missing=${R[missing]:-?} extra=${R[extra]:-?} reissued=${R[reissued]:-?} seq_reuse=${R[seq_reuse]:-?} gaps=${R[seq_gap_keys]:-?} order=${R[order_violations]:-?}"
+if [[ "${R[order_violations]:-?}" != 0 ]]; then
+    # Which deliveries came back out of order, and what the instances said
+    # about their leases and results meanwhile.
+    echo "    out of order: ${R[order_sample]:-}"
+    for i in a b c; do
+        echo "    order_$i: $(grep -o '"msg":"[^"]*"' "$TMP/order_$i.err" | sort | uniq -c | sort -rn | head -12 | tr -s ' ' | tr '\n' ';')"
+        grep -E 'lease|dropped|given back|lanes"' "$TMP/order_$i.err" | head -n 20 | sed 's/^/      /'
+    done
+fi
 roles=$(for i in a b c; do printf 'order_%s:%s ' $i "$(grep -c '"msg":"sequencer role taken"' "$TMP/order_$i.err")"; done)
 log "sequencer role taken (times per instance): $roles"
 stop_instance $PB

@@ -32,5 +32,41 @@ if wait_until 300 has_requests /slow 20; then pass "20 deliveries went out throu
         "$(grep -v '"store command"' "$TMP/slow.err" | tail -3)"; fi
 check_eq "no result dropped for a lapsed lease" 0 "$(grep -c 'result dropped' "$TMP/slow.err")"
 stop_instance $P1
+
+# A request is queued while its lane's lease holds, then the loop blocks
+# (a slow store call) until the lease has run out, and another instance takes
+# the lane and delivers the key's deliveries: the blocked instance, when it
+# wakes, must not send the stale request after them (a key's seq 1 arriving
+# after its seq 2: mongo_order.sh's order=17 under load). A test pause right
+# after the pipeline queued the request stands for the slow store call.
+log "a request queued before a stall that outlasted the lease is not sent after the new holder's"
+DB=t_stale_send
+"$BIN" init --database $DB >/dev/null
+"$BIN" handler create hook http "$HOOK/stale" --database $DB >/dev/null
+"$BIN" route 'stale.*' hook --database $DB >/dev/null
+RELAYBUS_MONGO_PAUSE_POINT=after_stage RELAYBUS_MONGO_PAUSE_FILE="$TMP/stale_pause" RELAYBUS_MONGO_PAUSE_MS=9000 \
+    start_instance stale_a $DB
+PA=$IPID
+wait_until 30 grep -q '"held":64' "$TMP/stale_a.err" || fail "stale_a took no lanes" "$(tail -3 "$TMP/stale_a.err")"
+touch "$TMP/stale_pause"  # armed: the next pass that queues a request pauses after it
+"$BIN" publish stale.x '{"n":1}' --key s1 --database $DB >/dev/null
+"$BIN" publish stale.x '{"n":2}' --key s1 --database $DB >/dev/null
+wait_until 30 grep -q '"msg":"test pause point reached' "$TMP/stale_a.err" || fail "stale_a did not pause"
+start_instance stale_b $DB  # takes the lanes once stale_a's lease ran out
+PB=$IPID
+wait_until 30 has_requests /stale 2 && wait_until 10 pending_is $DB 0 ||
+    fail "stale_b did not deliver" "$(count_path /stale) requests; $(tail -3 "$TMP/stale_b.err")"
+stale_seqs() { curl -s "$HOOK/_requests" | $PY -c "
+import json,sys
+print(' '.join(str(json.loads(r['body'])['seq']) for r in json.load(sys.stdin) if r['path']=='/stale'))"; }
+# stale_a sleeps 9 s from the pause; then its loop runs on (its curl transfers included).
+woke() { grep -q '"msg":"result dropped\|"msg":"lane lease lost\|"msg":"lease renewed too late' "$TMP/stale_a.err"; }
+wait_until 30 woke || fail "stale_a did not notice its lost lease" "$(tail -3 "$TMP/stale_a.err")"
+sleep 2
+check_eq "the key's requests in seq order, the stale one not sent" "1 2" "$(stale_seqs)"
+grep -q '"msg":"request not sent: lane lease lapsed' "$TMP/stale_a.err" && pass "the unsent request was logged" ||
+    fail "no 'request not sent' log line" "$(grep -v '"store command"' "$TMP/stale_a.err" | tail -4)"
+stop_instance $PB
+stop_instance $PA
 log "done"
 finish
