@@ -251,7 +251,10 @@ PB=$IPID
 if wait_until 60 drained $DB && wait_until 20 kafka_has mk-kill 600; then
     pass "the next sidecar took the lanes over and finished"
 else
-    fail "after the kill" "left: $(outbox_and_pending $DB), topic: $(wc -l <"$TMP/has.json")" "$(grep -v '"level":"info"' "$TMP/kill_b.err" | tail -n 5)"
+    fail "after the kill" "left: $(outbox_and_pending $DB), topic: $(kafka_count mk-kill)" \
+        "$($PYM -c "import pymongo, mongo_deliveries as md; print(md.describe_left(pymongo.MongoClient('$URI')['$DB']))")" \
+        "$(grep -v '"level":"info"' "$TMP/kill_b.err" | tail -n 5)" \
+        "$(grep -E '"msg":"(lanes|sequencer[^"]*)"' "$TMP/kill_b.err" | tail -n 4)"
 fi
 analyze mk-kill "$TMP/pub_kill" || fail "could not read the topic back"
 log "kill -9: messages=${R[messages]} duplicates=${R[duplicates]} $(report)"

@@ -106,7 +106,8 @@ check_eq "4 publishers published $((4 * N)) events" "0 $((4 * N))" "$prc $(cat "
 if wait_until 600 has_requests /order $((4 * N)) && wait_until 30 pending_is $DB 0; then
     pass "$((4 * N)) events delivered"
 else
-    fail "got $(count_path /order) of $((4 * N)); pending $(stats_field $DB pending)"
+    fail "got $(count_path /order) of $((4 * N)); pending $(stats_field $DB pending)" \
+        "$($PYM -c "import pymongo, mongo_deliveries as md; print(md.describe_left(pymongo.MongoClient('$URI')['$DB']))")"
     # What the two live instances were doing: their message counts and last lines.
     for i in b c; do
         echo "    order_$i: $(grep -o '"msg":"[^"]*"' "$TMP/order_$i.err" | sort | uniq -c | sort -rn | head -8 | tr -s ' ' | tr '\n' ';')"
