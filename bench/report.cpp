@@ -5,6 +5,8 @@
 #include <functional>
 #include <set>
 
+#include "charts.hpp"
+
 namespace bench {
 
 namespace {
@@ -165,6 +167,19 @@ std::string write_reports(const ReportInput& in) {
     auto it = agg.find(a.cell.floor);
     return it == agg.end() ? NAN : get(it->second.m, "rate");
   };
+  // A chart beside a table: NAME.svg in the report's directory, linked below it.
+  auto emit_chart = [&](const std::string& name, const Chart& c) {
+    if (c.rows.empty()) return;
+    write_file(in.out_dir + "/" + name + ".svg", chart_svg(c));
+    md += "![" + c.title + "](" + name + ".svg)\n\n";
+  };
+  auto ratio_chart = [](const std::string& title) {
+    Chart c;
+    c.title = title;
+    c.unit = "x";
+    c.reference = 1.0;
+    return c;
+  };
 
   // ---- publish
   bool any_pub = false, any_disp = false, any_mixed = false;
@@ -186,9 +201,11 @@ std::string write_reports(const ReportInput& in) {
         "| cell | events/s | floor events/s | ratio | client stmts/call | stmts/event | WAL B/event | WAL rec/event "
         "| FPI/event | key_seqs upd/event (HOT) | call p99 ms | machine CPU µs/event | dispatcher CPU | spin ms | samples |\n";
     md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
+    Chart pub_chart = ratio_chart("Publish: events/s against the floor's (ratio)");
     for (auto& n : order) {
       const Agg& a = agg[n];
       if (a.cell.group != Group::Publish || a.cell.system == "floor") continue;
+      pub_chart.rows.push_back({n, {get(a.m, "rate") / floor_rate(a)}});
       double ks = get(a.m, "keyseq_upd_pu");
       std::string kcol = std::isfinite(ks) && ks > 0 ? strf("%.2f (%.0f%%)", ks, 100 * get(a.m, "keyseq_hot_share"))
                                                      : strf("%.2f", std::isfinite(ks) ? ks : 0.0);
@@ -201,8 +218,10 @@ std::string write_reports(const ReportInput& in) {
                  pct(get(a.m, "dispatcher_cpu_share")).c_str(), spin(get(a.m, "spin_ms")).c_str(),
                  samples_col(a).c_str());
     }
+    md += "\n";
+    emit_chart("publish", pub_chart);
     md +=
-        "\nFloors:\n\n| floor cell | events/s | rows/s | stmts/event | WAL B/event | WAL rec/event | FPI/event | call p99 ms | machine CPU µs/event | spin ms |\n";
+        "Floors:\n\n| floor cell | events/s | rows/s | stmts/event | WAL B/event | WAL rec/event | FPI/event | call p99 ms | machine CPU µs/event | spin ms |\n";
     md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
     for (auto& n : order) {
       const Agg& a = agg[n];
@@ -241,9 +260,11 @@ std::string write_reports(const ReportInput& in) {
         "upd/delivery | del/delivery | dispatcher CPU | dispatcher CPU µs/delivery | dispatcher MiB (RSS / anon) | lost/dup/order/dead | spin ms | samples |\n";
     md +=
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
+    Chart disp_chart = ratio_chart("Dispatch: deliveries/s against the floor's (ratio)");
     for (auto& n : order) {
       const Agg& a = agg[n];
       if (a.cell.group != Group::Dispatch || a.cell.system == "floor") continue;
+      disp_chart.rows.push_back({n, {get(a.m, "rate") / floor_rate(a)}});
       std::string memcol =
           std::isfinite(get(a.m, "rss_kb")) ? mib(get(a.m, "rss_kb")) + " / " + mib(get(a.m, "rss_anon_kb")) : "–";
       // Dispatcher CPU time per delivery: less sensitive to a busy machine than the rate.
@@ -256,7 +277,9 @@ std::string write_reports(const ReportInput& in) {
                  pct(get(a.m, "dispatcher_cpu_share")).c_str(), num(cpu_us).c_str(), memcol.c_str(),
                  exact_col(a).c_str(), spin(get(a.m, "spin_ms")).c_str(), samples_col(a).c_str());
     }
-    md += "\nFloors:\n\n| floor cell | rows/s | stmts/row | WAL B/row | WAL rec/row | FPI/row | spin ms |\n";
+    md += "\n";
+    emit_chart("dispatch", disp_chart);
+    md += "Floors:\n\n| floor cell | rows/s | stmts/row | WAL B/row | WAL rec/row | FPI/row | spin ms |\n";
     md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n";
     for (auto& n : order) {
       const Agg& a = agg[n];
@@ -281,9 +304,14 @@ std::string write_reports(const ReportInput& in) {
         "| cell | target/s | accepted/s | delivered/s | p50 ms | p95 ms | p99 ms | max ms | negative | WAL B/event | "
         "stmts/event | dispatcher MiB (RSS / anon) | lost/dup/order/dead | spin ms | samples |\n";
     md += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
+    Chart mixed_chart;
+    mixed_chart.title = "Mixed: commit-to-handler latency (ms)";
+    mixed_chart.unit = " ms";
+    mixed_chart.series = {"p50", "p95", "p99"};
     for (auto& n : order) {
       const Agg& a = agg[n];
       if (a.cell.group != Group::Mixed) continue;
+      mixed_chart.rows.push_back({n, {get(a.m, "lat_p50_ms"), get(a.m, "lat_p95_ms"), get(a.m, "lat_p99_ms")}});
       std::string memcol =
           std::isfinite(get(a.m, "rss_kb")) ? mib(get(a.m, "rss_kb")) + " / " + mib(get(a.m, "rss_anon_kb")) : "–";
       md += strf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", n.c_str(),
@@ -295,6 +323,7 @@ std::string write_reports(const ReportInput& in) {
                  exact_col(a).c_str(), spin(get(a.m, "spin_ms")).c_str(), samples_col(a).c_str());
     }
     md += "\n";
+    emit_chart("mixed", mixed_chart);
   }
 
   // ---- peers, beside relaybus
@@ -316,10 +345,12 @@ std::string write_reports(const ReportInput& in) {
         "WAL B/unit (peer / relaybus) | WAL rec/unit (peer / relaybus) | rows ins/upd/del per unit (peer) | "
         "lost/dup/order/dead | spin ms | samples |\n";
     md += "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
+    Chart peer_chart = ratio_chart("Peers: relaybus against each peer (ratio; above 1: relaybus is faster)");
     for (auto& n : order) {
       const Agg& a = agg[n];
       if (!is_peer(a.cell)) continue;
       std::string rc = relaybus_counterpart(a.cell, agg);
+      peer_chart.rows.push_back({n, {rate_of(rc) / get(a.m, "rate")}});
       auto it = agg.find(rc);
       const Agg* r = it == agg.end() ? nullptr : &it->second;
       auto both = [&](const char* k, int prec) {
@@ -333,8 +364,10 @@ std::string write_reports(const ReportInput& in) {
                  num(get(a.m, "main_del_pu"), 2).c_str(), exact_col(a).c_str(), spin(get(a.m, "spin_ms")).c_str(),
                  samples_col(a).c_str());
     }
+    md += "\n";
+    emit_chart("peers", peer_chart);
     md +=
-        "\nPgQ's consumer writes almost nothing per event: it never deletes or updates an event row; whole "
+        "PgQ's consumer writes almost nothing per event: it never deletes or updates an event row; whole "
         "event tables are truncated by rotation (queue_rotation_period, 2 hours), outside any window.\n\n";
   }
 
