@@ -179,7 +179,7 @@ void DeliveryPipeline::pump(DeliveryStore& store, int64_t now_ms) {
   for (const auto& [key, waited] : refused_permit)
     for (const auto& q : queue_)
       if (q.handler->key == key) {
-        limiter_->held_back(*q.handler, waited);
+        limiter_->held_back(*q.handler, waited, now_ms);
         break;
       }
   for (auto& [sent, result] : refused) finish(sent, result, now_ms, false);

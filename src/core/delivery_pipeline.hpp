@@ -165,8 +165,8 @@ class HandlerLimiter {
   // process may give back at any time).
   virtual bool acquire(const PipelineHandler& handler, int64_t now_ms, int64_t* retry_in_ms) = 0;
   virtual void release(const PipelineHandler& handler) = 0;
-  // waited deliveries began waiting for a permit in this pump (each counted once).
-  virtual void held_back(const PipelineHandler& handler, int waited) = 0;
+  // waited deliveries began waiting for a permit in the pump at now_ms (each counted once).
+  virtual void held_back(const PipelineHandler& handler, int waited, int64_t now_ms) = 0;
 };
 
 struct PipelineOptions {

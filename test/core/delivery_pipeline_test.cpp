@@ -484,7 +484,7 @@ class CountingLimiter final : public HandlerLimiter {
     return true;
   }
   void release(const PipelineHandler& h) override { in_flight[h.key]--; }
-  void held_back(const PipelineHandler& h, int n) override { waited[h.key] += n; }
+  void held_back(const PipelineHandler& h, int n, int64_t) override { waited[h.key] += n; }
 };
 
 // A handler held back by its shared limit waits in claim order, counted once

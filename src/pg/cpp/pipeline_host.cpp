@@ -93,10 +93,9 @@ class PgLimiter final : public core::HandlerLimiter {
                                 now_ms, retry_in_ms);
   }
   void release(const core::PipelineHandler& h) override { shared_limit_release(h.key); }
-  void held_back(const core::PipelineHandler& h, int waited) override {
-    shared_limit_held_back(h.key, waited, last_pump_ms);
+  void held_back(const core::PipelineHandler& h, int waited, int64_t now_ms) override {
+    shared_limit_held_back(h.key, waited, now_ms);
   }
-  int64_t last_pump_ms = 0;
 };
 PgLimiter limiter;
 
@@ -211,10 +210,7 @@ size_t host_queued() noexcept { return pipeline ? pipeline->queued() : 0; }
 size_t host_in_flight() noexcept { return router ? router->in_flight() : 0; }
 
 bool host_pump(int64_t now_ms, ErrorRecord* err) noexcept {
-  return invoke_cpp(err, [&] {
-    limiter.last_pump_ms = now_ms;
-    pipeline->pump(store, now_ms);
-  });
+  return invoke_cpp(err, [&] { pipeline->pump(store, now_ms); });
 }
 
 bool host_release_queued(ErrorRecord* err) noexcept {
