@@ -23,11 +23,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/kafka_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/managed_lib.sh"
 
-ROOT=$RELAYBUS_ROOT
-AGENT=$ROOT/relaybus-agent
 DB=agentkafka
-OWNER=relay_owner
 WINDOW=16
+OWNER=relay_owner
 OUTAGE_S=20
 
 eval "$(declare -f cleanup | sed '1s/^cleanup/kafka_cleanup/')"
@@ -40,8 +38,8 @@ trap 'cleanup' EXIT
 trap 'cleanup; echo "$TEST_NAME: interrupted"; echo "$PASSED passed, $((FAILED + 1)) failed"; exit 1' INT TERM
 
 log "building relaybus-agent and the managed script"
-make -s -C "$ROOT" agent >/dev/null || die "make agent failed"
-make -s -C "$ROOT" managed >/dev/null || die "make managed failed"
+make -s -C "$RELAYBUS_ROOT" agent >/dev/null || die "make agent failed"
+make -s -C "$RELAYBUS_ROOT" managed >/dev/null || die "make managed failed"
 kafka_pick_port
 kafka_start >"$TMP/broker-start.log" 2>&1 &
 broker_starting=$!
@@ -72,7 +70,7 @@ wait "$broker_starting" || die "the broker did not start: $(tail -5 "$TMP/broker
 start_agent() {
     local name=$1
     shift
-    "$AGENT" --database "host=$PGHOST port=$PGPORT dbname=$DB user=agent_login" --metrics-addr 127.0.0.1:0 \
+    "$RELAYBUS_ROOT/relaybus-agent" --database "host=$PGHOST port=$PGPORT dbname=$DB user=agent_login" --metrics-addr 127.0.0.1:0 \
         --log-level info "$@" 2>"$TMP/$name.log" &
     AGENT_PID=$!
     bg_track "$AGENT_PID"
@@ -85,6 +83,25 @@ metric_of() {
 }
 metric_is() { [[ "$(metric_of "$1" "$2")" == "$3" ]]; }
 loaded() { grep -q '"msg":"handlers loaded"' "$TMP/$1.log"; }
+# all_in_order LABEL HANDLER TOPIC KEYS_WHERE COMMITTED: every delivery of
+# HANDLER completed and none dead, the topic holding COMMITTED messages, and
+# against pub_log's rows KEYS_WHERE selects (kafka_order_facts, into R):
+# nothing missing or uncommitted, each key in one partition, in seq order
+# but for repeats of contiguous runs.
+all_in_order() {
+    local label=$1 handler=$2 topic=$3 where=$4 committed=$5
+    check "$label every delivery is completed in the end" wait_until 180 none_pending "$DB" "$handler"
+    check_eq "$label nothing is dead" 0 "$(dead_of "$DB" "$handler")"
+    check_topic_has "$label every committed event is in the topic" "$DB" "$handler" "$topic" "$committed" 30
+    kafka_consume "$topic" "$TMP/$handler.json"
+    sql "$DB" "SELECT id, key FROM pub_log WHERE $where ORDER BY id" >"$TMP/pub-$handler.txt"
+    kafka_order_facts "$TMP/$handler.json" "$TMP/pub-$handler.txt"
+    log "$label committed=$committed messages=${R[messages]} missing=${R[missing]} duplicates=${R[duplicates]} rewinds=${R[rewinds]} max_rewind=${R[max_rewind]} max_dups_per_key=${R[max_dups_per_key]}"
+    check_eq "$label nothing committed is missing" 0 "${R[missing]}"
+    check_eq "$label nothing uncommitted arrived" 0 "${R[extra]}"
+    check_eq "$label each key in one partition" True "${R[keys_in_one_partition]}"
+    check_eq "$label per key in seq order, repeats only of contiguous runs" 0 "${R[out_of_order_runs]}"
+}
 
 start_agent a1
 check "the agent connects and loads its handlers" wait_until 30 loaded a1
@@ -147,27 +164,7 @@ check_eq "(a) all 201 keys where the Java client (murmur2) and the extension put
 
 # ============================================== (b) a permanent failure in a window
 log "(b) a message too large inside a window"
-kafka_create_topic relay-gap 1 max.message.bytes=2000 || die "could not create topic relay-gap"
-kafka_handler "$DB" gap relay-gap \
-    "{\"key_window\": $WINDOW, \"backoff_base\": \"100ms\", \"max_attempts\": 10, \"producer\": {\"batch.size\": \"1500\"}}" \
-    'kg.#' || die "could not create the handler"
-# Paused while publishing, so that the ten are claimed as one run.
-sql "$DB" "SELECT relay_pause_handler('gap')" \
-    "INSERT INTO pub_log SELECT relay_publish('kg.ev', CASE WHEN i = 5 THEN jsonb_build_object('i', i, 'blob', repeat('x', 5000))
-                                        ELSE jsonb_build_object('i', i) END, 'g'), 'g'
-       FROM generate_series(1, 10) i" \
-    "SELECT relay_resume_handler('gap')" >/dev/null
-check "(b) the large one is dead" wait_until 60 dead_is "$DB" gap 1
-check "(b) the others are delivered" wait_until 60 none_pending "$DB" gap
-check_eq "(b) dead on its first attempt with the broker's error, seq 5" \
-    "1|5|kafka: Broker: Message size too large (MSG_SIZE_TOO_LARGE)" \
-    "$(sql "$DB" "SELECT attempts, seq, last_error FROM relay.dead_letters WHERE handler = 'gap'")"
-check_topic_has "(b) nine messages in the topic" "$DB" gap relay-gap 9 20
-kafka_consume relay-gap "$TMP/gap.json"
-check_eq "(b) the key's seqs in the partition: the gap at 5, the later ones after it" "1 2 3 4 6 7 8 9 10" \
-    "$(python3 -c 'import json,sys
-ms=sorted((json.loads(l) for l in open(sys.argv[1]) if l.strip()), key=lambda m: m["offset"])
-print(" ".join(dict(zip(m["headers"][0::2], m["headers"][1::2]))["relay-seq"] for m in ms))' "$TMP/gap.json")"
+kafka_gap_case "$DB" "$WINDOW" "(b) "
 gap_line() { grep -m1 'kafka handler gap, key \\"g\\": delivery [0-9]* (seq 5) failed' "$TMP/a1.log"; }
 check "(b) a log line names the failure and counts the later ones acknowledged after it" wait_until 20 gap_line
 log "(b) $(gap_line | python3 -c 'import json, sys; print(json.loads(sys.stdin.readline())["msg"])')"
@@ -192,36 +189,18 @@ wc_count() { sql "$DB" "SELECT count(*) FROM pub_log WHERE key = 'wh' OR key LIK
 wc_has() { (($(wc_count) >= $1)); }
 check "(c) publishing is under way" wait_until 60 wc_has 1200
 check_topic_has "(c) messages flow into the topic" "$DB" wc relay-wcrash 300 90
-hot_backlog() { (($(sql "$DB" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
-                                WHERE h.name = 'wc' AND d.key = 'wh'") > WINDOW)); }
-check "(c) the hot key has more than a window pending (the kill comes mid-stream)" wait_until 30 hot_backlog
-# Frozen, the broker holds the agent's windows unacknowledged; thawed after
-# the kill, it writes what it had received.
-broker_pid=$(cat "$KAFKA_DIR/broker.pid")
-kill -STOP "$broker_pid"
-sleep 2
+kafka_freeze_mid_window "$DB" wc wh "$WINDOW" "(c) "
 in_flight_at_kill=$(metric_of a1 'relaybus_agent_handler_in_flight{handler="wc"}')
 at_kill=$(wc_count)
 kill -9 "$AGENT_PID"
-kill -CONT "$broker_pid"
+kill -CONT "$BROKER_PID"
 log "(c) kill -9 of the agent with $in_flight_at_kill messages in flight and $at_kill events committed"
 check "(c) the killed agent had a full window in flight" test "${in_flight_at_kill:-0}" -ge "$WINDOW"
 start_agent a2
 check "(c) publishing goes on after the kill" wait_until 60 wc_has $((at_kill + 600))
 touch "$TMP/stop-publishing"
 wait "$publisher"
-committed=$(wc_count)
-check "(c) every delivery is completed in the end" wait_until 180 none_pending "$DB" wc
-check_eq "(c) nothing is dead" 0 "$(dead_of "$DB" wc)"
-check_topic_has "(c) every committed event is in the topic" "$DB" wc relay-wcrash "$committed" 30
-kafka_consume relay-wcrash "$TMP/wc.json"
-sql "$DB" "SELECT id, key FROM pub_log WHERE key = 'wh' OR key LIKE 'w-%' ORDER BY id" >"$TMP/pub-wc.txt"
-kafka_order_facts "$TMP/wc.json" "$TMP/pub-wc.txt"
-log "(c) committed=$committed messages=${R[messages]} missing=${R[missing]} duplicates=${R[duplicates]} rewinds=${R[rewinds]} max_rewind=${R[max_rewind]} max_dups_per_key=${R[max_dups_per_key]}"
-check_eq "(c) nothing committed is missing" 0 "${R[missing]}"
-check_eq "(c) nothing uncommitted arrived" 0 "${R[extra]}"
-check_eq "(c) each key in one partition" True "${R[keys_in_one_partition]}"
-check_eq "(c) per key in seq order, repeats only of contiguous runs" 0 "${R[out_of_order_runs]}"
+all_in_order "(c)" wc relay-wcrash "key = 'wh' OR key LIKE 'w-%'" "$(wc_count)"
 check "(c) a key repeats at most a window ($WINDOW)" test "${R[max_dups_per_key]}" -le "$WINDOW"
 
 # ==================================================== (d) the broker away for 20 s
@@ -248,18 +227,7 @@ kafka_restart >/dev/null || die "the broker did not restart"
 sleep 2
 touch "$TMP/stop-publishing"
 wait "$publisher"
-committed=$(ko_count)
-check "(d) every delivery is completed once the broker is back" wait_until 180 none_pending "$DB" ko
-check_eq "(d) nothing is dead" 0 "$(dead_of "$DB" ko)"
-check_topic_has "(d) every committed event is in the topic" "$DB" ko relay-outage "$committed" 30
-kafka_consume relay-outage "$TMP/ko.json"
-sql "$DB" "SELECT id, key FROM pub_log WHERE key LIKE 'o-%' ORDER BY id" >"$TMP/pub-ko.txt"
-kafka_order_facts "$TMP/ko.json" "$TMP/pub-ko.txt"
-log "(d) committed=$committed messages=${R[messages]} missing=${R[missing]} duplicates=${R[duplicates]} max_rewind=${R[max_rewind]}"
-check_eq "(d) nothing committed is missing" 0 "${R[missing]}"
-check_eq "(d) nothing uncommitted arrived" 0 "${R[extra]}"
-check_eq "(d) each key in one partition" True "${R[keys_in_one_partition]}"
-check_eq "(d) per key in seq order, repeats only of contiguous runs" 0 "${R[out_of_order_runs]}"
+all_in_order "(d)" ko relay-outage "key LIKE 'o-%'" "$(ko_count)"
 check "(d) a repeated run is at most a window (the default, $DEFAULT_KEY_WINDOW)" \
     test "${R[max_rewind]}" -le "$DEFAULT_KEY_WINDOW"
 check "(d) the agent is still up" kill -0 "$AGENT_PID"
