@@ -29,11 +29,13 @@
 # sidecar runs with --max-in-flight 4096 (the extension's pipeline bound)
 # and --poll-interval 20ms, plus MONGO_ARGS (e.g. "--scan-window 64").
 #
-# AGENT=1: the same cases again through relaybus-agent, in a second database
-# of the same cluster holding the managed SQL edition (make managed agent),
-# same broker, same payload, the first of PRODUCERS, timed as the
-# extension's (resume to nothing pending); the agent runs with
-# --max-in-flight 4096 (the extension's pipeline bound).
+# AGENT=1: the same cases again through relaybus-agent, on a second cluster
+# of the same PostgreSQL with nothing preloaded and the managed SQL edition
+# (make managed agent), same broker, same payload, the first of PRODUCERS,
+# timed as the extension's (resume to nothing pending); the agent runs with
+# --max-in-flight 4096 (the extension's pipeline bound). Not a database of
+# the extension's cluster: with the library loaded, the edition reads its
+# settings as the library shows them ("512B"), which it does not parse.
 #
 # Environment: N (20000), N1 (events at 1 key, 2000), SIZE (200), PAYLOAD (x), PRODUCERS
 # (the handlers' producer options to compare, separated by ';', default
@@ -65,6 +67,7 @@ cleanup() {
     wait 2>/dev/null || true
     bash "$ROOT/scripts/kafka-broker.sh" stop "$dir/kafka" >/dev/null 2>&1 || true
     bash "$ROOT/test/cluster.sh" destroy "$dir/pg" >/dev/null 2>&1 || true
+    bash "$ROOT/test/cluster.sh" destroy "$dir/pg2" >/dev/null 2>&1 || true
     rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -160,6 +163,11 @@ done
 mrows=()
 if [[ -n "$AGENT" ]]; then
     make -s managed agent >&2
+    RELAYBUS_PRELOAD='' RELAYBUS_EXTRA_CONF=$'shared_buffers = 512MB\nmax_wal_size = 4GB' \
+        bash test/cluster.sh start "$dir/pg2" >/dev/null
+    ext_env=$(export -p | grep -E ' (PGHOST|PGPORT|PGUSER|PGDATABASE|RELAYBUS_CLUSTER_DIR)=')
+    # shellcheck disable=SC1091
+    source "$dir/pg2/env"
     q -c "CREATE DATABASE agentbench" >/dev/null
     psql -X -q -1 -v ON_ERROR_STOP=1 -d agentbench -f "$ROOT/build/relaybus-managed--$(
         sed -n "s/^default_version = '\(.*\)'/\1/p" relaybus.control).sql" >/dev/null
@@ -171,6 +179,7 @@ if [[ -n "$AGENT" ]]; then
         mrows+=("relaybus-agent (managed edition)|1 key|$w|$N1|$(PGDATABASE=agentbench run 1 "$N1" "$w" "${producers[0]}" a | cut -d'|' -f1)")
         mrows+=("relaybus-agent (managed edition)|1000 keys|$w|$N|$(PGDATABASE=agentbench run 1000 "$N" "$w" "${producers[0]}" a | cut -d'|' -f1)")
     done
+    eval "$ext_env"
 fi
 
 # ---------------------------------------------------------------- relaybus-mongo
