@@ -29,10 +29,18 @@
 # sidecar runs with --max-in-flight 4096 (the extension's pipeline bound)
 # and --poll-interval 20ms, plus MONGO_ARGS (e.g. "--scan-window 64").
 #
+# AGENT=1: the same cases again through relaybus-agent, on a second cluster
+# of the same PostgreSQL with nothing preloaded and the managed SQL edition
+# (make managed agent), same broker, same payload, the first of PRODUCERS,
+# timed as the extension's (resume to nothing pending); the agent runs with
+# --max-in-flight 4096 (the extension's pipeline bound). Not a database of
+# the extension's cluster: with the library loaded, the edition reads its
+# settings as the library shows them ("512B"), which it does not parse.
+#
 # Environment: N (20000), N1 (events at 1 key, 2000), SIZE (200), PAYLOAD (x), PRODUCERS
 # (the handlers' producer options to compare, separated by ';', default
 # '{}'; PRODUCER sets one), WINDOWS, CONCURRENCY (the handlers' concurrency,
-# 1024), SIDECAR, MONGO_ARGS, PG_CONFIG (the build to measure, installed
+# 1024), SIDECAR, MONGO_ARGS, AGENT, PG_CONFIG (the build to measure, installed
 # there already: make install PG_CONFIG=...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +53,7 @@ WINDOWS=${WINDOWS:-1 32}
 CONCURRENCY=${CONCURRENCY:-1024}
 SIDECAR=${SIDECAR:-}
 MONGO_ARGS=${MONGO_ARGS:-}
+AGENT=${AGENT:-}
 PG_CONFIG=${PG_CONFIG:-$(bash "$(dirname "${BASH_SOURCE[0]}")/../scripts/pg-config.sh")}
 export PG_CONFIG PATH="$("$PG_CONFIG" --bindir):$PATH"
 
@@ -58,6 +67,7 @@ cleanup() {
     wait 2>/dev/null || true
     bash "$ROOT/scripts/kafka-broker.sh" stop "$dir/kafka" >/dev/null 2>&1 || true
     bash "$ROOT/test/cluster.sh" destroy "$dir/pg" >/dev/null 2>&1 || true
+    bash "$ROOT/test/cluster.sh" destroy "$dir/pg2" >/dev/null 2>&1 || true
     rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -148,6 +158,30 @@ for i in "${!producers[@]}"; do
         rows+=("1000 keys|$w|$p|$N|$(run 1000 "$N" "$w" "$p" "$i")")
     done
 done
+# ---------------------------------------------------------------- relaybus-agent
+# Rows of the deliverers beside the extension: "deliverer|case|key_window|events|events/s".
+mrows=()
+if [[ -n "$AGENT" ]]; then
+    make -s managed agent >&2
+    RELAYBUS_PRELOAD='' RELAYBUS_EXTRA_CONF=$'shared_buffers = 512MB\nmax_wal_size = 4GB' \
+        bash test/cluster.sh start "$dir/pg2" >/dev/null
+    ext_env=$(export -p | grep -E ' (PGHOST|PGPORT|PGUSER|PGDATABASE|RELAYBUS_CLUSTER_DIR)=')
+    # shellcheck disable=SC1091
+    source "$dir/pg2/env"
+    q -c "CREATE DATABASE agentbench" >/dev/null
+    psql -X -q -1 -v ON_ERROR_STOP=1 -d agentbench -f "$ROOT/build/relaybus-managed--$(
+        sed -n "s/^default_version = '\(.*\)'/\1/p" relaybus.control).sql" >/dev/null
+    q -c "CREATE ROLE agent_bench LOGIN IN ROLE relay_agent" >/dev/null
+    "$ROOT/relaybus-agent" --database "host=$PGHOST port=$PGPORT dbname=agentbench user=agent_bench" \
+        --max-in-flight 4096 --log-level warn 2>"$dir/agent.err" &
+    PIDS+=("$!")
+    for w in $WINDOWS; do
+        mrows+=("relaybus-agent (managed edition)|1 key|$w|$N1|$(PGDATABASE=agentbench run 1 "$N1" "$w" "${producers[0]}" a | cut -d'|' -f1)")
+        mrows+=("relaybus-agent (managed edition)|1000 keys|$w|$N|$(PGDATABASE=agentbench run 1000 "$N" "$w" "${producers[0]}" a | cut -d'|' -f1)")
+    done
+    eval "$ext_env"
+fi
+
 # ---------------------------------------------------------------- relaybus-mongo
 MBIN=$ROOT/relaybus-mongo
 PYM=python3
@@ -228,13 +262,12 @@ for l in open(sys.argv[1]):
     python3 -c "print('%.0f' % ($count / ($t1 - $t0)))"
 }
 
-mrows=()
 for backend in $SIDECAR; do
     ferret_start "$backend"
     note "relaybus-mongo on FerretDB ($backend) at $MURI"
     for w in $WINDOWS; do
-        mrows+=("$backend|1 key|$w|$N1|$(mrun "$backend" 1 "$N1" "$w")")
-        mrows+=("$backend|1000 keys|$w|$N|$(mrun "$backend" 1000 "$N" "$w")")
+        mrows+=("relaybus-mongo, FerretDB $backend|1 key|$w|$N1|$(mrun "$backend" 1 "$N1" "$w")")
+        mrows+=("relaybus-mongo, FerretDB $backend|1000 keys|$w|$N|$(mrun "$backend" 1000 "$N" "$w")")
     done
     kill "$FDB"
     wait "$FDB" 2>/dev/null || true
@@ -253,11 +286,11 @@ for row in "${rows[@]}"; do
 done
 if ((${#mrows[@]})); then
     echo
-    echo "| relaybus-mongo, FerretDB backend | case | key_window | events | events/s | the extension's | sidecar / extension | ratio to the floor |"
+    echo "| deliverer | case | key_window | events | events/s | the extension's | deliverer / extension | ratio to the floor |"
     echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
     for row in "${mrows[@]}"; do
-        IFS='|' read -r backend case w n rate <<<"$row"
+        IFS='|' read -r who case w n rate <<<"$row"
         python3 -c 'import sys; b, c, w, n, r, e, f = sys.argv[1:]; print("| %s | %s | %s | %s | %s | %s | %.3f | %.3f |" % (b, c, w, n, r, e, float(r) / float(e), float(r) / float(f)))' \
-            "$backend" "$case" "$w" "$n" "$rate" "${ext[$case|$w]}" "$f"
+            "$who" "$case" "$w" "$n" "$rate" "${ext[$case|$w]}" "$f"
     done
 fi

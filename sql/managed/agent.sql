@@ -1,5 +1,5 @@
 -- relaybus-agent (docs/managed.md, "relaybus-agent") ----------------------------
--- What the background workers do for notify and http handlers, done by an
+-- What the background workers do for notify, http and kafka handlers, done by an
 -- outside process: these functions are its only way in. Each is SECURITY
 -- DEFINER and executable by relay_agent alone, so the agent's login role needs
 -- no table privilege; relay_claim keeps refusing http and fire-and-forget
@@ -32,13 +32,13 @@ RETURNS SETOF record LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_c
            'msg_' || (SELECT c.system_identifier FROM pg_control_system() c) || '_'
                   || (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()) || '_'
       FROM relay.handlers h
-     WHERE h.kind IN ('notify', 'http')
+     WHERE h.kind IN ('notify', 'http', 'kafka')
      ORDER BY h.id
 $$;
 
 -- relay._claim for a handler the agent delivers (by id: a renamed handler is
 -- the same one). Nothing for a paused, dropped or other handler. lease_ms is
--- the agent's (an http lease covers the request's timeout).
+-- the agent's (an http or kafka lease covers the send's timeout).
 CREATE FUNCTION relay._agent_claim(handler_id integer, max_rows integer, lease_ms bigint, per_key integer)
 RETURNS TABLE (id bigint, event_id bigint, topic text, key text, seq bigint, payload text,
                headers text, attempt integer, published_ms bigint, lease uuid)
@@ -51,7 +51,7 @@ BEGIN
     PERFORM relay._check_between('per_key', per_key, 1, 10000, NULL);
     PERFORM relay._lease_ms('lease', lease_ms * interval '1 millisecond');
     SELECT * INTO h FROM relay.handlers x WHERE x.id = _agent_claim.handler_id;
-    IF NOT FOUND OR h.paused OR h.kind NOT IN ('notify', 'http') THEN
+    IF NOT FOUND OR h.paused OR h.kind NOT IN ('notify', 'http', 'kafka') THEN
         RETURN;
     END IF;
     RETURN QUERY

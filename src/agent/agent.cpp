@@ -112,6 +112,7 @@ void Agent::load_handlers() {
       " paused, message_id_prefix, current_database() FROM relay._agent_handlers()");
   std::map<int, Handler> next;
   int notify = 0, http = 0;
+  std::vector<int> kafka;
   for (int i = 0; i < r.rows(); i++) {
     auto p = std::make_shared<core::PipelineHandler>();
     p->key = static_cast<int>(r.integer(i, 0));
@@ -132,10 +133,18 @@ void Agent::load_handlers() {
     auto old = handlers_.find(p->key);
     if (old != handlers_.end()) h.due = old->second.due;
     h.paused = r.text(i, 5) == "t";
-    if (p->kind == core::HandlerKind::Http) {
+    if (p->kind == core::HandlerKind::Http || p->kind == core::HandlerKind::Kafka) {
+      // A kafka send, like a request, ends by its timeout: the lease covers it.
       h.lease_ms = core::http_lease_ms(p->options.lease_ms, p->options.timeout_ms, cfg_.http_lease_margin_ms);
-      engine_->set_handler_limit(p->key, p->options.concurrency);
-      http++;
+      // The pipeline's bound on the handler: a kafka handler's concurrency
+      // counts keys' runs of up to key_window messages each.
+      p->options.concurrency = core::handler_in_flight_limit(p->kind, p->options);
+      router_->set_kind(p->key, p->kind);
+      router_->set_handler_limit(p->key, p->options.concurrency);
+      if (p->kind == core::HandlerKind::Kafka)
+        kafka.push_back(p->key);
+      else
+        http++;
     } else {
       notify++;
     }
@@ -143,11 +152,12 @@ void Agent::load_handlers() {
     next.emplace(h.pipe->key, std::move(h));
   }
   handlers_ = std::move(next);
+  kafka_sink_->retain_handlers(kafka);
   {
     std::lock_guard<std::mutex> lock(metrics_.mu);
     for (const auto& [id, h] : handlers_) metrics_.handlers[h.pipe->name];
   }
-  log_info("handlers loaded", {{"notify", notify}, {"http", http}});
+  log_info("handlers loaded", {{"notify", notify}, {"http", http}, {"kafka", kafka.size()}});
 }
 
 void Agent::serve_notify(Handler& h) {
@@ -168,17 +178,20 @@ void Agent::serve_notify(Handler& h) {
   }
 }
 
-void Agent::claim_http(Handler& h, int64_t now) {
+void Agent::claim_sent(Handler& h, int64_t now) {
   const core::PipelineHandler& p = *h.pipe;
   const int room = pipeline_->room(p.key, p.options.concurrency, now);
   if (room <= 0) return;  // stays due: results make room
   const int want = std::min(room, cfg_.batch_size);
-  // One delivery per key at a time: the next of a key is claimed once this
-  // one is settled, so a key's deliveries go out in order.
+  // http: one delivery per key at a time, the next claimed once this one is
+  // settled. kafka: a key's run of up to key_window at once, kept in order by
+  // the sink (docs/kafka.md, "A busy key pipelined"); the key's next run
+  // waits for this one's leases to end.
   PgResult r = conn_.exec(
       "SELECT id, event_id, topic, key, seq, payload, headers, attempt, published_ms, lease"
-      " FROM relay._agent_claim($1, $2, $3, 1)",
-      {std::to_string(p.key), std::to_string(want), std::to_string(h.lease_ms)});
+      " FROM relay._agent_claim($1, $2, $3, $4)",
+      {std::to_string(p.key), std::to_string(want), std::to_string(h.lease_ms),
+       std::to_string(core::effective_key_window(p.kind, p.options))});
   std::vector<core::ClaimedDelivery> claimed;
   claimed.reserve(r.rows());
   for (int i = 0; i < r.rows(); i++) {
@@ -238,6 +251,8 @@ void Agent::complete(const std::vector<core::Completion>& batch) {
       std::lock_guard<std::mutex> lock(metrics_.mu);
       Metrics::PerHandler& m = metrics_.handlers[c.handler];
       (result == "stale" ? m.stale : result == "dead" ? m.dead : result == "retry" ? m.retried : m.delivered)++;
+      if (c.send_ms >= 0) m.sends++;
+      if (c.after_gap && result == "delivered") m.delivered_after_gap++;
     }
     if (result == "stale") {
       log_warn("result not recorded: the lease is no longer held (it ran out or was taken over)",
@@ -252,7 +267,7 @@ void Agent::complete(const std::vector<core::Completion>& batch) {
   }
   // A settled delivery may have been the head of its key: claim again.
   for (auto& [id, h] : handlers_)
-    if (h.pipe->kind == core::HandlerKind::Http) h.due = true;
+    if (h.pipe->kind != core::HandlerKind::Notify) h.due = true;
 }
 
 void Agent::release(const std::vector<core::ClaimedDelivery>& never_sent) {
@@ -300,9 +315,12 @@ void Agent::set_connected(bool up) {
 void Agent::publish_gauges() {
   std::lock_guard<std::mutex> lock(metrics_.mu);
   metrics_.in_flight = pipeline_->in_flight();
-  for (const auto& [id, h] : handlers_)
-    if (h.pipe->kind == core::HandlerKind::Http)
-      metrics_.handlers[h.pipe->name].breaker_open = pipeline_->breaker_open(id);
+  for (const auto& [id, h] : handlers_) {
+    if (h.pipe->kind == core::HandlerKind::Notify) continue;
+    Metrics::PerHandler& m = metrics_.handlers[h.pipe->name];
+    m.breaker_open = pipeline_->breaker_open(id);
+    m.in_flight = router_->in_flight(id);
+  }
 }
 
 void Agent::mark_all_due() {
@@ -329,6 +347,10 @@ int64_t Agent::wait_ms(int64_t now) {
   }
   const int64_t e = engine_->timeout_ms();
   if (e >= 0) t = std::min(t, e);
+  // A pipelined kafka message's timeout is the sink's own (librdkafka never
+  // times it out): poll the sink by then.
+  const int64_t k = kafka_sink_->next_deadline_in_ms();
+  if (k >= 0) t = std::min(t, k + 1);
   if (pipeline_->waiting() > 0) t = std::min<int64_t>(t, pipeline_->flush_paused(now) ? 100 : 2);
   if (pipeline_->queued() > 0) t = std::min<int64_t>(t, 100);
   const int64_t probe = pipeline_->next_probe_ms(now);
@@ -363,6 +385,10 @@ void Agent::wait(int wake_fd, int64_t timeout_ms) {
   fds.push_back({wake_fd, POLLIN, 0});
   const int pg_fd = conn_.ok() ? conn_.socket() : -1;
   if (pg_fd >= 0) fds.push_back({pg_fd, POLLIN, 0});
+  // librdkafka's threads write this pipe when delivery reports wait; they are
+  // served below, on this thread, without blocking.
+  const size_t kafka_at = fds.size();
+  fds.push_back({kafka_sink_->wait_fd(), POLLIN, 0});
   const size_t engine_from = fds.size();
   const int ready = engine_->ready_fd();
   std::vector<core::HttpEngine::SocketWant> wants;
@@ -403,6 +429,8 @@ void Agent::wait(int wake_fd, int64_t timeout_ms) {
     }
   }
   if (engine_deadline >= 0 && monotonic_ms() >= engine_deadline) engine_->on_timeout();
+  if ((n > 0 && fds[kafka_at].revents != 0) || kafka_sink_->next_deadline_in_ms() == 0) kafka_sink_->poll();
+  for (const std::string& line : kafka_sink_->take_log()) log_warn(line);  // librdkafka's, and the gap rule's
 }
 
 int Agent::run(const std::atomic<bool>& stop, int wake_fd) {
@@ -420,9 +448,17 @@ int Agent::run(const std::atomic<bool>& stop, int wake_fd) {
     return kExitRuntime;
   }
   sink_ = std::make_unique<core::HttpSink>(*engine_);
+  kafka_sink_ = std::make_unique<core::KafkaSink>();
+  // This loop polls the sink by its deadlines too (wait_ms, wait).
+  kafka_sink_->set_pipelined(true);
+  if (!kafka_sink_->ok()) {
+    log_error("the kafka producers' wake-up pipe could not be made");
+    return kExitRuntime;
+  }
+  router_ = std::make_unique<core::RoutingSink>(*sink_, *kafka_sink_);
   core::PipelineOptions po;
   po.max_in_flight = cfg_.max_in_flight;
-  pipeline_ = std::make_unique<core::DeliveryPipeline>(*sink_, po, std::random_device{}());
+  pipeline_ = std::make_unique<core::DeliveryPipeline>(*router_, po, std::random_device{}());
   MetricsServer metrics_server(metrics_);
   if (!cfg_.metrics_addr.empty()) {
     int port = 0;
@@ -494,7 +530,7 @@ int Agent::run(const std::atomic<bool>& stop, int wake_fd) {
           if (h.pipe->kind == core::HandlerKind::Notify)
             serve_notify(h);
           else
-            claim_http(h, wall_ms());
+            claim_sent(h, wall_ms());
         } catch (const PgError& e) {
           on_pg_error(e, h.pipe->kind == core::HandlerKind::Notify ? "notify iteration" : "claim", &h);
         }

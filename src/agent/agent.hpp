@@ -3,9 +3,10 @@
 // relaybus-agent's loop (docs/managed.md, "relaybus-agent"): one libpq
 // connection to a database of the managed SQL edition, LISTEN relaybus for
 // wake-ups with a poll as fallback, notify handlers delivered by the
-// edition's server-side iteration (relay._agent_notify), http handlers by
-// core's pipeline and HTTP engine, each result settled on its lease token
-// (relay._agent_settle). One thread.
+// edition's server-side iteration (relay._agent_notify), http and kafka
+// handlers by core's pipeline (the HTTP engine and the kafka producers behind
+// one core::RoutingSink, as in the extension and relaybus-mongo), each result
+// settled on its lease token (relay._agent_settle). One thread.
 
 #include <atomic>
 #include <cstdint>
@@ -18,6 +19,8 @@
 #include "agent/pg.hpp"
 #include "core/delivery_pipeline.hpp"
 #include "core/http_engine.hpp"
+#include "core/kafka_sink.hpp"
+#include "core/routing_sink.hpp"
 
 namespace relaybus::agent {
 
@@ -27,7 +30,7 @@ struct AgentConfig {
   int batch_size = 1000;            // deliveries per claim (and per notify iteration)
   int notify_payload_limit = 7900;  // bytes; larger deliveries go by reference
   int claim_scan_limit = 1000;      // relaybus.claim_scan_limit of the agent's session
-  int max_in_flight = 256;          // http requests in flight and queued, all handlers
+  int max_in_flight = 256;          // http requests and kafka messages in flight and queued, all handlers
   int64_t http_lease_margin_ms = 2000;
   std::string http_allowlist;        // hosts and CIDRs the SSRF guard lets through
   std::string ca_file;               // webhooks' TLS trust store; empty: the system's
@@ -57,7 +60,7 @@ class Agent final : public core::DeliveryStore {
     std::shared_ptr<const core::PipelineHandler> pipe;
     bool paused = false;
     bool due = true;
-    int64_t lease_ms = 30000;  // http: the agent's lease (core::http_lease_ms)
+    int64_t lease_ms = 30000;  // http, kafka: the agent's lease (core::http_lease_ms)
     int64_t retry_at_ms = 0;   // after an error of this handler's statement
   };
   enum class Connect { Ok, Retry, Fatal };
@@ -65,7 +68,7 @@ class Agent final : public core::DeliveryStore {
   Connect connect_and_check();
   void load_handlers();
   void serve_notify(Handler& h);
-  void claim_http(Handler& h, int64_t now);
+  void claim_sent(Handler& h, int64_t now);
   void on_pg_error(const PgError& e, const char* what, Handler* h);
   void mark_all_due();
   int64_t wait_ms(int64_t now);
@@ -79,6 +82,8 @@ class Agent final : public core::DeliveryStore {
   Metrics metrics_;
   std::unique_ptr<core::HttpEngine> engine_;
   std::unique_ptr<core::HttpSink> sink_;
+  std::unique_ptr<core::KafkaSink> kafka_sink_;
+  std::unique_ptr<core::RoutingSink> router_;
   std::unique_ptr<core::DeliveryPipeline> pipeline_;
   std::map<int, Handler> handlers_;
   bool catalog_dirty_ = true;

@@ -1,4 +1,4 @@
-// relaybus-agent: delivers the notify and http handlers of a database running
+// relaybus-agent: delivers the notify, http and kafka handlers of a database running
 // relaybus's managed SQL edition (docs/managed.md, "relaybus-agent").
 //
 //   relaybus-agent --database CONNINFO [options]
@@ -38,7 +38,8 @@ const char* kUsage =
     "  --http-allowlist CSV        hosts and CIDRs http handlers may reach although loopback, private,\n"
     "                              link-local or metadata addresses (env RELAYBUS_AGENT_HTTP_ALLOWLIST)\n"
     "  --ca-file FILE              PEM trust store for https webhooks (default: the system's)\n"
-    "  --max-in-flight N           http requests in flight and queued, all handlers (default 256)\n"
+    "  --max-in-flight N           http requests and kafka messages in flight and queued, all handlers\n"
+    "                              (default 256)\n"
     "  --notify-payload-limit N    largest NOTIFY sent inline, 200..7999 bytes (default 7900)\n"
     "  --claim-scan-limit N        rows a claim reads per priority class, 100..1000000 (default 1000)\n"
     "  --metrics-addr HOST:PORT    serve GET /metrics (Prometheus) and /healthz there (default: none)\n"

@@ -35,12 +35,21 @@ std::string Metrics::render() {
     uint64_t PerHandler::*member;
   };
   static const Field kFields[] = {
-      {"relaybus_agent_delivered_total", "counter", "http deliveries settled as delivered.", &PerHandler::delivered},
-      {"relaybus_agent_retried_total", "counter", "http attempts that failed and were scheduled again.",
+      {"relaybus_agent_delivered_total", "counter", "http and kafka deliveries settled as delivered.",
+       &PerHandler::delivered},
+      {"relaybus_agent_retried_total", "counter", "http and kafka attempts that failed and were scheduled again.",
        &PerHandler::retried},
-      {"relaybus_agent_dead_total", "counter", "http deliveries moved to the dead letters.", &PerHandler::dead},
-      {"relaybus_agent_stale_total", "counter", "http results refused because the lease was no longer held.",
+      {"relaybus_agent_dead_total", "counter", "http and kafka deliveries moved to the dead letters.",
+       &PerHandler::dead},
+      {"relaybus_agent_stale_total", "counter", "http and kafka results refused because the lease was no longer held.",
        &PerHandler::stale},
+      {"relaybus_agent_sends_total", "counter", "http requests and kafka produces that ended (a response, an error).",
+       &PerHandler::sends},
+      {"relaybus_agent_delivered_after_gap_total", "counter",
+       "kafka messages acknowledged after an earlier message of their key in flight failed for good.",
+       &PerHandler::delivered_after_gap},
+      {"relaybus_agent_handler_in_flight", "gauge", "http requests or kafka messages of the handler in flight.",
+       &PerHandler::in_flight},
       {"relaybus_agent_notified_total", "counter", "NOTIFYs sent for notify handlers.", &PerHandler::notified},
   };
   for (const Field& f : kFields) {
@@ -48,7 +57,7 @@ std::string Metrics::render() {
     for (const auto& [h, c] : handlers)
       o += std::string(f.name) + "{handler=\"" + prometheus_label(h) + "\"} " + std::to_string(c.*(f.member)) + "\n";
   }
-  head("relaybus_agent_breaker_open", "gauge", "1 while the http handler's circuit breaker is open.");
+  head("relaybus_agent_breaker_open", "gauge", "1 while the http or kafka handler's circuit breaker is open.");
   for (const auto& [h, c] : handlers)
     o += "relaybus_agent_breaker_open{handler=\"" + prometheus_label(h) + "\"} " + (c.breaker_open ? "1" : "0") + "\n";
   auto one = [&](const char* name, const char* type, const char* help, uint64_t v) {
@@ -59,7 +68,7 @@ std::string Metrics::render() {
   one("relaybus_agent_connections_lost_total", "counter", "Connections lost while in use.", connections_lost);
   one("relaybus_agent_statement_errors_total", "counter", "Statements that failed on a live connection.",
       statement_errors);
-  one("relaybus_agent_in_flight", "gauge", "http requests in flight.", in_flight);
+  one("relaybus_agent_in_flight", "gauge", "http requests and kafka messages in flight, all handlers.", in_flight);
   return o;
 }
 

@@ -134,3 +134,52 @@ check_topic_has() {
         fail "$1" "fewer than $5 messages in $4 after $6 s"
     fi
 }
+
+# kafka_gap_case DB WINDOW [LABEL]: the gap rule (docs/kafka.md, "A busy key
+# pipelined") with the real broker: handler gap on topic relay-gap, whose
+# max.message.bytes seq 5 of a run of 10 of key g exceeds (batch.size below
+# it keeps the broker's refusal to that one's batch). Checks that seq 5 is
+# dead at its first attempt with the broker's error, the rest delivered, and
+# the partition holding 1 2 3 4 6 7 8 9 10; LABEL starts each check's name.
+kafka_gap_case() {
+    local db=$1 window=$2 label=${3:-}
+    kafka_create_topic relay-gap 1 max.message.bytes=2000 || die "could not create topic relay-gap"
+    kafka_handler "$db" gap relay-gap \
+        "{\"key_window\": $window, \"backoff_base\": \"100ms\", \"max_attempts\": 10, \"producer\": {\"batch.size\": \"1500\"}}" \
+        'kg.#' || die "could not create the handler"
+    # Paused while publishing, so that the ten are claimed as one run.
+    sql "$db" "SELECT relay_pause_handler('gap')" \
+        "SELECT relay_publish('kg.ev', CASE WHEN i = 5 THEN jsonb_build_object('i', i, 'blob', repeat('x', 5000))
+                                            ELSE jsonb_build_object('i', i) END, 'g')
+           FROM generate_series(1, 10) i" \
+        "SELECT relay_resume_handler('gap')" >/dev/null
+    check "${label}the large one is dead" wait_until 60 dead_is "$db" gap 1
+    check "${label}the others are delivered" wait_until 60 none_pending "$db" gap
+    check_eq "${label}dead on its first attempt with the broker's error, seq 5" \
+        "1|5|kafka: Broker: Message size too large (MSG_SIZE_TOO_LARGE)" \
+        "$(sql "$db" "SELECT attempts, seq, last_error FROM relay.dead_letters WHERE handler = 'gap'")"
+    check_topic_has "${label}nine messages in the topic" "$db" gap relay-gap 9 20
+    kafka_consume relay-gap "$TMP/gap.json"
+    check_eq "${label}the key's seqs in the partition: the gap at 5, the later ones after it" "1 2 3 4 6 7 8 9 10" \
+        "$(python3 -c 'import json,sys
+ms=sorted((json.loads(l) for l in open(sys.argv[1]) if l.strip()), key=lambda m: m["offset"])
+print(" ".join(dict(zip(m["headers"][0::2], m["headers"][1::2]))["relay-seq"] for m in ms))' "$TMP/gap.json")"
+}
+
+# kafka_freeze_mid_window DB HANDLER KEY WINDOW [LABEL]: once KEY has more
+# than WINDOW deliveries of HANDLER pending (so a kill comes mid-stream), the
+# broker is frozen (SIGSTOP; BROKER_PID for the kill -CONT): the deliverer's
+# runs go out and wait for their acknowledgements, so a kill then comes with
+# whole windows in flight; thawed after it, the broker writes what it had
+# received.
+kafka_key_backlog_over() {
+    (($(sql "$1" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
+                   WHERE h.name = '$2' AND d.key = '$3'") > $4))
+}
+kafka_freeze_mid_window() {
+    check "${5:-}the hot key has more than a window pending (the kill comes mid-stream)" \
+        wait_until 30 kafka_key_backlog_over "$1" "$2" "$3" "$4"
+    BROKER_PID=$(cat "$KAFKA_DIR/broker.pid")
+    kill -STOP "$BROKER_PID"
+    sleep 2
+}

@@ -43,31 +43,9 @@ check_eq "nothing is missing" 0 "${R[missing]}"
 check_eq "no duplicates without a failure" 0 "${R[duplicates]}"
 check_eq "the key in seq order" 0 "${R[out_of_order]}"
 
-# (b) a permanent failure inside a window: seq 5 of 10 is larger than the
-# topic's max.message.bytes; batch.size below it (docs/kafka.md) keeps the
-# broker's refusal to that one's batch.
-kafka_create_topic relay-gap 1 max.message.bytes=2000 || die "could not create topic relay-gap"
-kafka_handler "$db" gap relay-gap \
-    "{\"key_window\": $WINDOW, \"backoff_base\": \"100ms\", \"max_attempts\": 10, \"producer\": {\"batch.size\": \"1500\"}}" \
-    'kg.#' || die "could not create the handler"
+# (b) a permanent failure inside a window.
 log_mark=$(wc -c <"$SERVER_LOG")
-# Paused while publishing, so that the ten are claimed as one run.
-sql "$db" "SELECT relay_pause_handler('gap')" \
-    "SELECT relay_publish('kg.ev', CASE WHEN i = 5 THEN jsonb_build_object('i', i, 'blob', repeat('x', 5000))
-                                        ELSE jsonb_build_object('i', i) END, 'g')
-       FROM generate_series(1, 10) i" \
-    "SELECT relay_resume_handler('gap')" >/dev/null
-check "the large one is dead" wait_until 60 dead_is "$db" gap 1
-check "the others are delivered" wait_until 60 none_pending "$db" gap
-check_eq "dead on its first attempt with the broker's error, seq 5" \
-    "1|5|kafka: Broker: Message size too large (MSG_SIZE_TOO_LARGE)" \
-    "$(sql "$db" "SELECT attempts, seq, last_error FROM relay.dead_letters WHERE handler = 'gap'")"
-check_topic_has "nine messages in the topic" "$db" gap relay-gap 9 20
-kafka_consume relay-gap "$TMP/gap.json"
-check_eq "the key's seqs in the partition: the gap at 5, the later ones after it" "1 2 3 4 6 7 8 9 10" \
-    "$(python3 -c 'import json,sys
-ms=sorted((json.loads(l) for l in open(sys.argv[1]) if l.strip()), key=lambda m: m["offset"])
-print(" ".join(dict(zip(m["headers"][0::2], m["headers"][1::2]))["relay-seq"] for m in ms))' "$TMP/gap.json")"
+kafka_gap_case "$db" "$WINDOW"
 gap_line() { tail -c +"$((log_mark + 1))" "$SERVER_LOG" | grep -m1 'kafka handler gap, key "g": delivery [0-9]* (seq 5) failed'; }
 check "a log line names the failure and counts the later ones acknowledged after it" wait_until 20 gap_line
 log "$(gap_line | sed 's/.*relaybus dispatcher: //')"
@@ -90,17 +68,8 @@ publisher=$!
 bg_track "$publisher"
 check "publishing is under way" wait_until 60 pub_log_has "$db" 1200
 check_topic_has "messages flow into the topic" "$db" wc relay-wcrash 300 90
-# The hot key's backlog keeps its window full.
-hot_backlog() { (($(sql "$db" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
-                                WHERE h.name = 'wc' AND d.key = 'wh'") > WINDOW)); }
-check "the hot key has more than a window pending (the kill comes mid-stream)" wait_until 30 hot_backlog
-# The broker is frozen (SIGSTOP): the dispatcher's runs go out and wait for
-# their acknowledgements, so the kill comes with whole windows in flight;
-# thawed after it, the broker writes what it had received.
-broker_pid=$(cat "$KAFKA_DIR/broker.pid")
-kill -STOP "$broker_pid"
-sleep 2
-kafka_kill_mid_stream "$db" "$old_dispatcher" "$publisher" 600 "kill -CONT $broker_pid"
+kafka_freeze_mid_window "$db" wc wh "$WINDOW"
+kafka_kill_mid_stream "$db" "$old_dispatcher" "$publisher" 600 "kill -CONT $BROKER_PID"
 committed=$(sql "$db" "SELECT count(*) FROM pub_log WHERE key = 'wh' OR key LIKE 'w-%'")
 check "every delivery is completed in the end" wait_until 180 none_pending "$db" wc
 check_eq "nothing is dead" 0 "$(dead_of "$db" wc)"
