@@ -33,9 +33,9 @@
 # of the same PostgreSQL with nothing preloaded and the managed SQL edition
 # (make managed agent), same broker, same payload, the first of PRODUCERS,
 # timed as the extension's (resume to nothing pending); the agent runs with
-# --max-in-flight 4096 (the extension's pipeline bound). Not a database of
-# the extension's cluster: with the library loaded, the edition reads its
-# settings as the library shows them ("512B"), which it does not parse.
+# --max-in-flight 4096 (the extension's pipeline bound). A cluster of its
+# own, so that the two editions' servers do not share the machine's WAL
+# flushes within one measurement.
 #
 # Environment: N (20000), N1 (events at 1 key, 2000), SIZE (200), PAYLOAD (x), PRODUCERS
 # (the handlers' producer options to compare, separated by ';', default

@@ -28,7 +28,8 @@ $$;
 -- A relaybus setting: the value a session, a role or the database set, else
 -- the extension's default. Without the library relaybus.* settings are
 -- placeholders (plain text), so the unit the extension's GUC has is applied
--- here: unit 's' and 'ms' take a number or an interval, 'B' a number or a size.
+-- here: unit 's' and 'ms' take a number or an interval, 'B' a number or a size
+-- ('512B', '1kB', '2 MB': as the library shows and reads them).
 CREATE FUNCTION relay._setting(name text, unit text, fallback bigint, lo bigint, hi bigint)
 RETURNS bigint LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -44,7 +45,9 @@ BEGIN
         ELSIF unit IN ('s', 'ms') THEN
             v := extract(epoch FROM raw::interval) * CASE unit WHEN 's' THEN 1 ELSE 1000 END;
         ELSIF unit = 'B' THEN
-            v := pg_size_bytes(raw);
+            -- The library shows a byte setting as '512B', which
+            -- PostgreSQL 15's pg_size_bytes refuses (it wants '512 bytes').
+            v := pg_size_bytes(regexp_replace(raw, '^\s*(-?[0-9]+)\s*B\s*$', '\1'));
         ELSE
             RAISE invalid_text_representation;
         END IF;
