@@ -34,8 +34,7 @@
 # (make managed agent), same broker, same payload, the first of PRODUCERS,
 # timed as the extension's (resume to nothing pending); the agent runs with
 # --max-in-flight 4096 (the extension's pipeline bound). A cluster of its
-# own, so that the two editions' servers do not share the machine's WAL
-# flushes within one measurement.
+# own with nothing preloaded, as on a managed service.
 #
 # Environment: N (20000), N1 (events at 1 key, 2000), SIZE (200), PAYLOAD (x), PRODUCERS
 # (the handlers' producer options to compare, separated by ';', default
