@@ -203,9 +203,13 @@ sql "$db" "SELECT relay_publish('hf.down', jsonb_build_object('i', i)) FROM gene
 breaker_open() { [[ $(handler_stat "$db" "$1" "breaker_until IS NOT NULL") == t ]]; }
 check "(5) 503 always: the breaker opens (relay.handler_stats.breaker_until set)" wait_until 15 breaker_open down
 check "(5) closed port: the breaker opens" wait_until 15 breaker_open closed
-check "(5) the breaker's first backoffs are short (breaker_until < 5 s ahead; backoff_max is 1 min)" \
+# Grown from 200 ms per failed probe, the backoff passes 40 s only after 8
+# probes (51 s of probing); started at backoff_max it would be ~60 s ahead.
+# (A 5 s bound failed once at load 18: the second wait above took long
+# enough for the backoff to grow past it.)
+check "(5) the breaker's first backoffs are short (breaker_until < 40 s ahead; backoff_max is 1 min)" \
     test "$(sql "$db" "SELECT count(*) FROM relay.handler_stats WHERE handler IN ('down', 'closed')
-                        AND breaker_until < now() + interval '5 s'")" = 2
+                        AND breaker_until < now() + interval '40 s'")" = 2
 check_eq "(5) closed port: the error is 'connection refused'" "connection refused" \
     "$(sql "$db" "SELECT DISTINCT last_error FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
                    WHERE h.name = 'closed' AND last_error IS NOT NULL")"
