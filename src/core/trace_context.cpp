@@ -93,7 +93,7 @@ bool comment_value(std::string_view text, std::string_view name, std::string* ou
     const bool boundary = at == 0 || text[at - 1] == ',' || text[at - 1] == '*' || text[at - 1] == ' ';
     const size_t open = text.rfind("/*", at);
     const size_t close = open == std::string_view::npos ? std::string_view::npos : text.find("*/", open + 2);
-    const bool in_comment = open != std::string_view::npos && (close == std::string_view::npos || close > at);
+    const bool in_comment = open != std::string_view::npos && close != std::string_view::npos && close > at;
     size_t v = at + name.size();
     if (boundary && in_comment && v + 1 < text.size() && text[v] == '=' && text[v + 1] == '\'') {
       v += 2;

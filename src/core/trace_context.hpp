@@ -45,8 +45,8 @@ struct TraceContext {
 // search, no JSON parse.
 TraceContext trace_context_from_headers(std::string_view headers_json);
 
-// A sqlcommenter comment in the last 4 kB of a statement: traceparent='...'
-// (and tracestate='...'), values URL-decoded. Returns what it found, unchecked
+// A sqlcommenter comment (a closed /* */) in the last 4 kB of a statement:
+// traceparent='...' (and tracestate='...', the last of each), values URL-decoded. Returns what it found, unchecked
 // (the caller validates); never throws on any input.
 constexpr size_t kSqlcommenterScanBytes = 4096;
 TraceContext sqlcommenter_trace_context(std::string_view statement);
