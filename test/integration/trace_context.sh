@@ -101,16 +101,28 @@ check_eq "kafka: one traceparent header, a new span of the publisher's trace" 1 
 check_eq "kafka: the tracestate header" 1 "${R[tracestate]}"
 check_eq "kafka: no trace headers for an event without trace context" 1 "${R[untraced]}"
 
+# NOTIFY's size limit counts the traceparent field: n=6 (traced) and n=7
+# (untraced) with payloads padded so that the message without the field is 40
+# bytes under relaybus.notify_payload_limit (7900): n=6 goes by reference,
+# n=7 inline.
+sql "$db" "SELECT relay_publish('tr.a', '{\"n\": 6}', 'k6', '{\"traceparent\": \"$TP\"}')" \
+    "SELECT relay_publish('tr.a', '{\"n\": 7}', 'k7')" >/dev/null
+sql "$db" "UPDATE relay.deliveries d SET payload = jsonb_build_object('n', d.payload->'n', 'pad', repeat('x',
+               7860 - length(jsonb_build_object('id', d.id, 'event_id', d.event_id, 'topic', d.topic, 'key', d.key,
+                   'seq', d.seq, 'attempt', d.attempt + 1, 'headers', d.headers,
+                   'payload', jsonb_build_object('n', d.payload->'n', 'pad', ''))::text)))
+             FROM relay.handlers h WHERE h.id = d.handler_id AND h.name = 'nt' AND d.payload->>'n' IN ('6', '7')" \
+    >/dev/null
 # NOTIFY: the expected payloads of the untraced events, as before this change.
 sql "$db" "SELECT jsonb_build_object('id', d.id, 'event_id', d.event_id, 'topic', d.topic, 'key', d.key, 'seq', d.seq,
                   'attempt', d.attempt + 1, 'headers', d.headers, 'payload', d.payload)::text
              FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
-            WHERE h.name = 'nt' AND d.payload->>'n' IN ('4', '5') ORDER BY d.id" >"$TMP/untraced.expected"
+            WHERE h.name = 'nt' AND d.payload->>'n' IN ('4', '5', '7') ORDER BY d.id" >"$TMP/untraced.expected"
 start_client nt "$db" tr_channel || die "the LISTEN client did not start"
 sql "$db" "SELECT relay_resume_handler('nt')" >/dev/null
-check "notify: all 5 arrive" wait_lines "$TMP/nt.out" 5 30
+check "notify: all 7 arrive" wait_lines "$TMP/nt.out" 7 30
 cut -f2 "$TMP/nt.out" >"$TMP/nt.payloads"
-grep -E '"n": (4|5)\}' "$TMP/nt.payloads" >"$TMP/untraced.got"
+grep -E '"n": (4|5)\}|"n": 7, ' "$TMP/nt.payloads" >"$TMP/untraced.got"
 check "notify: payloads of events without trace context are byte for byte as before" \
     cmp "$TMP/untraced.expected" "$TMP/untraced.got"
 py_facts notify "$TMP/nt.payloads" "$TP" <<'PY'
@@ -119,8 +131,11 @@ path, tp = sys.argv[1:3]
 by_n = {}
 for line in open(path):
     m = json.loads(line)
+    if m.get("ref"):
+        m["payload"] = {"n": 6 if "traceparent" in m else -1}
     by_n[m["payload"]["n"]] = m
 t = by_n[1].get("traceparent", "")
+print(f"limit={int(6 in by_n and by_n[6].get('ref') is True and by_n[6]['traceparent'][:36] == tp[:36] and 7 in by_n)}")
 print(f"field={int(t[:36] == tp[:36] and t[52:] == tp[52:] and t[36:52] != tp[36:52] and len(t) == 55)}")
 print(f"last={int(list(by_n[1].keys())[-1] == 'traceparent')}")
 print(f"setting={int(by_n[2].get('traceparent', '')[:35] == '00-11111111111111111111111111111111')}")
@@ -129,5 +144,7 @@ PY
 check_eq "notify: a traced event's payload has a traceparent field, a new span of its trace" 1 "${R[field]}"
 check_eq "notify: appended after the object's fields" 1 "${R[last]}"
 check_eq "notify: the SET LOCAL one too; none for an untraced event" 1 "$((R[setting] && R[none]))"
+check_eq "notify: the traceparent counts against the payload limit (by reference, with the field; its untraced twin inline)" \
+    1 "${R[limit]}"
 
 finish
