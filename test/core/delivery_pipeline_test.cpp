@@ -380,6 +380,14 @@ class ScriptedSink final : public DeliverySink {
   }
 };
 
+std::shared_ptr<PipelineHandler> scripted_handler(int key) {
+  auto h = std::make_shared<PipelineHandler>();
+  h->key = key;
+  h->options.concurrency = 16;
+  h->options.max_attempts = 3;
+  return h;
+}
+
 // The send time is the pipeline's: from the pump that handed the attempt to
 // the sink to the collect that took its result, whatever the sink; an
 // attempt the sink refused never went out and has none.
@@ -387,10 +395,7 @@ TEST(DeliveryPipeline, CompletionsCarryTheirSendTime) {
   ScriptedSink sink;
   DeliveryPipeline pipeline(sink, PipelineOptions{}, 1);
   MemoryStore store;
-  auto h = std::make_shared<PipelineHandler>();
-  h->key = 4;
-  h->options.concurrency = 16;
-  h->options.max_attempts = 3;
+  auto h = scripted_handler(4);
   const int64_t t0 = 5000000;
   pipeline.enqueue(h, {store.claim(1), store.claim(2, "k2")}, t0 + 60000);
   pipeline.pump(store, t0);
@@ -419,10 +424,7 @@ TEST(DeliveryPipeline, EachAttemptIsANewSpanOfThePublishersTrace) {
   ScriptedSink sink;
   DeliveryPipeline pipeline(sink, PipelineOptions{}, 1);
   MemoryStore store;
-  auto h = std::make_shared<PipelineHandler>();
-  h->key = 5;
-  h->options.concurrency = 16;
-  h->options.max_attempts = 3;
+  auto h = scripted_handler(5);
   const std::string tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
   ClaimedDelivery d1 = store.claim(1);
   d1.message.headers_json = R"({"traceparent":")" + tp + R"(","tracestate":"congo=t61rcWkgMzE","x":"y"})";

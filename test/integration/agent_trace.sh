@@ -11,27 +11,15 @@ export PGHOST=${PGHOST:-/nonexistent} PGPORT=${PGPORT:-1}
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/managed_lib.sh"
-
-ROOT=$RELAYBUS_ROOT
-AGENT=$ROOT/relaybus-agent
+trap 'stop_bare_cluster; cleanup' EXIT
+trap 'stop_bare_cluster; cleanup; echo "$TEST_NAME: interrupted"; echo "$PASSED passed, $((FAILED + 1)) failed"; exit 1' INT TERM
 DB=tracedb
 OWNER=relay_owner
 TP=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
-trap 'stop_bare_cluster; cleanup' EXIT
-trap 'stop_bare_cluster; cleanup; echo "$TEST_NAME: interrupted"; echo "$PASSED passed, $((FAILED + 1)) failed"; exit 1' INT TERM
-
-make -s -C "$ROOT" agent >/dev/null || die "make agent failed"
-make -s -C "$ROOT" managed >/dev/null || die "make managed failed"
-build_client || die "could not build listen_client"
-bare_cluster || die "the cluster without relaybus did not start"
-managed_owner "$OWNER" "$DB" || die "could not create the owner"
-out=$(managed_install "$OWNER" "$DB" 2>&1) || die "install failed: $out"
-psql_q -U postgres -d postgres -c "CREATE ROLE agent_login LOGIN IN ROLE relay_agent" >/dev/null || die "role"
+agent_database "$OWNER" "$DB"
 own() { psql_q -U "$OWNER" -d "$DB" "$@"; }
 
-start_receiver r || die "the receiver did not start"
-URL=http://127.0.0.1:$RECV_PORT
-LOG=$TMP/r.log
+receiver_at r
 SECRET=$(new_secret)
 own -c "SELECT relay_create_handler('wh', 'http', '$URL/wh', '{\"secret\": \"$SECRET\", \"backoff_base\": \"100ms\"}')" \
     -c "SELECT relay_route('tr.#', 'wh')" \
@@ -76,7 +64,7 @@ check_eq "relay_claim: a traceparent of the stored trace with a span of its own;
                  FROM relay_claim('pl', 10) WHERE payload->>'n' IN ('1', '2', '4') ORDER BY 1")"
 
 start_client nt "$DB" tr_channel || die "listen_client did not start"
-"$AGENT" --database "host=$PGHOST port=$PGPORT dbname=$DB user=agent_login" --http-allowlist 127.0.0.1 \
+"$RELAYBUS_ROOT/relaybus-agent" --database "host=$PGHOST port=$PGPORT dbname=$DB user=agent_login" --http-allowlist 127.0.0.1 \
     --poll-interval 200ms 2>"$TMP/agent.log" &
 bg_track $!
 check "the receiver gets all 6 events (one of them twice)" wait_requests "$LOG" /wh 7 60
