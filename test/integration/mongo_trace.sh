@@ -16,6 +16,9 @@ DB=t_trace
 "$BIN" init --database $DB >/dev/null
 "$BIN" handler create th http "$HOOK/th" --options '{"backoff_base": "100ms"}' --database $DB >/dev/null
 "$BIN" route 'tr.#' th --database $DB
+"$BIN" handler create tp pull --database $DB >/dev/null
+"$BIN" route 'tr.#' tp --database $DB
+TOKEN=tok-0123456789abcdef
 control /th '[{"status": 500, "match": "\"n\":1"}]'
 "$BIN" publish tr.a '{"n":1}' --key k1 --headers "{\"traceparent\":\"$TP\",\"tracestate\":\"congo=t61rcWkgMzE\"}" \
     --database $DB >/dev/null
@@ -24,7 +27,7 @@ control /th '[{"status": 500, "match": "\"n\":1"}]'
     --database $DB >/dev/null
 "$BIN" publish tr.a '{"n":4}' --key k4 --headers "{\"traceparent\":\"$TP\",\"tracestate\":\"A=1\"}" \
     --database $DB >/dev/null
-start_instance i1 $DB
+start_instance i1 $DB --api-token $TOKEN
 wait_until 60 has_requests /th 5 || fail "the receiver got $(count_path /th) of 5 requests" "$(tail -5 "$TMP/i1.err")"
 curl -s "$HOOK/_requests" >"$TMP/requests.json"
 while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done < <($PY - "$TMP/requests.json" "$TP" <<'PY'
@@ -56,4 +59,17 @@ check_eq "a malformed traceparent is left out with its tracestate, the event del
 check_eq "a malformed tracestate is left out, the traceparent kept" 1 "${R[bad_state]}"
 check_eq "the sequencer logged a warning for each" 2 \
     "$(grep -c '"msg":"ignoring a malformed \(traceparent\|tracestate\) in an outbox document' "$TMP/i1.err")"
+wait_metrics_addr i1 || fail "no metrics address in the log"
+curl -s -X POST -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' --data '{"max": 10}' \
+    "http://$(metrics_addr i1)/v1/handlers/tp/claim" >"$TMP/claim.json"
+check_eq "a pull claim: a traceparent of the event's trace with a span of its own; none without trace context" \
+    "1 1 1" "$($PY - "$TMP/claim.json" "$TP" <<'PY'
+import json, sys
+ds, tp = json.load(open(sys.argv[1]))["deliveries"], sys.argv[2]
+by_n = {d["payload"]["n"]: d for d in ds}
+t = by_n[1].get("traceparent", "")
+print(int(t[:36] == tp[:36] and t[52:] == tp[52:] and t[36:52] != tp[36:52]), int("traceparent" not in by_n[2]),
+      int("traceparent" not in by_n[3]))
+PY
+)"
 finish
