@@ -86,9 +86,8 @@ int dispatch_notify(DispatcherState* st, const HandlerEntry* h) {
     // they count against the limit.
     // "inline_payload": false sends every delivery by reference: any role
     // that can connect may LISTEN, only relay_consumer may call relay_payload.
-    bool by_reference = !h->inline_payload || static_cast<int>(strlen(json)) + (ack ? kLeaseFieldLen : 0) +
-                                                      trace_len >
-                                                  guc_notify_payload_limit;
+    const int inline_len = static_cast<int>(strlen(json)) + (ack ? kLeaseFieldLen : 0) + trace_len;
+    bool by_reference = !h->inline_payload || inline_len > guc_notify_payload_limit;
     if (by_reference) {
       json = notify_reference_json(row);
       if (key != nullptr && !ack) held_keys[nheld++] = key;
