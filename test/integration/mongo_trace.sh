@@ -19,7 +19,7 @@ DB=t_trace
 "$BIN" handler create tp pull --database $DB >/dev/null
 "$BIN" route 'tr.#' tp --database $DB
 TOKEN=tok-0123456789abcdef
-control /th '[{"status": 500, "match": "\"n\":1"}]'
+control /th '[{"status": 500, "match": "\"key\":\"k1\""}]'
 "$BIN" publish tr.a '{"n":1}' --key k1 --headers "{\"traceparent\":\"$TP\",\"tracestate\":\"congo=t61rcWkgMzE\"}" \
     --database $DB >/dev/null
 "$BIN" publish tr.a '{"n":2}' --key k2 --database $DB >/dev/null
