@@ -250,7 +250,7 @@ class DeliveryPipeline {
     int attempt;
     int64_t published;
     int64_t sent_ms;
-    bool permit = false;  // holds a HandlerLimiter permit
+    bool permit = false;      // holds a HandlerLimiter permit
     std::string traceparent;  // Completion::traceparent
     std::string parent_span_id;
   };

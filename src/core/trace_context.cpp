@@ -176,7 +176,8 @@ TraceContext trace_context_from_headers(std::string_view headers_json) {
 
 TraceContext sqlcommenter_trace_context(std::string_view statement) {
   TraceContext tc;
-  if (statement.size() > kSqlcommenterScanBytes) statement = statement.substr(statement.size() - kSqlcommenterScanBytes);
+  if (statement.size() > kSqlcommenterScanBytes)
+    statement = statement.substr(statement.size() - kSqlcommenterScanBytes);
   if (statement.find("traceparent") == std::string_view::npos) return tc;
   if (comment_value(statement, "traceparent", &tc.traceparent)) comment_value(statement, "tracestate", &tc.tracestate);
   return tc;

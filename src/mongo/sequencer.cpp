@@ -43,7 +43,7 @@ BsonPtr trace_checked_headers(const bson_t* outbox, std::string* dropped) {
     uint32_t len = 0;
     const char* v = BSON_ITER_HOLDS_UTF8(&child) ? bson_iter_utf8(&child, &len) : nullptr;
     const bool ok = v != nullptr && (k == "traceparent" ? core::valid_traceparent(std::string_view(v, len))
-                                                         : core::valid_tracestate(std::string_view(v, len)));
+                                                        : core::valid_tracestate(std::string_view(v, len)));
     (k == "traceparent" ? has_tp : has_ts) = true;
     (k == "traceparent" ? tp_ok : ts_ok) = ok;
   }

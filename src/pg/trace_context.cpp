@@ -47,10 +47,9 @@ void warn_traceparent(const char* source, const char* value) {
 
 void warn_tracestate(const char* source) {
   count_ignored();
-  ereport(WARNING,
-          (errcode(ERRCODE_WARNING), errmsg("ignoring a malformed tracestate from %s", source),
-           errdetail("A tracestate is at most 512 characters and 32 key=value members; the event is published "
-                     "with its traceparent only.")));
+  ereport(WARNING, (errcode(ERRCODE_WARNING), errmsg("ignoring a malformed tracestate from %s", source),
+                    errdetail("A tracestate is at most 512 characters and 32 key=value members; the event is published "
+                              "with its traceparent only.")));
 }
 
 bool traceparent_ok(const char* v) { return v != nullptr && trace_traceparent_ok(v, strlen(v)); }

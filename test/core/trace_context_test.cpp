@@ -72,7 +72,7 @@ TEST(TraceContext, TracestateOfLevel1) {
       "foo=a=b",      // '=' in a value
       "foo=a,b",      // a member without '='
       "foo=\x01",
-      "t@Vendor=1",        // system-id lower case
+      "t@Vendor=1",           // system-id lower case
       "t@vendorvendor123=1",  // system-id over 14
   };
   for (const char* v : invalid) EXPECT_FALSE(valid_tracestate(v)) << v;
