@@ -97,3 +97,25 @@ SELECT current_database() AS database,
   LEFT JOIN relay._handler_totals() t ON t.handler_id = h.id
   LEFT JOIN (SELECT ls.handler_id, count(*) AS in_flight FROM relay._leases() ls
               WHERE ls.lease_until > clock_timestamp() GROUP BY ls.handler_id) l ON l.handler_id = h.id;
+
+-- ================================================================================
+-- W3C Trace Context (issue 27, item 1): relay_claim returns the handover's
+-- traceparent as a new last column (its result type changes: dropped and
+-- created again, with the install's grant), and relay._trace_context_ignored()
+-- counts the malformed values publishes left out (docs/tracing.md).
+-- ================================================================================
+
+DROP FUNCTION relay_claim(text, integer, interval, integer);
+CREATE FUNCTION relay_claim(handler text, max integer DEFAULT 100, lease interval DEFAULT NULL,
+                            per_key integer DEFAULT 1)
+RETURNS TABLE (id bigint, event_id bigint, topic text, key text, seq bigint, payload jsonb,
+               headers jsonb, attempt integer, priority integer, published_at timestamptz,
+               lease_until timestamptz, lease uuid, traceparent text)
+AS 'MODULE_PATHNAME', 'relay_claim' LANGUAGE C VOLATILE;
+REVOKE EXECUTE ON FUNCTION relay_claim(text, integer, interval, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION relay_claim(text, integer, interval, integer) TO relay_consumer;
+
+CREATE FUNCTION relay._trace_context_ignored() RETURNS bigint
+AS 'MODULE_PATHNAME', 'relay_trace_context_ignored' LANGUAGE C VOLATILE;
+REVOKE EXECUTE ON FUNCTION relay._trace_context_ignored() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION relay._trace_context_ignored() TO relay_monitor, relay_consumer;

@@ -220,6 +220,11 @@ RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_sends' LANGUAGE C;
 CREATE FUNCTION relay._handler_limits(OUT handler_id integer, OUT held_back bigint, OUT limited boolean)
 RETURNS SETOF record AS 'MODULE_PATHNAME', 'relay_handler_limits' LANGUAGE C;
 
+-- Malformed traceparent and tracestate values that publishes left out, in
+-- every database since the server started (docs/tracing.md).
+CREATE FUNCTION relay._trace_context_ignored() RETURNS bigint
+AS 'MODULE_PATHNAME', 'relay_trace_context_ignored' LANGUAGE C VOLATILE;
+
 -- The publish time of a handler's oldest pending delivery: the heads of its
 -- four priority classes in the claim index (a constant cost).
 CREATE FUNCTION relay._oldest_pending(handler_id integer) RETURNS timestamptz
@@ -254,7 +259,7 @@ CREATE FUNCTION relay_claim(handler text, max integer DEFAULT 100, lease interva
                             per_key integer DEFAULT 1)
 RETURNS TABLE (id bigint, event_id bigint, topic text, key text, seq bigint, payload jsonb,
                headers jsonb, attempt integer, priority integer, published_at timestamptz,
-               lease_until timestamptz, lease uuid)
+               lease_until timestamptz, lease uuid, traceparent text)
 AS 'MODULE_PATHNAME', 'relay_claim' LANGUAGE C VOLATILE;
 
 CREATE FUNCTION relay_ack(ids bigint[], leases uuid[] DEFAULT NULL) RETURNS integer
@@ -708,7 +713,7 @@ GRANT EXECUTE ON FUNCTION relay_claim(text, integer, interval, integer),
 -- ids and lease times, never payloads.
 GRANT EXECUTE ON FUNCTION relay._leases(), relay._handler_counters(), relay._workers() TO relay_consumer;
 GRANT EXECUTE ON FUNCTION relay._handler_counters(), relay._handler_totals(), relay._handler_sends(),
-                          relay._handler_limits(),
+                          relay._handler_limits(), relay._trace_context_ignored(),
                           relay._handler_latency_buckets(), relay._oldest_pending(integer),
                           relay._pending_counted(), relay._leases(), relay._workers()
     TO relay_monitor, relay_consumer;

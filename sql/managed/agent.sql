@@ -99,23 +99,23 @@ BEGIN
         SELECT x.*, x.ordinality AS ord
           FROM relay._claim_handler(h, max_rows, relay._option_ms(h.options, 'lease', 30000),
                                     CASE WHEN ack THEN 1 ELSE max_rows END, ack) WITH ORDINALITY AS x
+    ), t AS MATERIALIZED (
+        SELECT c.*, relay._handover_traceparent(c.headers) AS tp FROM c
     ), b AS MATERIALIZED (
-        SELECT c.ord, c.id, c.event_id, c.topic, c.key, c.seq, c.attempt, c.lease_until, c.lease,
+        SELECT c.ord, c.id, c.event_id, c.topic, c.key, c.seq, c.attempt, c.lease_until, c.lease, c.tp,
                CASE WHEN inline THEN
-                   CASE WHEN ack
-                        -- After the object's fields, as the extension's
-                        -- dispatcher appends it (jsonb would sort it among them).
-                        THEN left(jsonb_build_object('id', c.id, 'key', c.key, 'seq', c.seq, 'topic', c.topic,
-                                                     'attempt', c.attempt, 'headers', c.headers,
-                                                     'payload', c.payload, 'event_id', c.event_id)::text, -1)
-                             || ', "lease": "' || c.lease || '"}'
-                        ELSE jsonb_build_object('id', c.id, 'key', c.key, 'seq', c.seq, 'topic', c.topic,
-                                                'attempt', c.attempt, 'headers', c.headers, 'payload', c.payload,
-                                                'event_id', c.event_id)::text END
+                   -- The traceparent (of a traced event) and the lease (ack
+                   -- mode) after the object's fields, as the extension's
+                   -- dispatcher appends them (jsonb would sort them among them).
+                   left(jsonb_build_object('id', c.id, 'key', c.key, 'seq', c.seq, 'topic', c.topic,
+                                           'attempt', c.attempt, 'headers', c.headers,
+                                           'payload', c.payload, 'event_id', c.event_id)::text, -1)
+                   || CASE WHEN c.tp IS NOT NULL THEN ', "traceparent": "' || c.tp || '"' ELSE '' END
+                   || CASE WHEN ack THEN ', "lease": "' || c.lease || '"' ELSE '' END || '}'
                END AS body
-          FROM c
+          FROM t c
     ), f AS MATERIALIZED (
-        SELECT b.ord, b.id, b.event_id, b.topic, b.key, b.seq, b.attempt, b.lease_until,
+        SELECT b.ord, b.id, b.event_id, b.topic, b.key, b.seq, b.attempt, b.lease_until, b.tp,
                (b.body IS NULL OR octet_length(b.body) > payload_limit) AS ref,
                CASE WHEN b.body IS NULL OR octet_length(b.body) > payload_limit
                     THEN coalesce(b.lease, gen_random_uuid()) END AS token,
@@ -133,9 +133,11 @@ BEGIN
     -- The subquery's order is the order the notifications are queued in.
     SELECT count(pg_notify(h.target,
                            CASE WHEN s.ref
-                                THEN jsonb_build_object('id', s.id, 'event_id', s.event_id, 'topic', s.topic,
-                                                        'key', s.key, 'seq', s.seq, 'attempt', s.attempt,
-                                                        'ref', true, 'lease', s.token)::text
+                                THEN (jsonb_build_object('id', s.id, 'event_id', s.event_id, 'topic', s.topic,
+                                                         'key', s.key, 'seq', s.seq, 'attempt', s.attempt,
+                                                         'ref', true, 'lease', s.token)
+                                      || CASE WHEN s.tp IS NOT NULL THEN jsonb_build_object('traceparent', s.tp)
+                                              ELSE '{}' END)::text
                                 ELSE s.body END)),
            array_agg(s.id) FILTER (WHERE NOT s.ref AND NOT ack)
       INTO n, fired

@@ -212,6 +212,124 @@ LANGUAGE sql VOLATILE AS $$
     ON CONFLICT (key) DO UPDATE SET event_id = excluded.event_id, expires_at = excluded.expires_at
 $$;
 
+-- W3C Trace Context (docs/tracing.md), the rules of src/core/trace_context.cpp.
+CREATE FUNCTION relay._traceparent_ok(v text) RETURNS boolean
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(v ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-.*)?$'
+                    AND left(v, 2) <> 'ff' AND (left(v, 2) <> '00' OR length(v) = 55)
+                    AND substr(v, 4, 32) <> repeat('0', 32) AND substr(v, 37, 16) <> repeat('0', 16), false)
+$$;
+
+CREATE FUNCTION relay._tracestate_ok(v text) RETURNS boolean
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT v IS NOT NULL AND length(v) <= 512 AND coalesce(
+        (SELECT count(*) <= 32
+                AND bool_and(m ~ '^([a-z][a-z0-9_*/-]{0,255}|[a-z0-9][a-z0-9_*/-]{0,240}@[a-z][a-z0-9_*/-]{0,13})=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]$')
+                AND count(DISTINCT split_part(m, '=', 1)) = count(*)
+           FROM (SELECT btrim(x, E' \t') AS m FROM regexp_split_to_table(v, ',') AS x) s
+          WHERE m <> ''), true)
+$$;
+
+-- sqlcommenter's URL-encoding (and \' escapes) undone.
+CREATE FUNCTION relay._url_decode(v text) RETURNS text
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT coalesce(string_agg(CASE WHEN m[1] IS NOT NULL THEN chr(('x' || m[1])::bit(8)::integer)
+                                    WHEN length(m[2]) = 2 THEN right(m[2], 1) ELSE m[2] END, '' ORDER BY o), '')
+      FROM regexp_matches(v, '%([0-9A-Fa-f]{2})|(\\.|.)', 'g') WITH ORDINALITY AS t(m, o)
+$$;
+
+CREATE FUNCTION relay._trace_warning(what text, source text, value text) RETURNS void
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF what = 'traceparent' THEN
+        RAISE WARNING 'ignoring a malformed traceparent from %', source
+            USING DETAIL = format('"%s" is not a W3C Trace Context traceparent; the event is published without one.',
+                                  coalesce(left(value, 80), '(not a string)'));
+    ELSE
+        RAISE WARNING 'ignoring a malformed tracestate from %', source
+            USING DETAIL = 'A tracestate is at most 512 characters and 32 key=value members; the event is '
+                           'published with its traceparent only.';
+    END IF;
+END
+$$;
+
+-- The publish's headers with its trace context: a valid traceparent of the
+-- headers argument, else relaybus.traceparent (SET LOCAL), else a
+-- sqlcommenter comment in the last 4 kB of current_query(); a malformed value
+-- left out with a WARNING (the extension's publish_trace_context).
+CREATE FUNCTION relay._trace_headers(headers jsonb) RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    tp   text;
+    ts   text;
+    src  text;
+    q    text;
+    body text;
+BEGIN
+    IF headers ? 'traceparent' THEN
+        IF jsonb_typeof(headers -> 'traceparent') = 'string' AND relay._traceparent_ok(headers ->> 'traceparent') THEN
+            IF headers ? 'tracestate' AND NOT (jsonb_typeof(headers -> 'tracestate') = 'string'
+                                                AND relay._tracestate_ok(headers ->> 'tracestate')) THEN
+                PERFORM relay._trace_warning('tracestate', 'headers', NULL);
+                RETURN headers - 'tracestate';
+            END IF;
+            RETURN headers;
+        END IF;
+        PERFORM relay._trace_warning('traceparent', 'headers',
+                                     CASE WHEN jsonb_typeof(headers -> 'traceparent') = 'string'
+                                          THEN headers ->> 'traceparent' END);
+        headers := headers - 'traceparent' - 'tracestate';
+    END IF;
+    tp := coalesce(current_setting('relaybus.traceparent', true), '');
+    IF tp <> '' THEN
+        IF relay._traceparent_ok(tp) THEN
+            ts := coalesce(current_setting('relaybus.tracestate', true), '');
+            src := 'relaybus.tracestate';
+        ELSE
+            PERFORM relay._trace_warning('traceparent', 'relaybus.traceparent', tp);
+            tp := '';
+        END IF;
+    END IF;
+    IF tp = '' THEN
+        q := right(current_query(), 4096);
+        IF q IS NULL OR strpos(q, 'traceparent') = 0 THEN
+            RETURN headers;
+        END IF;
+        SELECT c[1] INTO body
+          FROM regexp_matches(q, '/\*(.*?)\*/', 'g') WITH ORDINALITY AS x(c, o)
+         WHERE c[1] ~ '(^|[, *])traceparent='''
+         ORDER BY o DESC LIMIT 1;
+        IF body IS NULL THEN
+            RETURN headers;
+        END IF;
+        tp := relay._url_decode(substring(body FROM '(?:^|[, *])traceparent=''((?:[^''\\]|\\.)*)'''));
+        ts := coalesce(relay._url_decode(substring(body FROM '(?:^|[, *])tracestate=''((?:[^''\\]|\\.)*)''')), '');
+        src := 'a sqlcommenter comment';
+        IF NOT relay._traceparent_ok(tp) THEN
+            PERFORM relay._trace_warning('traceparent', src, tp);
+            RETURN headers;
+        END IF;
+    END IF;
+    IF ts <> '' AND NOT relay._tracestate_ok(ts) THEN
+        PERFORM relay._trace_warning('tracestate', src, NULL);
+        ts := '';
+    END IF;
+    RETURN coalesce(headers, '{}') - 'tracestate'
+           || jsonb_build_object('traceparent', tp)
+           || CASE WHEN ts <> '' THEN jsonb_build_object('tracestate', ts) ELSE '{}' END;
+END
+$$;
+
+-- The traceparent a handover carries (relay_claim, NOTIFY): the stored one's
+-- trace-id and flags, a new span id (never all zeros).
+CREATE FUNCTION relay._handover_traceparent(headers jsonb) RETURNS text
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT '00-' || substr(tp, 4, 32) || '-'
+           || CASE WHEN s = repeat('0', 16) THEN '0000000000000001' ELSE s END || '-' || substr(tp, 54, 2)
+      FROM (SELECT headers ->> 'traceparent' AS tp, left(md5(gen_random_uuid()::text), 16) AS s) x
+     WHERE jsonb_typeof(headers -> 'traceparent') = 'string' AND relay._traceparent_ok(tp)
+$$;
+
 CREATE FUNCTION relay_publish(topic text, payload jsonb, key text DEFAULT NULL,
                               headers jsonb DEFAULT NULL, priority integer DEFAULT 1,
                               not_before timestamptz DEFAULT NULL, dedupe_key text DEFAULT NULL)
@@ -258,7 +376,12 @@ BEGIN
         END IF;
     END IF;
     id := relay._publish_one(relay_publish.topic, relay_publish.payload, relay_publish.key,
-                             relay_publish.headers, relay_publish.priority, relay_publish.not_before);
+                             CASE WHEN relay_publish.headers ? 'traceparent'
+                                       OR coalesce(current_setting('relaybus.traceparent', true), '') <> ''
+                                       OR strpos(right(current_query(), 4096), 'traceparent') > 0
+                                  THEN relay._trace_headers(relay_publish.headers)
+                                  ELSE relay_publish.headers END,
+                             relay_publish.priority, relay_publish.not_before);
     IF relay_publish.dedupe_key IS NOT NULL THEN
         PERFORM relay._dedupe_record(relay_publish.dedupe_key, id);
     END IF;
@@ -320,6 +443,7 @@ DECLARE
 BEGIN
     PERFORM relay._check_publish('relay_publish_batch', relay_publish_batch.topic, relay_publish_batch.headers,
                                  relay_publish_batch.priority, relay_publish_batch.not_before);
+    relay_publish_batch.headers := relay._trace_headers(relay_publish_batch.headers);
     IF payloads IS NULL THEN
         RAISE EXCEPTION 'payloads must not be NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;

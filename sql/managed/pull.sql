@@ -459,9 +459,9 @@ CREATE FUNCTION relay_claim(handler text, max integer DEFAULT 100, lease interva
                             per_key integer DEFAULT 1)
 RETURNS TABLE (id bigint, event_id bigint, topic text, key text, seq bigint, payload jsonb,
                headers jsonb, attempt integer, priority integer, published_at timestamptz,
-               lease_until timestamptz, lease uuid)
+               lease_until timestamptz, lease uuid, traceparent text)
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT * FROM relay._claim($1, $2, $3, $4)
+    SELECT c.*, relay._handover_traceparent(c.headers) FROM relay._claim($1, $2, $3, $4) c
 $$;
 
 CREATE FUNCTION relay_ack(ids bigint[], leases uuid[] DEFAULT NULL) RETURNS integer

@@ -71,6 +71,14 @@ CloudEventMessage make_cloudevent(const HandlerOptions& options, const WebhookMe
     b += ",\"datacontenttype\":\"application/json\"";
     if (m.has_key) b += ",\"relaybusseq\":" + std::to_string(m.seq);
     b += ",\"relaybusattempt\":" + std::to_string(m.attempt);
+    if (m.trace.present()) {
+      b += ",\"traceparent\":";
+      append_json_string(&b, m.trace.traceparent);
+      if (!m.trace.tracestate.empty()) {
+        b += ",\"tracestate\":";
+        append_json_string(&b, m.trace.tracestate);
+      }
+    }
     b += ",\"data\":";
     b += payload;
     b += "}";
@@ -90,6 +98,8 @@ CloudEventMessage make_cloudevent(const HandlerOptions& options, const WebhookMe
   if (!time.empty()) add("time", time);
   if (m.has_key) add("relaybusseq", std::to_string(m.seq));
   add("relaybusattempt", std::to_string(m.attempt));
+  if (m.trace.present()) add("traceparent", m.trace.traceparent);
+  if (!m.trace.tracestate.empty()) add("tracestate", m.trace.tracestate);
   out.body = payload;
   return out;
 }

@@ -36,7 +36,9 @@ struct CloudEventMessage {
 // not be Off). Attributes: specversion 1.0; id the event id (the same for
 // every attempt and handler); source; type the wire name; time the publish
 // time (absent when unknown); subject the ordering key and the extension
-// relaybusseq its seq (both absent when unkeyed); relaybusattempt; data the
+// relaybusseq its seq (both absent when unkeyed); relaybusattempt; the
+// distributed-tracing extension's traceparent and tracestate (the attempt's,
+// message.trace, when the event has a trace context); data the
 // payload with datacontenttype application/json. Binary: attributes as
 // headers, body the payload. Structured: the JSON event as the body, with
 // content-type application/cloudevents+json.

@@ -161,7 +161,15 @@ void DeliveryPipeline::pump(DeliveryStore& store, int64_t now_ms) {
     }
     queued_of_[key]--;
     std::string why;
-    Sent sent{q.handler, q.delivery.receipt, q.delivery.message.attempt, q.delivery.published, now_ms, permit};
+    Sent sent{q.handler, q.delivery.receipt, q.delivery.message.attempt, q.delivery.published, now_ms, permit, {}, {}};
+    WebhookMessage& m = q.delivery.message;
+    TraceContext stored = trace_context_from_headers(m.headers_json);
+    if (stored.present()) {
+      m.trace.traceparent = attempt_traceparent(stored.traceparent, splitmix64(&rng_state_));
+      m.trace.tracestate = std::move(stored.tracestate);
+      sent.traceparent = m.trace.traceparent;
+      sent.parent_span_id = stored.traceparent.substr(36, 16);
+    }
     if (!sink_.submit(*q.handler, q.delivery.message, now_ms, &why)) {
       // A request the sink refuses (bad URL or header) is a failed attempt.
       HttpResult failed;
@@ -205,6 +213,8 @@ void DeliveryPipeline::finish(const Sent& sent, const HttpResult& result, int64_
   c.published = sent.published;
   c.breaker_open_until_ms = b.is_open() ? b.open_until_ms() : 0;
   if (reached_sink) c.send_ms = std::max<int64_t>(0, now_ms - sent.sent_ms);
+  c.traceparent = sent.traceparent;
+  c.parent_span_id = sent.parent_span_id;
   if (waiting_.empty()) first_waiting_ms_ = now_ms;
   waiting_.push_back(std::move(c));
 }

@@ -84,6 +84,10 @@ struct Completion {
   // Kafka produce to its acknowledgement); -1: it never reached the sink.
   int64_t send_ms = -1;
   bool after_gap = false;  // HttpResult::after_gap
+  // The attempt's traceparent (its trace-id and its own span id) and the
+  // publisher's span it is a child of (16 hex); empty: no trace context.
+  std::string traceparent;
+  std::string parent_span_id;
 };
 
 // One result classified with the shared rules: success is Delivered; a
@@ -252,7 +256,9 @@ class DeliveryPipeline {
     int attempt;
     int64_t published;
     int64_t sent_ms;
-    bool permit = false;  // holds a HandlerLimiter permit
+    bool permit = false;      // holds a HandlerLimiter permit
+    std::string traceparent;  // Completion::traceparent
+    std::string parent_span_id;
   };
   void finish(const Sent& sent, const HttpResult& result, int64_t now_ms, bool reached_sink);
 

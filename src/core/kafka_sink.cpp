@@ -261,6 +261,10 @@ bool KafkaSink::submit(const PipelineHandler& h, const WebhookMessage& m, int64_
   }
   add_header(hdrs, "relay-attempt", std::to_string(m.attempt));
   if (m.published_at_ms > 0) add_header(hdrs, "relay-published-at", format_rfc3339_ms(m.published_at_ms));
+  if (m.trace.present()) {
+    add_header(hdrs, "traceparent", m.trace.traceparent);
+    if (!m.trace.tracestate.empty()) add_header(hdrs, "tracestate", m.trace.tracestate);
+  }
   if (!m.headers_json.empty()) {
     const auto j = nlohmann::json::parse(m.headers_json, nullptr, false);
     if (j.is_object()) {
@@ -269,6 +273,8 @@ bool KafkaSink::submit(const PipelineHandler& h, const WebhookMessage& m, int64_
         if (!item.value().is_string() || item.key().rfind("relay-", 0) == 0) continue;
         // Nor a CloudEvent's attributes.
         if (!ce.headers.empty() && (item.key().rfind("ce_", 0) == 0 || item.key() == "content-type")) continue;
+        // The stored trace context goes out as this attempt's span (above).
+        if (item.key() == "traceparent" || item.key() == "tracestate") continue;
         const std::string& v = item.value().get_ref<const std::string&>();
         rd_kafka_header_add(hdrs, item.key().data(), static_cast<ssize_t>(item.key().size()), v.data(),
                             static_cast<ssize_t>(v.size()));

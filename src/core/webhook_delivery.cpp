@@ -95,6 +95,23 @@ std::string webhook_envelope_json(int64_t id, int64_t event_id, std::string_view
   return out;
 }
 
+namespace {
+
+void add_trace_headers(HttpRequest* r, const TraceContext& trace) {
+  if (!trace.present()) return;
+  // A handler's own trace headers would name a span that is not this attempt.
+  r->headers.erase(std::remove_if(r->headers.begin(), r->headers.end(),
+                                  [](const auto& kv) {
+                                    return text::iequals(kv.first, "traceparent") ||
+                                           text::iequals(kv.first, "tracestate");
+                                  }),
+                   r->headers.end());
+  r->headers.emplace_back("traceparent", trace.traceparent);
+  if (!trace.tracestate.empty()) r->headers.emplace_back("tracestate", trace.tracestate);
+}
+
+}  // namespace
+
 HttpRequest build_webhook_request(const HandlerOptions& options, std::string_view target, int handler_key,
                                   const WebhookMessage& m, int64_t timestamp_s) {
   if (options.cloudevents != CloudEventsMode::Off) {
@@ -105,6 +122,7 @@ HttpRequest build_webhook_request(const HandlerOptions& options, std::string_vie
                                    [](const auto& kv) { return text::iequals(kv.first.substr(0, 3), "ce-"); }),
                     r.headers.end());
     r.headers.insert(r.headers.end(), ce.headers.begin(), ce.headers.end());
+    add_trace_headers(&r, m.trace);
     return r;
   }
   std::string body = options.envelope
@@ -112,7 +130,9 @@ HttpRequest build_webhook_request(const HandlerOptions& options, std::string_vie
                                                  m.has_key ? std::optional<int64_t>(m.seq) : std::nullopt,
                                                  m.published_at_ms, m.attempt, m.headers_json, m.payload_json)
                          : m.payload_json;
-  return make_webhook_request(options, target, handler_key, m.id, std::move(body), timestamp_s);
+  HttpRequest r = make_webhook_request(options, target, handler_key, m.id, std::move(body), timestamp_s);
+  add_trace_headers(&r, m.trace);
+  return r;
 }
 
 bool webhook_failure_is_permanent(const HandlerOptions& options, const HttpResult& result) {

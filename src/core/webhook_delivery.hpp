@@ -13,6 +13,7 @@
 
 #include "handler_config.hpp"
 #include "http_engine.hpp"
+#include "trace_context.hpp"
 
 namespace relaybus::core {
 
@@ -36,12 +37,17 @@ struct WebhookMessage {
   int attempt = 1;              // this attempt, 1 = the first
   std::string headers_json;     // JSON text; empty = null
   std::string payload_json;     // JSON text, inserted as it is
+  // This attempt's trace context (traceparent with its own span id, the
+  // stored tracestate): set as the attempt goes out (DeliveryPipeline), sent
+  // by every sink; empty for an event published without one.
+  TraceContext trace;
 };
 
 // THE request of a webhook attempt, for the PostgreSQL dispatchers and
 // relaybus-mongo alike: the body (the envelope, or with "envelope": false the
 // payload text alone, or with "cloudevents" the CloudEvent's, its headers
-// added: cloudevents.hpp) and make_webhook_request's headers, with timestamp_s as
+// added: cloudevents.hpp) and make_webhook_request's headers, the attempt's
+// traceparent and tracestate in place of any the handler sets, with timestamp_s as
 // webhook-timestamp and the signature over it. Call it when the request is
 // sent (the engine starts it at once), not when it was claimed: a request that
 // waited in a queue still carries the time it went out. The same message,

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/duration.hpp"
+#include "core/trace_context.hpp"
 #include "core/webhook_delivery.hpp"
 #include "mongo/util.hpp"
 
@@ -160,6 +161,9 @@ ApiResponse PullApi::claim(const HandlerDoc& h, const std::string& body, int64_t
                 {"headers", d.headers_json.empty() ? json(nullptr) : json::parse(d.headers_json)},
                 {"lease", l.token},
                 {"lease_until", iso8601_ms(l.until_ms)}};
+    // This handover as a span of the event's trace, as relay_claim's column.
+    const core::TraceContext trace = core::trace_context_from_headers(d.headers_json);
+    if (trace.present()) row["traceparent"] = core::attempt_traceparent(trace.traceparent, rng_());
     out["deliveries"].push_back(std::move(row));
     leases_[d.id] = std::move(l);
   }

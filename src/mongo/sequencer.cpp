@@ -8,6 +8,7 @@
 
 #include "core/lane_hash.hpp"
 #include "core/route_resolver.hpp"
+#include "core/trace_context.hpp"
 #include "mongo/outbox.hpp"
 #include "mongo/util.hpp"
 
@@ -26,6 +27,38 @@ BsonPtr id_doc(const bson_t* doc, const char* field) {
   bson_t* d = bson_new();
   bson_append_iter(d, "_id", 3, &it);
   return owned(d);
+}
+
+// The outbox document's headers without a malformed traceparent (and its
+// tracestate) or tracestate, as relay_publish leaves them out
+// (docs/tracing.md); nullptr: they go to the deliveries as they are.
+BsonPtr trace_checked_headers(const bson_t* outbox, std::string* dropped) {
+  bson_iter_t it, child;
+  if (!bson_iter_init_find(&it, outbox, "headers") || !BSON_ITER_HOLDS_DOCUMENT(&it)) return nullptr;
+  bool has_tp = false, has_ts = false, tp_ok = false, ts_ok = false;
+  if (!bson_iter_recurse(&it, &child)) return nullptr;
+  while (bson_iter_next(&child)) {
+    const std::string_view k = bson_iter_key(&child);
+    if (k != "traceparent" && k != "tracestate") continue;
+    uint32_t len = 0;
+    const char* v = BSON_ITER_HOLDS_UTF8(&child) ? bson_iter_utf8(&child, &len) : nullptr;
+    const bool ok = v != nullptr && (k == "traceparent" ? core::valid_traceparent(std::string_view(v, len))
+                                                        : core::valid_tracestate(std::string_view(v, len)));
+    (k == "traceparent" ? has_tp : has_ts) = true;
+    (k == "traceparent" ? tp_ok : ts_ok) = ok;
+  }
+  const bool drop_tp = has_tp && !tp_ok;
+  const bool drop_ts = has_ts && (drop_tp || !ts_ok);
+  if (!drop_tp && !drop_ts) return nullptr;
+  *dropped = drop_tp ? "traceparent" : "tracestate";
+  BsonPtr out = owned(bson_new());
+  bson_iter_recurse(&it, &child);
+  while (bson_iter_next(&child)) {
+    const std::string_view k = bson_iter_key(&child);
+    if ((drop_tp && k == "traceparent") || (drop_ts && k == "tracestate")) continue;
+    bson_append_iter(out.get(), bson_iter_key(&child), -1, &child);
+  }
+  return out;
 }
 }  // namespace
 
@@ -228,6 +261,11 @@ bool Sequencer::apply(const Version& v, const std::function<bool()>& holds) {
     const int lane = ev.has_key ? core::lane_for_key(ev.key) : core::lane_for_unkeyed(ev.event_id);
     std::string topic;
     get_string(ev.outbox.get(), "topic", &topic);
+    std::string dropped;
+    const BsonPtr checked = trace_checked_headers(ev.outbox.get(), &dropped);
+    if (checked)
+      log_warn("ignoring a malformed " + dropped + " in an outbox document's headers",
+               {{"outbox_id", ev.id_json}, {"event_id", ev.event_id}});
     for (size_t i = 0; i < ev.handlers.size(); i++) {
       const int64_t id = ev.event_id + static_cast<int64_t>(i);
       bson_t* d = bson_new();
@@ -245,7 +283,9 @@ bool Sequencer::apply(const Version& v, const std::function<bool()>& holds) {
       if (!ev.handlers[i].second.empty()) BSON_APPEND_UTF8(d, "wire_topic", ev.handlers[i].second.c_str());
       bson_iter_t it;
       if (bson_iter_init_find(&it, ev.outbox.get(), "payload")) bson_append_iter(d, "payload", -1, &it);
-      if (bson_iter_init_find(&it, ev.outbox.get(), "headers") && BSON_ITER_HOLDS_DOCUMENT(&it))
+      if (checked)
+        BSON_APPEND_DOCUMENT(d, "headers", checked.get());
+      else if (bson_iter_init_find(&it, ev.outbox.get(), "headers") && BSON_ITER_HOLDS_DOCUMENT(&it))
         bson_append_iter(d, "headers", -1, &it);
       if (bson_iter_init_find(&it, ev.id.get(), "_id")) bson_append_iter(d, "outbox_id", -1, &it);
       deliveries.push_back(d);

@@ -25,6 +25,7 @@
 #include "pg/recovery_guard.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi_support.hpp"
+#include "pg/trace_context.hpp"
 #include "pg/worker_state.hpp"
 
 extern "C" {
@@ -546,8 +547,10 @@ extern "C" Datum relay_claim(PG_FUNCTION_ARGS) {
   claim_deliveries(&req, &res);
   // 0.1.0's relay_claim has no lease column: a server may run this library
   // before ALTER EXTENSION relaybus UPDATE.
-  constexpr int kColumns = 12;  // id .. published_at, lease_until, lease
-  bool with_lease = rsinfo->setDesc->natts >= kColumns;
+  constexpr int kColumns = 13;  // id .. published_at, lease_until, lease, traceparent
+  bool with_lease = rsinfo->setDesc->natts >= 12;
+  // 0.2.0's has no traceparent column (the same reason).
+  bool with_trace = rsinfo->setDesc->natts >= kColumns;
   for (int i = 0; i < res.n; i++) {
     const ClaimedRow& r = res.rows[i];
     Datum out[kColumns];
@@ -571,6 +574,11 @@ extern "C" Datum relay_claim(PG_FUNCTION_ARGS) {
       auto* token = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken)));
       *token = r.token;
       out[11] = UUIDPGetDatum(token);
+    }
+    if (with_trace) {
+      char* traceparent = handover_traceparent(r.headers);
+      nulls[12] = traceparent == nullptr;
+      out[12] = traceparent == nullptr ? (Datum)0 : CStringGetTextDatum(traceparent);
     }
     tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, out, nulls);
   }

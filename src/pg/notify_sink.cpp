@@ -4,6 +4,7 @@
 #include "pg/notify_payload.hpp"
 #include "pg/settings.hpp"
 #include "pg/settle.hpp"
+#include "pg/trace_context.hpp"
 
 extern "C" {
 #include "commands/async.h"
@@ -14,15 +15,21 @@ namespace relaybus::pg {
 namespace {
 
 // A NOTIFY that waits for relay_ack carries its lease: `, "lease": "<uuid>"`
-// (kLeaseFieldLen bytes) added to the JSON object text.
+// (kLeaseFieldLen bytes) added to the JSON object text; one of an event with
+// a trace context its attempt's `, "traceparent": "..."` (kTraceFieldLen + the
+// value), so that events without one keep their payloads byte for byte.
 constexpr int kLeaseFieldLen = 49;
-char* with_lease(const char* json, const LeaseToken& token) {
-  char text[37];
-  lease_token_text(token, text);
+constexpr int kTraceFieldLen = 19;
+char* with_field(const char* json, const char* name, const char* value) {
   size_t len = strlen(json);
   while (len > 0 && json[len - 1] != '}') len--;
   if (len == 0) return pstrdup(json);
-  return psprintf("%.*s, \"lease\": \"%s\"}", static_cast<int>(len - 1), json, text);
+  return psprintf("%.*s, \"%s\": \"%s\"}", static_cast<int>(len - 1), json, name, value);
+}
+char* with_lease(const char* json, const LeaseToken& token) {
+  char text[37];
+  lease_token_text(token, text);
+  return with_field(json, "lease", text);
 }
 
 }  // namespace
@@ -73,15 +80,19 @@ int dispatch_notify(DispatcherState* st, const HandlerEntry* h) {
       continue;
     }
     char* json = notify_payload_json(row);
-    // Ack mode adds the lease field below: it counts against the limit.
+    char* traceparent = handover_traceparent(row.headers);
+    const int trace_len = traceparent == nullptr ? 0 : kTraceFieldLen + static_cast<int>(strlen(traceparent));
+    // Ack mode adds the lease field below, a traced event its traceparent:
+    // they count against the limit.
     // "inline_payload": false sends every delivery by reference: any role
     // that can connect may LISTEN, only relay_consumer may call relay_payload.
-    bool by_reference =
-        !h->inline_payload || static_cast<int>(strlen(json)) + (ack ? kLeaseFieldLen : 0) > guc_notify_payload_limit;
+    const int inline_len = static_cast<int>(strlen(json)) + (ack ? kLeaseFieldLen : 0) + trace_len;
+    bool by_reference = !h->inline_payload || inline_len > guc_notify_payload_limit;
     if (by_reference) {
       json = notify_reference_json(row);
       if (key != nullptr && !ack) held_keys[nheld++] = key;
     }
+    if (traceparent != nullptr) json = with_field(json, "traceparent", traceparent);
     // What the consumer completes carries the receipt it completes with.
     if (ack || by_reference) json = with_lease(json, row.token);
     Async_Notify(h->channel, json);

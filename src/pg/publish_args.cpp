@@ -4,6 +4,7 @@
 #include "pg/cpp/topic_check.h"
 #include "pg/settings.hpp"
 #include "pg/spi_support.hpp"
+#include "pg/trace_context.hpp"
 
 extern "C" {
 #include "access/detoast.h"
@@ -27,6 +28,7 @@ void read_publish_common(FunctionCallInfo fcinfo, int headers_arg, int priority_
       ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("headers must be a JSON object")));
     out->headers = PointerGetDatum(h);
   }
+  publish_trace_context(out);
 
   if (PG_ARGISNULL(priority_arg))
     ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("priority must be between 0 and 3, not NULL")));

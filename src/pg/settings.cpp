@@ -22,6 +22,8 @@ bool guc_worker_synchronous_commit = false;
 int guc_dedupe_window_s = 86400;
 int guc_dedupe_cleanup_interval_ms = 10000;
 int guc_http_lease_margin_ms = 30000;
+char* guc_traceparent = nullptr;
+char* guc_tracestate = nullptr;
 
 void define_settings() {
   DefineCustomIntVariable(
@@ -77,6 +79,12 @@ void define_settings() {
                           "Largest NOTIFY payload sent inline; larger deliveries are sent by reference.",
                           "PostgreSQL's own limit is 8000 bytes.", &guc_notify_payload_limit, 7900, 200, 7999,
                           PGC_SIGHUP, GUC_UNIT_BYTE, nullptr, nullptr, nullptr);
+  DefineCustomStringVariable("relaybus.traceparent",
+                             "W3C traceparent recorded with the events this session publishes (SET LOCAL).",
+                             "Used when relay_publish's headers carry none; empty: none.", &guc_traceparent, "",
+                             PGC_USERSET, 0, nullptr, nullptr, nullptr);
+  DefineCustomStringVariable("relaybus.tracestate", "W3C tracestate recorded with relaybus.traceparent.",
+                             "Empty: none.", &guc_tracestate, "", PGC_USERSET, 0, nullptr, nullptr, nullptr);
   DefineCustomStringVariable(
       "relaybus.http_allowlist",
       "Hosts and CIDRs that http handlers may call although they are loopback, private, link-local or metadata addresses.",

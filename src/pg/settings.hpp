@@ -17,6 +17,8 @@ extern int guc_dispatcher_time_slice_us;
 extern int guc_lease_timeout_ms;
 extern int guc_max_in_flight;
 extern int guc_notify_payload_limit;
+extern char* guc_traceparent;
+extern char* guc_tracestate;
 extern char* guc_http_allowlist;
 extern bool guc_worker_synchronous_commit;
 extern int guc_dedupe_window_s;

@@ -23,6 +23,7 @@ void init_shared_memory() {
   if (!found) {
     shared->lease_lock = &(GetNamedLWLockTranche("relaybus"))->lock;
     pg_atomic_init_u64(&shared->catalog_generation, 1);
+    pg_atomic_init_u64(&shared->trace_context_ignored, 0);
   }
   leases_shmem_init();
   claim_frontier_shmem_init();

@@ -10,8 +10,9 @@ extern "C" {
 namespace relaybus::pg {
 
 struct SharedState {
-  LWLock* lease_lock;                   // guards the lease table
-  pg_atomic_uint64 catalog_generation;  // bumped when handlers or routes change
+  LWLock* lease_lock;                      // guards the lease table
+  pg_atomic_uint64 catalog_generation;     // bumped when handlers or routes change
+  pg_atomic_uint64 trace_context_ignored;  // malformed traceparent/tracestate values publishes dropped
 };
 
 extern SharedState* shared;

@@ -27,7 +27,7 @@ HandlerOptions options(HandlerKind kind, const char* json) {
 // published_at_ms, attempt, headers_json, payload_json.
 WebhookMessage keyed() {
   return WebhookMessage{
-      42, 7, "order.created", true, "cust 9/ü", 3, 1700000000123, 2, R"({"x":"y"})", R"({"total":12.5})"};
+      42, 7, "order.created", true, "cust 9/ü", 3, 1700000000123, 2, R"({"x":"y"})", R"({"total":12.5})", {}};
 }
 
 WebhookMessage unkeyed() {

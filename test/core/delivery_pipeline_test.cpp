@@ -360,6 +360,7 @@ namespace {
 class ScriptedSink final : public DeliverySink {
  public:
   std::vector<int64_t> sent;
+  std::vector<TraceContext> traces;  // per submit: the attempt's trace context
   std::vector<HttpResult> ready;
   std::map<int64_t, bool> open;
   bool refuse = false;  // submit() refuses (as a bad URL would be)
@@ -373,6 +374,7 @@ class ScriptedSink final : public DeliverySink {
       return false;
     }
     sent.push_back(m.id);
+    traces.push_back(m.trace);
     open[m.id] = true;
     return true;
   }
@@ -401,6 +403,14 @@ class ScriptedSink final : public DeliverySink {
   }
 };
 
+std::shared_ptr<PipelineHandler> scripted_handler(int key) {
+  auto h = std::make_shared<PipelineHandler>();
+  h->key = key;
+  h->options.concurrency = 16;
+  h->options.max_attempts = 3;
+  return h;
+}
+
 // The send time is the pipeline's: from the pump that handed the attempt to
 // the sink to the collect that took its result, whatever the sink; an
 // attempt the sink refused never went out and has none.
@@ -408,10 +418,7 @@ TEST(DeliveryPipeline, CompletionsCarryTheirSendTime) {
   ScriptedSink sink;
   DeliveryPipeline pipeline(sink, PipelineOptions{}, 1);
   MemoryStore store;
-  auto h = std::make_shared<PipelineHandler>();
-  h->key = 4;
-  h->options.concurrency = 16;
-  h->options.max_attempts = 3;
+  auto h = scripted_handler(4);
   const int64_t t0 = 5000000;
   pipeline.enqueue(h, {store.claim(1), store.claim(2, "k2")}, t0 + 60000);
   pipeline.pump(store, t0);
@@ -431,6 +438,59 @@ TEST(DeliveryPipeline, CompletionsCarryTheirSendTime) {
   pipeline.flush(store, t0 + 300);
   EXPECT_EQ(store.rows[3].state, "dead") << "a request the sink refuses is a failure for good";
   EXPECT_EQ(store.rows[3].send_ms, -1) << "refused by the sink: never sent";
+}
+
+// Every attempt of an event with a trace context goes out as a new span of
+// the publisher's trace (same trace-id and flags, the stored tracestate), and
+// its Completion names that span and its parent; an event without one has none.
+TEST(DeliveryPipeline, EachAttemptIsANewSpanOfThePublishersTrace) {
+  ScriptedSink sink;
+  DeliveryPipeline pipeline(sink, PipelineOptions{}, 1);
+  MemoryStore store;
+  auto h = scripted_handler(5);
+  const std::string tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  ClaimedDelivery d1 = store.claim(1);
+  d1.message.headers_json = R"({"traceparent":")" + tp + R"(","tracestate":"congo=t61rcWkgMzE","x":"y"})";
+  const int64_t t0 = 5000000;
+  pipeline.enqueue(h, {d1, store.claim(2, "k2")}, t0 + 60000);
+  pipeline.pump(store, t0);
+  ASSERT_EQ(sink.traces.size(), 2u);
+  const TraceContext first = sink.traces[0];
+  ASSERT_TRUE(first.present());
+  EXPECT_TRUE(valid_traceparent(first.traceparent));
+  EXPECT_EQ(first.traceparent.substr(0, 36), tp.substr(0, 36));
+  EXPECT_EQ(first.traceparent.substr(52), tp.substr(52));
+  EXPECT_NE(first.traceparent.substr(36, 16), tp.substr(36, 16));
+  EXPECT_EQ(first.tracestate, "congo=t61rcWkgMzE");
+  EXPECT_FALSE(sink.traces[1].present()) << "no trace context stored, none sent";
+  sink.fail(1);
+  sink.succeed(2);
+  pipeline.collect(t0 + 10);
+  std::vector<Completion> seen;
+  struct Capture final : DeliveryStore {
+    std::vector<Completion>* out;
+    void complete(const std::vector<Completion>& b) override { out->insert(out->end(), b.begin(), b.end()); }
+    void release(const std::vector<ClaimedDelivery>&) override {}
+  } capture;
+  capture.out = &seen;
+  pipeline.flush(capture, t0 + 10);
+  ASSERT_EQ(seen.size(), 2u);
+  for (const Completion& c : seen) {
+    if (c.id == 1) {
+      EXPECT_EQ(c.traceparent, first.traceparent) << "the Completion names the attempt's span";
+      EXPECT_EQ(c.parent_span_id, "00f067aa0ba902b7");
+    } else {
+      EXPECT_TRUE(c.traceparent.empty());
+      EXPECT_TRUE(c.parent_span_id.empty());
+    }
+  }
+  ClaimedDelivery again = store.claim(1, "k", 2);
+  again.message.headers_json = d1.message.headers_json;
+  pipeline.enqueue(h, {again}, t0 + 60000);
+  pipeline.pump(store, t0 + 20);
+  ASSERT_EQ(sink.traces.size(), 3u);
+  EXPECT_EQ(sink.traces[2].traceparent.substr(0, 36), tp.substr(0, 36));
+  EXPECT_NE(sink.traces[2].traceparent, first.traceparent) << "the retry is a span of its own";
 }
 
 TEST(DeliveryPipeline, LateFailuresOfRequestsSentBeforeTheBreakerOpenedDoNotGrowIt) {

@@ -108,12 +108,18 @@ r() { echo "${R[$1]:-?}"; }
 # new_secret: a fresh Standard Webhooks secret (whsec_ + base64 of 32 bytes).
 new_secret() { python3 -c 'import base64, os; print("whsec_" + base64.b64encode(os.urandom(32)).decode())'; }
 
+# receiver_at NAME: start_receiver NAME, with URL its address and LOG its
+# log; the test stops if it does not start.
+receiver_at() {
+    start_receiver "$1" || die "the receiver did not start"
+    URL=http://127.0.0.1:$RECV_PORT
+    LOG=$TMP/$1.log
+}
+
 # http_test_db NAME: the usual start of a webhook test: a receiver (URL, LOG),
 # loopback allowed, a fresh database `db` served by a dispatcher.
 http_test_db() {
-    start_receiver r || die "the receiver did not start"
-    URL=http://127.0.0.1:$RECV_PORT
-    LOG=$TMP/r.log
+    receiver_at r
     allow_loopback || die "could not set relaybus.http_allowlist"
     new_db db "$1" || die "could not create a database"
     check "a dispatcher serves the new database" wait_workers "$db" 1 20

@@ -8,6 +8,10 @@
 #                               # share directories), MANAGED_SCRIPT
 #     managed_owner ROLE DB     # a LOGIN CREATEROLE owner (not a superuser) and its database
 #     managed_install ROLE DB   # psql -1 -f the edition's script as ROLE
+#     agent_database ROLE DB    # all of it for relaybus-agent: the agent, the
+#                               # script and listen_client built, a bare cluster,
+#                               # ROLE's DB with the edition, the login agent_login
+#                               # (relay_agent); stops the script if one fails
 #
 # stop_bare_cluster destroys the cluster (put it into the EXIT trap).
 
@@ -58,4 +62,16 @@ managed_owner() {
 
 managed_install() {
     psql -X -q -1 -v ON_ERROR_STOP=1 -U "$1" -d "$2" -f "$MANAGED_SCRIPT" </dev/null
+}
+
+agent_database() {
+    make -s -C "$RELAYBUS_ROOT" agent >/dev/null || die "make agent failed"
+    make -s -C "$RELAYBUS_ROOT" managed >/dev/null || die "make managed failed"
+    build_client || die "could not build listen_client"
+    bare_cluster || die "the cluster without relaybus did not start"
+    managed_owner "$1" "$2" || die "could not create the owner"
+    local out
+    out=$(managed_install "$1" "$2" 2>&1) || die "install failed: $out"
+    psql_q -U postgres -d postgres -c "CREATE ROLE agent_login LOGIN IN ROLE relay_agent" >/dev/null ||
+        die "could not create agent_login"
 }

@@ -34,8 +34,8 @@ SELECT results_eq($$SELECT * FROM pg_temp.take('tap_t1') ORDER BY 1$$, ARRAY[1, 
 SELECT col_type_is('mine', 'lease', 'uuid', 'relay_claim returns a uuid column lease');
 SELECT is((SELECT count(DISTINCT lease) FROM mine WHERE lease IS NOT NULL), 5::bigint,
           'every hand-over has its own lease token');
-SELECT is((SELECT proargnames[array_length(proargnames, 1)] FROM pg_proc WHERE proname = 'relay_claim'), 'lease',
-          'lease is relay_claim''s last column, after lease_until');
+SELECT is((SELECT proargnames[array_position(proargnames, 'lease_until') + 1] FROM pg_proc WHERE proname = 'relay_claim'),
+          'lease', 'lease is relay_claim''s column after lease_until (traceparent, 0.3.0''s, follows it)');
 
 -- ---------------------------------------------------------------- ack / nack / extend with the token
 SELECT throws_ok(format('SELECT relay_ack(ARRAY[%s], ARRAY[gen_random_uuid()])', pg_temp.id_of(1)),
