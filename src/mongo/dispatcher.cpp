@@ -169,6 +169,7 @@ void Dispatcher::sequence() {
   try {
     if (!holds()) return;
     const int n = sequencer_.step(cfg_.batch_size, now, holds);
+    metrics_.trace_context_ignored = sequencer_.trace_context_ignored();
     if (n > 0) {
       loop_.next_fetch_ms = 0;  // new deliveries
       metrics_.last_store_ok_ms = wall_ms();

@@ -147,6 +147,9 @@ std::string Metrics::render() const {
       static_cast<double>(lanes_lost));
   one("relaybus_mongo_store_errors_total", "Failed store operations (retried later).", true,
       static_cast<double>(store_errors));
+  one("relaybus_mongo_trace_context_ignored_total",
+      "Malformed traceparent or tracestate values the sequencer left out of outbox documents' headers.", true,
+      static_cast<double>(trace_context_ignored));
   one("relaybus_mongo_lanes_held", "Lanes currently leased by this instance.", false, lanes_held);
   one("relaybus_mongo_in_flight", "HTTP requests in flight.", false, in_flight);
   one("process_resident_memory_bytes", "Resident set size.", false, static_cast<double>(rss_bytes()));

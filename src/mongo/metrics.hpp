@@ -35,6 +35,7 @@ struct Metrics {
   uint64_t lanes_released = 0;
   uint64_t lanes_lost = 0;
   uint64_t store_errors = 0;
+  uint64_t trace_context_ignored = 0;  // the sequencer's (Sequencer::trace_context_ignored)
   int lanes_held = 0;
   int in_flight = 0;
   int64_t last_store_ok_ms = 0;

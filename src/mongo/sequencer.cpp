@@ -263,9 +263,11 @@ bool Sequencer::apply(const Version& v, const std::function<bool()>& holds) {
     get_string(ev.outbox.get(), "topic", &topic);
     std::string dropped;
     const BsonPtr checked = trace_checked_headers(ev.outbox.get(), &dropped);
-    if (checked)
+    if (checked) {
+      trace_context_ignored_++;
       log_warn("ignoring a malformed " + dropped + " in an outbox document's headers",
                {{"outbox_id", ev.id_json}, {"event_id", ev.event_id}});
+    }
     for (size_t i = 0; i < ev.handlers.size(); i++) {
       const int64_t id = ev.event_id + static_cast<int64_t>(i);
       bson_t* d = bson_new();

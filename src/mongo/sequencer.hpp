@@ -54,6 +54,8 @@ class Sequencer {
   int step(int limit, int64_t now_ms, const std::function<bool()>& holds);
 
   uint64_t sequenced() const { return sequenced_; }
+  // Malformed traceparent/tracestate values left out of outbox documents' headers.
+  uint64_t trace_context_ignored() const { return trace_context_ignored_; }
 
  private:
   struct Event;
@@ -67,6 +69,7 @@ class Sequencer {
   std::string owner_;
   int max_key_bytes_;
   int64_t epoch_ = 0;
+  uint64_t trace_context_ignored_ = 0;
   bool recovered_ = false;
   int64_t version_ = 0;  // the top version, applied
   int64_t next_id_ = 1;

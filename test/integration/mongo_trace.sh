@@ -60,6 +60,7 @@ check_eq "a malformed tracestate is left out, the traceparent kept" 1 "${R[bad_s
 check_eq "the sequencer logged a warning for each" 2 \
     "$(grep -c '"msg":"ignoring a malformed \(traceparent\|tracestate\) in an outbox document' "$TMP/i1.err")"
 wait_metrics_addr i1 || fail "no metrics address in the log"
+check_eq "... and counted them (/metrics)" 2 "$(metric i1 relaybus_mongo_trace_context_ignored_total)"
 curl -s -X POST -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' --data '{"max": 10}' \
     "http://$(metrics_addr i1)/v1/handlers/tp/claim" >"$TMP/claim.json"
 check_eq "a pull claim: a traceparent of the event's trace with a span of its own; none without trace context" \
