@@ -80,11 +80,19 @@ $(DATA_built): sql/relaybus.sql
 # The managed SQL edition (docs/managed.md): plain SQL and PL/pgSQL, installed
 # with psql -f; built from the same source, C-only sections swapped for
 # sql/managed/<section>.sql.
+# Its upgrade scripts (scripts/managed-upgrade.sh) start at 0.2.0, its first
+# version: each takes the extension's upgrade scripts' state changes from there
+# to this version and this version's definitions.
 MANAGED_SQL = build/relaybus-managed--$(EXTVERSION).sql
-managed: $(MANAGED_SQL)
-$(MANAGED_SQL): sql/relaybus.sql $(wildcard sql/managed/*.sql) scripts/managed-sql.sh
+MANAGED_FROM = 0.2.0
+MANAGED_UPGRADES = $(foreach v,$(MANAGED_FROM),build/relaybus-managed--$(v)--$(EXTVERSION).sql)
+managed: $(MANAGED_SQL) $(MANAGED_UPGRADES)
+$(MANAGED_SQL): sql/relaybus.sql $(wildcard sql/managed/*.sql) scripts/managed-sql.sh relaybus.control
 	@mkdir -p build
-	bash scripts/managed-sql.sh sql/relaybus.sql sql/managed $@
+	bash scripts/managed-sql.sh sql/relaybus.sql sql/managed $@ $(EXTVERSION)
+build/relaybus-managed--%--$(EXTVERSION).sql: $(MANAGED_SQL) scripts/managed-upgrade.sh $(wildcard sql/relaybus--*--*.sql)
+	bash scripts/managed-upgrade.sh $* $(EXTVERSION) $(MANAGED_SQL) $@ \
+	    $$(bash scripts/upgrade-chain.sh $* $(EXTVERSION))
 
 # Header dependencies (-MD), so an incremental build never mixes old and new layouts.
 -include $(OBJS:.o=.d)

@@ -762,3 +762,8 @@ CREATE FUNCTION relay._trace_context_ignored() RETURNS bigint
 LANGUAGE sql STABLE AS $$
     SELECT NULL::bigint
 $$;
+
+-- The edition's version: its upgrade scripts check it (docs/managed.md,
+-- "Upgrades"). The build writes it in from relaybus.control.
+CREATE FUNCTION relay._managed_version() RETURNS text
+LANGUAGE sql IMMUTABLE AS $$ SELECT '@RELAYBUS_VERSION@'::text $$;
