@@ -236,6 +236,11 @@ size_t DeliveryPipeline::collect(int64_t now_ms) {
   return waiting_.size();
 }
 
+size_t DeliveryPipeline::outstanding(int key) const {
+  auto q = queued_of_.find(key);
+  return sink_.in_flight(key) + (q == queued_of_.end() ? 0 : static_cast<size_t>(q->second));
+}
+
 const Receipt* DeliveryPipeline::receipt_in_flight(int64_t id) const {
   auto it = in_flight_.find(id);
   return it == in_flight_.end() ? nullptr : &it->second.receipt;

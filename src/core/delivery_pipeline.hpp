@@ -238,6 +238,8 @@ class DeliveryPipeline {
   void for_each_receipt(const std::function<void(const Receipt&)>& f) const;
   size_t queued() const { return queue_.size(); }
   size_t in_flight() const { return in_flight_.size(); }
+  // A handler's deliveries queued or in flight here (0: the pipeline is idle for it).
+  size_t outstanding(int key) const;
   size_t waiting() const { return waiting_.size(); }
   // When an open breaker lets its probe through (the earliest after now_ms), or -1.
   int64_t next_probe_ms(int64_t now_ms) const;

@@ -225,9 +225,26 @@ static int claim_callouts(DispatcherState* st, const HandlerEntry* h) {
   return res.n;
 }
 
+// Ends the open part of an iteration: its claims are fenced by the lanes
+// still being this dispatcher's, committed, then sent.
+static void commit_and_send(DispatcherState* st, int handed) {
+  if (handed > 0 && !lanes_still_mine(st))
+    ereport(ERROR, (errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+                    errmsg("relaybus dispatcher lost its lanes during a batch; not completing it")));
+  worker_xact_commit();
+  pgstat_report_activity(STATE_IDLE, nullptr);
+  http_send_staged();  // only now, with no transaction open
+  st->ninflight = 0;   // in the pipeline now: an error later must not give them back
+}
+
 // Claim and stage, over every handler served; returns how many were handed
 // over, *busy if a notify handler had a full batch. Isolating, the handlers
-// take turns at handing over the one delivery.
+// take turns at handing over the one delivery. The http and kafka handlers
+// with deliveries out already (queued or in flight here) come last, after a
+// commit and send of the others' claims when there were any: a quiet
+// handler's new event does not wait for a busy handler's claim of hundreds
+// (docs/scaling.md, "Fairness between handlers"); without a busy handler, an
+// iteration stays one transaction.
 static int claim_and_stage(DispatcherState* st, bool* busy) {
   int nh = catalog_handler_count();
   int32* ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
@@ -235,12 +252,35 @@ static int claim_and_stage(DispatcherState* st, bool* busy) {
   int nserved = served_handlers(ids, kafka_ids);
   if (nserved == 0 || st->nlanes == 0) return 0;
   bool isolating = st->policy.isolating();
-  int handed = 0;
+  int first = st->policy.first_handler(nserved);
+  // The turns in rotation order, the busy callouts moved after the others.
+  int* order = static_cast<int*>(palloc(sizeof(int) * nserved));
+  bool* out_already = static_cast<bool*>(palloc0(sizeof(bool) * nserved));
+  int nquiet = 0;
+  for (int k = 0; k < nserved; k++) {
+    int i = (first + k) % nserved;
+    const HandlerEntry* h = catalog_handler_by_id(ids[i]);
+    out_already[i] = h != nullptr && h->kind != core::HandlerKind::Notify && http_outstanding(h) > 0;
+    if (!out_already[i]) order[nquiet++] = i;
+  }
+  for (int k = 0, n = nquiet; k < nserved; k++) {
+    int i = (first + k) % nserved;
+    if (out_already[i]) order[n++] = i;
+  }
+  int handed = 0, committed = 0;
   SpiScope scope;
   spi_begin(&scope);
-  int first = st->policy.first_handler(nserved);
   for (int k = 0; k < nserved && !(isolating && handed > 0); k++) {
-    int i = (first + k) % nserved;
+    if (k == nquiet && handed > 0 && !isolating) {
+      spi_end(&scope);
+      commit_and_send(st, handed);
+      committed += handed;
+      handed = 0;
+      worker_xact_begin();
+      pgstat_report_activity(STATE_RUNNING, "relaybus: dispatching");
+      spi_begin(&scope);
+    }
+    int i = order[k];
     st->policy.took_turn(i);
     const HandlerEntry* h = catalog_handler_by_id(ids[i]);
     if (h == nullptr) continue;
@@ -253,7 +293,7 @@ static int claim_and_stage(DispatcherState* st, bool* busy) {
     if (n >= guc_batch_size) *busy = true;
   }
   spi_end(&scope);
-  return handed;
+  return committed + handed;
 }
 
 // Housekeeping: dedupe rows past their window go now and then, a bounded
@@ -274,21 +314,15 @@ static bool iterate(DispatcherState* st) {
   bool busy = false;
   int handed = claim_and_stage(st, &busy);
   housekeeping(st);
-  if (handed > 0 && !lanes_still_mine(st))
-    ereport(ERROR, (errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-                    errmsg("relaybus dispatcher lost its lanes during a batch; not completing it")));
-  worker_xact_commit();
-  pgstat_report_activity(STATE_IDLE, nullptr);
+  commit_and_send(st, handed);
   // A publisher that committed after our snapshot asked for a wake-up; if a
   // lock wait in this iteration reset the latch, set it again so that the
   // next wait returns at once instead of at the poll interval.
   if (pg_atomic_read_u32(&workers->slots[st->slot].wakes) != st->wakes_seen) SetLatch(MyLatch);
-  http_send_staged();  // only now, with no transaction open
 
   LWLockAcquire(workers->lock, LW_EXCLUSIVE);
   workers->slots[st->slot].delivered += handed;
   LWLockRelease(workers->lock);
-  st->ninflight = 0;
   return st->policy.after_success(isolated, handed) || busy;
 }
 

@@ -193,6 +193,8 @@ void http_drop_staged() { host_drop_staged(); }
 
 size_t http_in_flight() { return host_in_flight(); }
 
+size_t http_outstanding(const HandlerEntry* h) { return host_outstanding(h->id); }
+
 void http_retain_kafka(const int32* ids, int n) { host_retain_kafka(ids, n); }
 
 int http_collect() { return static_cast<int>(host_collect(now_ms())); }

@@ -43,7 +43,8 @@ bool http_completion_due();
 // Completes finished requests in one transaction; returns how many. If that
 // fails, they stay for a later try (their leases fence a late completion).
 int http_complete();
-size_t http_in_flight();  // http requests and kafka messages
+size_t http_in_flight();                         // http requests and kafka messages
+size_t http_outstanding(const HandlerEntry* h);  // the handler's, queued or in flight
 // Closes the kafka producers of handlers not among ids (dropped, paused or
 // no longer kafka); their messages in flight still complete.
 void http_retain_kafka(const int32* ids, int n);

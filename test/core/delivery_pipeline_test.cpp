@@ -8,12 +8,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "core/backoff.hpp"
 #include "http_loop.hpp"
@@ -187,6 +189,30 @@ TEST(DeliveryPipeline, RoomRunsAheadOfConcurrencyWithinTheGlobalCap) {
   EXPECT_EQ(rig.pipeline.room(h->key, 2, now), 0);
   // Another handler is bounded by what all handlers may hold (300 - 200).
   EXPECT_EQ(rig.pipeline.room(8, 16, now), 100);
+}
+
+TEST(DeliveryPipeline, OutstandingCountsAHandlersQueuedAndInFlightDeliveriesUntilCompleted) {
+  // The receiver holds each request until released, so some stay in flight.
+  std::atomic<bool> release{false};
+  TestHttpServer server([&](const auto&) {
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return Reply{};
+  });
+  Rig rig;
+  auto h = handler(server, 2);
+  EXPECT_EQ(rig.pipeline.outstanding(h->key), 0u);
+  std::vector<ClaimedDelivery> claimed;
+  for (int64_t id = 1; id <= 5; id++) claimed.push_back(rig.store.claim(id, "k" + std::to_string(id)));
+  rig.pipeline.enqueue(h, std::move(claimed), now_ms() + 60000);
+  EXPECT_EQ(rig.pipeline.outstanding(h->key), 5u);  // queued
+  EXPECT_EQ(rig.pipeline.outstanding(8), 0u);       // another handler's: none
+  rig.pipeline.pump(rig.store, now_ms());
+  relaybus::testing::http_loop_turn(rig.engine, 5);
+  EXPECT_EQ(rig.pipeline.queued(), 3u);             // 2 went out (concurrency 2)
+  EXPECT_EQ(rig.pipeline.outstanding(h->key), 5u);  // 3 queued + 2 in flight
+  release = true;
+  ASSERT_TRUE(rig.run_until([&] { return rig.store.completions == 5; }));
+  EXPECT_EQ(rig.pipeline.outstanding(h->key), 0u);
 }
 
 TEST(DeliveryPipeline, ExpiredQueuedDeliveriesAreReleasedNotSent) {

@@ -209,6 +209,8 @@ size_t host_queued() noexcept { return pipeline ? pipeline->queued() : 0; }
 
 size_t host_in_flight() noexcept { return router ? router->in_flight() : 0; }
 
+size_t host_outstanding(int32_t handler_id) noexcept { return pipeline ? pipeline->outstanding(handler_id) : 0; }
+
 bool host_pump(int64_t now_ms, ErrorRecord* err) noexcept {
   return invoke_cpp(err, [&] { pipeline->pump(store, now_ms); });
 }

@@ -76,6 +76,7 @@ bool host_enqueue_staged() noexcept;  // false: nothing was staged
 void host_drop_staged() noexcept;
 size_t host_queued() noexcept;
 size_t host_in_flight() noexcept;
+size_t host_outstanding(int32_t handler_id) noexcept;  // DeliveryPipeline::outstanding
 // These may call the store: false with its error (or the pipeline's) in *err.
 bool host_pump(int64_t now_ms, ErrorRecord* err) noexcept;
 bool host_release_queued(ErrorRecord* err) noexcept;
