@@ -367,13 +367,17 @@ extern "C" void relay_dispatcher_main(Datum) {
     MemoryContextSwitchTo(cxt);
     bool busy = false;
     ErrorData* error = worker_step(cxt, [&] {
-      http_pump();             // send: queued requests go out as responses made room
-      collect_and_settle(st);  // collect, settle
+      http_pump();  // send: queued requests go out as responses made room
+      // A publisher's commit since the last iteration is claimed before the
+      // results are settled, so a new event does not wait for that transaction.
+      bool published = pg_atomic_read_u32(&workers->slots[st->slot].wakes) != st->wakes_seen;
+      if (!published) collect_and_settle(st);  // collect, settle
       // After an environmental error, the iteration waits for its backoff.
       if (st->run_iteration && !stopping(st) && st->policy.may_run(now_ms())) {
         st->run_iteration = false;
         busy = iterate(st);  // lanes, claim and stage, housekeeping, send
       }
+      if (published) collect_and_settle(st);
     });
     if (error != nullptr) after_error(st, cxt, error);  // errors: backoff or isolation
     MemoryContextReset(cxt);
