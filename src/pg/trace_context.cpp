@@ -120,9 +120,21 @@ void publish_trace_context(PublishCommon* c) {
       use_source(c, "relaybus.traceparent", "relaybus.tracestate", guc_traceparent, guc_tracestate))
     return;
   if (debug_query_string == nullptr) return;
-  char tp[kTraceparentBuf], ts[kTracestateBuf];
-  if (trace_from_sqlcommenter(debug_query_string, strlen(debug_query_string), tp, sizeof tp, ts, sizeof ts))
-    (void)use_source(c, "a sqlcommenter comment", "a sqlcommenter comment", tp, ts);
+  // One statement may publish many times (a SELECT over rows, a trigger):
+  // its text is measured and scanned once, for the statement that began at
+  // that time with that text.
+  static const char* scanned_text = nullptr;
+  static TimestampTz scanned_start = 0;
+  static bool scanned_found = false;
+  static char tp[kTraceparentBuf], ts[kTracestateBuf];
+  TimestampTz start = GetCurrentStatementStartTimestamp();
+  if (scanned_text != debug_query_string || scanned_start != start) {
+    scanned_text = debug_query_string;
+    scanned_start = start;
+    scanned_found =
+        trace_from_sqlcommenter(debug_query_string, strlen(debug_query_string), tp, sizeof tp, ts, sizeof ts);
+  }
+  if (scanned_found) (void)use_source(c, "a sqlcommenter comment", "a sqlcommenter comment", tp, ts);
 }
 
 char* handover_traceparent(Jsonb* headers) {

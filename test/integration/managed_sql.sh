@@ -209,7 +209,7 @@ declare -A TAP_EXCEPT=(
     # dispatcher here, so they are not defined and the file stops at its first.
     [15_settings.sql]="|0"
     # The SQL edition counts no ignored trace context: relay._trace_context_ignored() is NULL.
-    [16_trace_context.sql]="19|all"
+    [16_trace_context.sql]="21|all"
 )
 su_sql -d postgres -c "CREATE DATABASE tap OWNER $OWNER" >/dev/null
 psql -X -q -1 -v ON_ERROR_STOP=1 -U "$OWNER" -d tap -f "$SCRIPT" >/dev/null 2>&1 </dev/null || fail "install into tap"

@@ -3,7 +3,7 @@
 -- comment), malformed values left out (the event still published, counted),
 -- and relay_claim's traceparent: a new span of the stored trace per handover.
 BEGIN;
-SELECT plan(22);
+SELECT plan(24);
 
 SELECT relay_create_handler('tap_trace', 'pull');
 SELECT relay_create_handler('tap_trace2', 'pull');
@@ -88,6 +88,15 @@ SELECT is(pg_temp.headers_of(:ev)->>'traceparent', '00-5555555555555555555555555
           'a comment at the end of a long statement is found');
 /*traceparent='00-55555555555555555555555555555555-6666666666666666-01'*/ SELECT relay_publish('tap.trace', '{}', NULL, jsonb_build_object('pad', :'pad')) AS ev \gset
 SELECT is(pg_temp.headers_of(:ev)->'traceparent', NULL, 'only the last 4 kB of the statement are read');
+SELECT count(*) AS n FROM (SELECT relay_publish('tap.trace', jsonb_build_object('rows', i)) FROM generate_series(1, 3) i) p /*traceparent='00-77777777777777777777777777777777-8888888888888888-01'*/ \gset
+SELECT is((SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
+            WHERE h.name = 'tap_trace' AND d.payload ? 'rows'
+              AND d.headers->>'traceparent' = '00-77777777777777777777777777777777-8888888888888888-01'), 3::bigint,
+          'every publish of one statement carries its comment');
+SELECT count(*) AS n FROM (SELECT relay_publish('tap.trace', jsonb_build_object('after', i)) FROM generate_series(1, 2) i) p \gset
+SELECT is((SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
+            WHERE h.name = 'tap_trace' AND d.payload ? 'after' AND d.headers IS NULL), 2::bigint,
+          'the next statement, without a comment, carries none');
 
 -- ---------------------------------------------------------------- the counter
 SELECT is(relay._trace_context_ignored() - :ignored_before, 6::bigint,
