@@ -239,12 +239,13 @@ static void commit_and_send(DispatcherState* st, int handed) {
 
 // Claim and stage, over every handler served; returns how many were handed
 // over, *busy if a notify handler had a full batch. Isolating, the handlers
-// take turns at handing over the one delivery. The http and kafka handlers
-// with deliveries out already (queued or in flight here) come last, after a
-// commit and send of the others' claims when there were any: a quiet
-// handler's new event does not wait for a busy handler's claim of hundreds
-// (docs/scaling.md, "Fairness between handlers"); without a busy handler, an
-// iteration stays one transaction.
+// take turns at handing over the one delivery. The busy handlers (http and
+// kafka ones with deliveries out already, queued or in flight here; notify
+// ones whose last batch was full) come last, after a commit and send of the
+// others' claims when there were any: a quiet handler's new event does not
+// wait for a busy handler's batch of hundreds (docs/scaling.md, "Fairness
+// between handlers"); without a busy handler, an iteration stays one
+// transaction.
 static int claim_and_stage(DispatcherState* st, bool* busy) {
   int nh = catalog_handler_count();
   int32* ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
@@ -260,7 +261,8 @@ static int claim_and_stage(DispatcherState* st, bool* busy) {
   for (int k = 0; k < nserved; k++) {
     int i = (first + k) % nserved;
     const HandlerEntry* h = catalog_handler_by_id(ids[i]);
-    out_already[i] = h != nullptr && h->kind != core::HandlerKind::Notify && http_outstanding(h) > 0;
+    if (h != nullptr)
+      out_already[i] = h->kind == core::HandlerKind::Notify ? notify_busy(st, h->id) : http_outstanding(h) > 0;
     if (!out_already[i]) order[nquiet++] = i;
   }
   for (int k = 0, n = nquiet; k < nserved; k++) {
@@ -290,6 +292,7 @@ static int claim_and_stage(DispatcherState* st, bool* busy) {
     }
     int n = dispatch_notify(st, h);
     handed += n;
+    note_notify_batch(st, h->id, n >= guc_batch_size);
     if (n >= guc_batch_size) *busy = true;
   }
   spi_end(&scope);
@@ -381,10 +384,15 @@ extern "C" void relay_dispatcher_main(Datum) {
     });
     if (error != nullptr) after_error(st, cxt, error);  // errors: backoff or isolation
     MemoryContextReset(cxt);
-    if (busy)
+    if (busy) {
+      // The next iteration follows at once; the sockets and timers of the
+      // requests in flight are served first, without waiting, or a handler
+      // with full batches would hold every http request of this dispatcher.
+      (void)wait_for_work(0);
       st->run_iteration = true;
-    else
+    } else {
       wait_for_next(st);  // wait
+    }
     MemoryContextReset(cxt);
   }
   finish(st, cxt);

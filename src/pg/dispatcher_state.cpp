@@ -27,4 +27,19 @@ void note_next_ready(DispatcherState* st, const ClaimResult* res) {
     st->next_ready_ms = res->next_ready_ms;
 }
 
+bool notify_busy(const DispatcherState* st, int32 handler_id) {
+  for (int i = 0; i < st->nbusy_notify; i++)
+    if (st->busy_notify[i] == handler_id) return true;
+  return false;
+}
+
+void note_notify_batch(DispatcherState* st, int32 handler_id, bool full) {
+  for (int i = 0; i < st->nbusy_notify; i++) {
+    if (st->busy_notify[i] != handler_id) continue;
+    if (!full) st->busy_notify[i] = st->busy_notify[--st->nbusy_notify];
+    return;
+  }
+  if (full && st->nbusy_notify < DispatcherState::kMaxBusyNotify) st->busy_notify[st->nbusy_notify++] = handler_id;
+}
+
 }  // namespace relaybus::pg

@@ -41,6 +41,13 @@ struct DispatcherState {
   int64 next_ready_ms = 0;
   int64 last_dedupe_cleanup_ms = 0;
 
+  // The notify handlers whose last batch was full: busy, claimed after the
+  // others like http and kafka handlers with deliveries out (dispatcher.cpp);
+  // beyond kMaxBusyNotify, the rest count as quiet.
+  static constexpr int kMaxBusyNotify = 32;
+  int32 busy_notify[kMaxBusyNotify];
+  int nbusy_notify = 0;
+
   // relaybus's extension oid, looked up again only when a CREATE or DROP
   // EXTENSION relaybus committed somewhere (workers->extension_generation) or
   // an iteration failed: pg_extension has no syscache, and an index scan of it
@@ -53,6 +60,9 @@ struct DispatcherState {
 void remember_inflight(DispatcherState* st, int64 id, const LeaseToken& token);
 // Gives back every lease the iteration holds.
 void release_inflight(DispatcherState* st);
+// Whether a notify handler's last batch was full, and records this one's.
+bool notify_busy(const DispatcherState* st, int32 handler_id);
+void note_notify_batch(DispatcherState* st, int32 handler_id, bool full);
 // Keeps the earliest not-yet-ready delivery a claim saw.
 void note_next_ready(DispatcherState* st, const ClaimResult* res);
 

@@ -9,6 +9,7 @@
 # machine (one run with twelve suites beside it saw 1.08 s), and still far
 # below the ~10 s the backlog takes to drain, which a starved quiet handler
 # would wait (bench/fairness.sh measures it with a backlog of 100,000).
+# Then the same beside a notify handler's backlog of 200,000.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 BACKLOG=${FAIRNESS_BACKLOG:-40000}
@@ -43,4 +44,19 @@ http_log.facts(dict(n=len(lat), p50=int(pick(0.5)), p99=int(pick(0.99)), max=int
 PY
 log "quiet handler, publish to arrival: p50 $(r p50) ms, p99 $(r p99) ms, max $(r max) ms ($(r n) events)"
 check "p99 publish-to-arrival of the quiet handler under 2 s ($(r p99) ms)" test "$(r p99)" -lt 2000
+
+# A notify handler's backlog keeps the dispatcher busy (full batches, one
+# iteration after another, no wait): the http requests it claims for the quiet
+# handler meanwhile still go out, while the backlog drains.
+LOUD=${FAIRNESS_NOTIFY_BACKLOG:-200000}
+sql "$db" "SELECT relay_create_handler('loud', 'notify', 'loud_channel', '{}')" "SELECT relay_route('f.loud', 'loud')" \
+    "SELECT relay_pause_handler('loud')" \
+    "SELECT count(relay_publish('f.loud', jsonb_build_object('i', i), 'k' || (i % 100))) FROM generate_series(1, $LOUD) i" \
+    >/dev/null || die "the notify backlog"
+sql "$db" "SELECT relay_resume_handler('loud')" >/dev/null
+for i in 1 2 3 4 5; do sql "$db" "SELECT relay_publish('f.quiet', jsonb_build_object('loud', $i))" >/dev/null; done
+check "5 more quiet events arrive beside a notify handler's backlog" wait_requests "$LOG" /quiet "$((QUIET + 5))" 60
+left=$(pending_of "$db" loud)
+check "... while the notify backlog is still draining ($left of $LOUD pending when they had all arrived)" \
+    test "$left" -gt 1000
 finish
