@@ -66,6 +66,9 @@ struct HttpResult {
   // Kafka: acknowledged although an earlier message of its key, in flight
   // with it, failed for good: it is in the partition after that gap.
   bool after_gap = false;
+  // Kafka: where the acknowledged message landed; -1: none.
+  int32_t kafka_partition = -1;
+  int64_t kafka_offset = -1;
 };
 
 struct HttpEngineOptions {
