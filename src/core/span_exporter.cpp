@@ -130,9 +130,9 @@ std::string otlp_span_json(const SpanRecord& s) {
 
 std::string otlp_traces_json(const std::vector<std::string>& spans, std::string_view edition) {
   // The spans are already JSON text: spliced in rather than parsed again.
-  json resource = {{"attributes", json::array({string_attr("service.name", "relaybus"),
-                                               string_attr("service.version", kVersion),
-                                               string_attr("relaybus.edition", edition)})}};
+  json resource = {
+      {"attributes", json::array({string_attr("service.name", "relaybus"), string_attr("service.version", kVersion),
+                                  string_attr("relaybus.edition", edition)})}};
   std::string out = R"({"resourceSpans":[{"resource":)";
   out += resource.dump(-1, ' ', false, json::error_handler_t::replace);
   out += R"(,"scopeSpans":[{"scope":{"name":"relaybus","version":")";
@@ -288,8 +288,7 @@ void SpanExporter::send_batch() {
 void SpanExporter::pump(int64_t now_ms) {
   if (in_flight_ > 0) serve();
   if (in_flight_ > 0 || queue_.empty()) return;
-  if (queue_.size() >= options_.max_batch || now_ms - queue_.front().added_ms >= options_.batch_delay_ms)
-    send_batch();
+  if (queue_.size() >= options_.max_batch || now_ms - queue_.front().added_ms >= options_.batch_delay_ms) send_batch();
 }
 
 int64_t SpanExporter::wake_in_ms(int64_t now_ms) const {

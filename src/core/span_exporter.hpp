@@ -43,7 +43,7 @@ struct SpanRecord {
   int64_t send_ms = -1;   // sent to its result (-1: never reached the sink)
   int64_t start_unix_nano = 0;
   int64_t end_unix_nano = 0;
-  int http_status = 0;          // 0: none
+  int http_status = 0;           // 0: none
   int32_t kafka_partition = -1;  // -1: none
   int64_t kafka_offset = -1;
 };
@@ -63,15 +63,14 @@ std::string otlp_span_json(const SpanRecord& span);
 bool otlp_traces_url(std::string_view endpoint, std::string* url, std::string* why);
 // "name=value,name2=value2" (OTEL_EXPORTER_OTLP_HEADERS' form, spaces around
 // items trimmed); false with *why for an item without '=' or a bad name/value.
-bool parse_otlp_headers(std::string_view text, std::vector<std::pair<std::string, std::string>>* out,
-                        std::string* why);
+bool parse_otlp_headers(std::string_view text, std::vector<std::pair<std::string, std::string>>* out, std::string* why);
 
 struct SpanExporterOptions {
   std::string endpoint;  // base or full traces URL (otlp_traces_url)
   std::vector<std::pair<std::string, std::string>> headers;
-  std::string edition;        // relaybus.edition: "extension", "agent", "mongo"
-  size_t max_queue = 2048;    // spans waiting; beyond, add() drops
-  size_t max_batch = 512;     // spans per request
+  std::string edition;            // relaybus.edition: "extension", "agent", "mongo"
+  size_t max_queue = 2048;        // spans waiting; beyond, add() drops
+  size_t max_batch = 512;         // spans per request
   int64_t batch_delay_ms = 1000;  // the oldest waiting span goes out at most this late
   int64_t timeout_ms = 2000;      // per request, connecting included
 };

@@ -143,7 +143,8 @@ TEST(SpanExporter, PostsBatchesToTheTracesPath) {
   SpanExporter e(o);
   for (int i = 1; i <= 5; i++) ASSERT_TRUE(e.add(span(i, 200, false), steady_ms()));
   EXPECT_EQ(e.wake_in_ms(steady_ms()), 0) << "a full batch is due at once";
-  pump_until(e, [&] { return e.exported() == 5; }, 20000);
+  pump_until(
+      e, [&] { return e.exported() == 5; }, 20000);
   EXPECT_EQ(e.exported(), 5u);
   EXPECT_EQ(e.dropped(), 0u);
   EXPECT_EQ(e.failed(), 0u);
@@ -175,7 +176,8 @@ TEST(SpanExporter, ARefusingCollectorDropsAndCounts) {
   SpanExporter e(o);
   e.add(span(1, 200, false), steady_ms());
   e.add(span(2, 200, false), steady_ms());
-  pump_until(e, [&] { return e.failed() == 1; }, 20000);
+  pump_until(
+      e, [&] { return e.failed() == 1; }, 20000);
   EXPECT_EQ(e.failed(), 1u);
   EXPECT_EQ(e.dropped(), 2u) << "not retried: a retry would pile up behind a struggling collector";
   EXPECT_EQ(e.exported(), 0u);
@@ -198,7 +200,8 @@ TEST(SpanExporter, ADownCollectorNeverBlocks) {
   o.batch_delay_ms = 0;
   SpanExporter e(o);
   for (int i = 0; i < 3; i++) e.add(span(i, 200, false), steady_ms());
-  const int64_t longest = pump_until(e, [&] { return e.failed() >= 1; }, 20000);
+  const int64_t longest = pump_until(
+      e, [&] { return e.failed() >= 1; }, 20000);
   EXPECT_EQ(e.failed(), 1u);
   EXPECT_EQ(e.dropped(), 3u);
   EXPECT_LT(longest, 200) << "a pump never waits for the network";
@@ -226,7 +229,8 @@ TEST(SpanExporter, AHangingCollectorTimesOutAndAFullQueueDrops) {
   EXPECT_EQ(accepted, 4) << "a bounded queue";
   EXPECT_EQ(e.dropped(), 6u);
   const int64_t t0 = steady_ms();
-  const int64_t longest = pump_until(e, [&] { return e.failed() >= 1; }, 20000);
+  const int64_t longest = pump_until(
+      e, [&] { return e.failed() >= 1; }, 20000);
   EXPECT_EQ(e.failed(), 1u);
   EXPECT_LT(steady_ms() - t0, 4000) << "the request's timeout ended it, not the reply";
   EXPECT_LT(longest, 200);
