@@ -303,6 +303,8 @@ static void wait_for_next(DispatcherState* st) {
     timeout = static_cast<long>(Max(1, Min(static_cast<int64>(timeout), until)));
   }
   if (http_collect() > 0) timeout = Min(timeout, static_cast<long>(kCompleteDelayMs));
+  long spans = otlp_wait_ms();
+  if (spans >= 0) timeout = Min(timeout, Max(1L, spans));
   st->run_iteration = wait_for_work(timeout) || st->run_iteration;
 }
 
@@ -342,6 +344,7 @@ extern "C" void relay_dispatcher_main(Datum) {
       }
     });
     if (error != nullptr) after_error(st, cxt, error);  // errors: backoff or isolation
+    otlp_pump();                                        // spans: export what is due
     MemoryContextReset(cxt);
     if (busy)
       st->run_iteration = true;
