@@ -1,0 +1,101 @@
+# A real OpenTelemetry Collector for the span export suites (sourced after
+# lib.sh): test/otelcol/build.sh's binary (the otlp receiver, the contrib file
+# exporter), listening for OTLP/HTTP on a free loopback port and writing what
+# it receives, one ExportTraceServiceRequest per line in OTLP JSON, to a file.
+#
+#     otel_build                     # test/otelcol/build.sh (a cache hit after the first)
+#     otel_pick_port                 # OTEL_PORT, OTEL_ENDPOINT
+#     otel_start NAME                # the collector, its spans in $TMP/NAME.spans.json
+#     otel_stop                      # kill it (the port stays OTEL_PORT)
+#     otel_spans FILE...             # every span of those files, one JSON object a line
+
+OTELCOL=$RELAYBUS_ROOT/test/otelcol/bin/otelcol-test
+
+otel_build() { bash "$RELAYBUS_ROOT/test/otelcol/build.sh"; }
+
+otel_pick_port() {
+    OTEL_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    OTEL_ENDPOINT=http://127.0.0.1:$OTEL_PORT
+}
+
+# The receiver answers an empty export with 200 once it listens.
+otel_ready() {
+    [[ $(curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/json' -d '{}' \
+        "$OTEL_ENDPOINT/v1/traces") == 200 ]]
+}
+
+# Up, or exited (wait_until then stops waiting; otel_ready tells which).
+otel_up() { otel_ready || ! kill -0 "$OTEL_PID" 2>/dev/null; }
+
+otel_start() {
+    local name=$1
+    # The collector's own telemetry off: its default metrics listener (:8888)
+    # would collide with another suite's collector.
+    cat >"$TMP/$name.otelcol.yaml" <<YAML
+receivers:
+  otlp:
+    protocols:
+      http:
+        endpoint: 127.0.0.1:$OTEL_PORT
+exporters:
+  file:
+    path: $TMP/$name.spans.json
+    flush_interval: 100ms
+service:
+  telemetry:
+    metrics:
+      level: none
+    logs:
+      level: warn
+  pipelines:
+    traces:
+      receivers: [otlp]
+      exporters: [file]
+YAML
+    "$OTELCOL" --config "$TMP/$name.otelcol.yaml" >"$TMP/$name.otelcol.log" 2>&1 &
+    OTEL_PID=$!
+    bg_track "$OTEL_PID"
+    if ! wait_until 60 otel_up || ! otel_ready; then
+        echo "the collector did not start:" >&2
+        tail -20 "$TMP/$name.otelcol.log" >&2
+        return 1
+    fi
+}
+
+otel_stop() {
+    kill "$OTEL_PID" 2>/dev/null
+    wait "$OTEL_PID" 2>/dev/null
+    return 0
+}
+
+otel_spans() {
+    python3 - "$@" <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    try:
+        lines = open(path).read().splitlines()
+    except FileNotFoundError:
+        continue
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+        except ValueError:
+            continue  # a line being written
+        for rs in req.get("resourceSpans", []):
+            res = {a["key"]: list(a["value"].values())[0] for a in rs.get("resource", {}).get("attributes", [])}
+            for ss in rs.get("scopeSpans", []):
+                for s in ss.get("spans", []):
+                    s["resource"] = res
+                    s["attrs"] = {a["key"]: list(a["value"].values())[0] for a in s.get("attributes", [])}
+                    print(json.dumps(s))
+PY
+}
+
+# otel_has_spans N FILE...: at least N spans arrived.
+otel_has_spans() {
+    local n=$1
+    shift
+    (($(otel_spans "$@" | wc -l) >= n))
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Spans per delivery attempt (docs/tracing.md, "Spans") with real parts: a
+# real OpenTelemetry Collector (test/otelcol: otlp receiver, file exporter)
+# receives the dispatcher's OTLP/HTTP export, a real http receiver answers a
+# traced event's first attempt 500 and its retry 200. From the collector's
+# file: one span per attempt, the publisher's trace-id, the publisher's span
+# as parent, as span id the traceparent the receiver saw on that attempt, the
+# handler, attempt, status and outcome; an untraced event makes none. The
+# collector stopped: deliveries go on as fast, the server log counts the
+# spans dropped; the collector back: spans arrive again.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/otel_lib.sh"
+
+TP=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
+otel_build || die "could not build the collector (test/otelcol/build.sh)"
+otel_pick_port
+otel_start c1 || die "the collector did not start"
+
+http_test_db otlp
+http_handler "$db" wh "$URL/wh" '{"backoff_base": "100ms"}' 'ot.#'
+recv_plan "$RECV_PORT" /wh '[{"status": 500, "match": "\"n\": 1"}]'
+set_conf relaybus.otlp_endpoint "$OTEL_ENDPOINT" || die "could not set relaybus.otlp_endpoint"
+check "the setting is in force" wait_until 10 setting_is relaybus.otlp_endpoint "$OTEL_ENDPOINT"
+check "a bad endpoint is refused with SQLSTATE 22023" \
+    bash -c "psql -X -q -d postgres -v VERBOSITY=verbose -c \"ALTER SYSTEM SET relaybus.otlp_endpoint = 'localhost:4318'\" 2>&1 \
+        | grep -q '22023.*invalid value for parameter'"
+
+sql "$db" "SELECT relay_publish('ot.a', '{\"n\": 1}', 'k1', '{\"traceparent\": \"$TP\", \"tracestate\": \"congo=t61rcWkgMzE\"}')" \
+    "SELECT relay_publish('ot.a', '{\"n\": 2}', 'k2')" >/dev/null
+check "both events are delivered" wait_until 60 none_pending "$db" wh
+check "the collector's file shows the 2 attempts' spans" wait_until 30 otel_has_spans 2 "$TMP/c1.spans.json"
+sleep 1.5  # a third span (there must be none) would come within the batch delay
+otel_spans "$TMP/c1.spans.json" >"$TMP/c1.spans"
+py_facts spans "$LOG" "$TMP/c1.spans" "$TP" <<'PY'
+import json, sys
+from http_log import records
+log, spans_path, tp = sys.argv[1:4]
+spans = [json.loads(l) for l in open(spans_path) if l.strip()]
+seen = [r["headers"]["traceparent"] for r in records(log, "/wh") if r["env"]["payload"]["n"] == 1]
+print(f"spans={len(spans)}")
+print(f"attempts={len(seen)}")
+print(f"trace={int(all(s['traceId'] == tp[3:35] for s in spans))}")
+print(f"parent={int(all(s['parentSpanId'] == tp[36:52] for s in spans))}")
+print(f"span_ids={int(sorted(s['spanId'] for s in spans) == sorted(t[36:52] for t in seen))}")
+by_attempt = {int(s["attrs"]["relaybus.attempt"]): s for s in spans}
+a1, a2 = by_attempt.get(1, {}), by_attempt.get(2, {})
+print(f"first={int(a1 and a1['attrs'].get('http.response.status_code') == '500' and a1['attrs']['relaybus.outcome'] == 'retry' and a1.get('status', {}).get('code') in (2, 'STATUS_CODE_ERROR') and a1['spanId'] == seen[0][36:52])}")
+print(f"second={int(a2 and a2['attrs'].get('http.response.status_code') == '200' and a2['attrs']['relaybus.outcome'] == 'delivered' and a2.get('status', {}).get('code', 0) in (0, 'STATUS_CODE_UNSET') and a2['spanId'] == seen[1][36:52])}")
+print(f"handler={int(all(s['attrs']['relaybus.handler'] == 'wh' and s['attrs']['relaybus.handler.kind'] == 'http' and s['name'] == 'deliver wh' for s in spans))}")
+print(f"kind={int(all(s['kind'] in (3, 'SPAN_KIND_CLIENT') for s in spans))}")
+print(f"resource={int(all(s['resource']['service.name'] == 'relaybus' and s['resource']['relaybus.edition'] == 'extension' for s in spans))}")
+print(f"times={int(all(int(s['endTimeUnixNano']) >= int(s['startTimeUnixNano']) > 0 for s in spans))}")
+print(f"timing_attrs={int(all('relaybus.queue_wait_ms' in s['attrs'] and 'relaybus.send_ms' in s['attrs'] for s in spans))}")
+PY
+check_eq "one span per attempt, none for the untraced event" "${R[attempts]}" "${R[spans]}"
+check_eq "two attempts (500, then 200)" 2 "${R[attempts]}"
+check_eq "every span is in the publisher's trace, a child of the publisher's span" 1 "$((R[trace] && R[parent]))"
+check_eq "each span's id is the traceparent the receiver saw on that attempt" 1 "${R[span_ids]}"
+check_eq "attempt 1: HTTP 500, outcome retry, status ERROR" 1 "${R[first]}"
+check_eq "attempt 2: HTTP 200, outcome delivered, status unset" 1 "${R[second]}"
+check_eq "handler, kind CLIENT, resource service.name relaybus (extension), times, queue wait and send time" 1 \
+    "$((R[handler] && R[kind] && R[resource] && R[times] && R[timing_attrs]))"
+
+# The collector stopped: the next spans fail to go out and are dropped; the
+# deliveries are not held back by it.
+otel_stop
+SRVLOG=${RELAYBUS_CLUSTER_DIR:-}/log/postgresql.log
+t0=$(date +%s%N)
+for n in 3 4 5; do
+    sql "$db" "SELECT relay_publish('ot.a', '{\"n\": $n}', 'k$n', '{\"traceparent\": \"$TP\"}')" >/dev/null
+done
+check "with the collector down, the 3 traced events are delivered" wait_until 60 none_pending "$db" wh
+down_ms=$((($(date +%s%N) - t0) / 1000000))
+log "delivered 3 with the collector down in $down_ms ms"
+check "and on time (within 10 s, the poll interval being 1 s)" test "$down_ms" -lt 10000
+export_failed() { grep -q "span export to $OTEL_ENDPOINT failed: .*" "$SRVLOG" && grep -A1 "span export to $OTEL_ENDPOINT failed" "$SRVLOG" | grep -Eq 'dropped [1-9]'; }
+check "the server log names the failed export and counts dropped spans" wait_until 30 export_failed
+
+# The collector back on the same port: spans arrive again.
+otel_start c2 || die "the collector did not start again"
+sql "$db" "SELECT relay_publish('ot.a', '{\"n\": 6}', 'k6', '{\"traceparent\": \"$TP\"}')" >/dev/null
+check "the event published after the collector came back is delivered" wait_until 60 none_pending "$db" wh
+check "and its span arrives" wait_until 30 otel_has_spans 1 "$TMP/c2.spans.json"
+finish
