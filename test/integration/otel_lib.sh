@@ -9,9 +9,13 @@
 #     otel_stop                      # kill it (the port stays OTEL_PORT)
 #     otel_spans FILE...             # every span of those files, one JSON object a line
 
-OTELCOL=$RELAYBUS_ROOT/test/otelcol/bin/otelcol-test
+# lib.sh names the root RELAYBUS_ROOT and tracks processes with bg_track;
+# mongo_lib.sh has ROOT and PIDS.
+OTEL_ROOT=${RELAYBUS_ROOT:-$ROOT}
+OTELCOL=$OTEL_ROOT/test/otelcol/bin/otelcol-test
 
-otel_build() { bash "$RELAYBUS_ROOT/test/otelcol/build.sh"; }
+otel_build() { bash "$OTEL_ROOT/test/otelcol/build.sh"; }
+otel_track() { if declare -F bg_track >/dev/null; then bg_track "$1"; else PIDS+=("$1"); fi; }
 
 otel_pick_port() {
     OTEL_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -54,7 +58,7 @@ service:
 YAML
     "$OTELCOL" --config "$TMP/$name.otelcol.yaml" >"$TMP/$name.otelcol.log" 2>&1 &
     OTEL_PID=$!
-    bg_track "$OTEL_PID"
+    otel_track "$OTEL_PID"
     if ! wait_until 60 otel_up || ! otel_ready; then
         echo "the collector did not start:" >&2
         tail -20 "$TMP/$name.otelcol.log" >&2
