@@ -118,6 +118,15 @@ TEST(SpanExporter, SpanJsonFollowsOtlpAndTheConventions) {
   EXPECT_FALSE(ok.contains("status")) << "success leaves the status unset";
   EXPECT_TRUE(attr(ok["attributes"], "error.type").is_null());
 
+  SpanRecord odd = span(1, 0, true);
+  odd.handler = "h\"1";
+  odd.error = "refused: \"x\"\n\xff";
+  json escaped = json::parse(otlp_span_json(odd));
+  EXPECT_EQ(escaped["name"], "deliver h\"1") << "quotes escaped";
+  EXPECT_EQ(escaped["status"]["message"], "refused: \"x\"\n\xef\xbf\xbd") << "invalid UTF-8 replaced";
+  json batch = json::parse(otlp_traces_json({otlp_span_json(odd), otlp_span_json(span(2, 200, false))}, "agent"));
+  EXPECT_EQ(batch["resourceSpans"][0]["scopeSpans"][0]["spans"].size(), 2u);
+
   SpanRecord k = span(1, 0, false);
   k.kind = HandlerKind::Kafka;
   k.destination = "orders";
