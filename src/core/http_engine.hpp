@@ -71,6 +71,10 @@ struct HttpResult {
   int64_t kafka_offset = -1;
 };
 
+// A header the engine sends: the name an RFC 7230 token, the value without
+// CR, LF or NUL; false with *why otherwise.
+bool valid_request_header(const std::string& name, const std::string& value, std::string* why);
+
 struct HttpEngineOptions {
   int max_total = 256;  // global cap of requests in flight (>= 1); also the idle-connection cache size
   int64_t connect_timeout_ms = 10000;

@@ -9,6 +9,7 @@
 #include "http_engine.hpp"
 #include "kafka_config.hpp"
 #include "outbound_policy.hpp"
+#include "text_util.hpp"
 #include "version.hpp"
 #include "webhook_delivery.hpp"
 
@@ -47,30 +48,6 @@ class Attrs {
   std::string* out_;
   bool first_ = true;
 };
-
-const char* kind_name(HandlerKind k) {
-  switch (k) {
-    case HandlerKind::Http:
-      return "http";
-    case HandlerKind::Kafka:
-      return "kafka";
-    case HandlerKind::Notify:
-      return "notify";
-    default:
-      return "pull";
-  }
-}
-
-bool is_tchar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
 
 int64_t unix_nano_now() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -135,7 +112,7 @@ std::string otlp_span_json(const SpanRecord& s) {
   o += "\",\"attributes\":[";
   Attrs a(&o);
   a.str("relaybus.handler", s.handler);
-  a.str("relaybus.handler.kind", kind_name(s.kind));
+  a.str("relaybus.handler.kind", handler_kind_name(s.kind));
   a.integer("relaybus.delivery.id", s.delivery_id);
   a.integer("relaybus.attempt", s.attempt);
   a.str("relaybus.outcome", s.outcome);
@@ -187,7 +164,7 @@ std::string otlp_traces_json(const std::vector<std::string>& spans, std::string_
 }
 
 bool otlp_traces_url(std::string_view endpoint, std::string* url, std::string* why) {
-  endpoint = trim(endpoint);
+  endpoint = text::trim(endpoint);
   const bool http = endpoint.rfind("http://", 0) == 0, https = endpoint.rfind("https://", 0) == 0;
   const size_t host_at = http ? 7 : 8;
   if ((!http && !https) || endpoint.size() <= host_at || endpoint[host_at] == '/') {
@@ -214,7 +191,7 @@ bool parse_otlp_headers(std::string_view text, std::vector<std::pair<std::string
   std::vector<std::pair<std::string, std::string>> headers;
   while (!text.empty()) {
     const size_t comma = text.find(',');
-    std::string_view item = trim(text.substr(0, comma));
+    std::string_view item = text::trim(text.substr(0, comma));
     text = comma == std::string_view::npos ? std::string_view() : text.substr(comma + 1);
     if (item.empty()) continue;
     const size_t eq = item.find('=');
@@ -222,17 +199,9 @@ bool parse_otlp_headers(std::string_view text, std::vector<std::pair<std::string
       *why = "an OTLP header is name=value";
       return false;
     }
-    std::string_view name = trim(item.substr(0, eq)), value = trim(item.substr(eq + 1));
-    if (name.empty() || !std::all_of(name.begin(), name.end(), is_tchar)) {
-      *why = "an OTLP header's name is an HTTP token";
-      return false;
-    }
-    for (char c : value)
-      if (c == '\r' || c == '\n' || c == '\0') {
-        *why = "an OTLP header's value has no CR, LF or NUL";
-        return false;
-      }
-    headers.emplace_back(std::string(name), std::string(value));
+    std::string name(text::trim(item.substr(0, eq))), value(text::trim(item.substr(eq + 1)));
+    if (!valid_request_header(name, value, why)) return false;
+    headers.emplace_back(std::move(name), std::move(value));
   }
   *out = std::move(headers);
   return true;

@@ -49,21 +49,8 @@ check "the collector's file shows the 2 attempts' spans" wait_until 30 otel_has_
 check "/metrics: relaybus_agent_spans_exported_total 2" wait_until 10 metric_at_least relaybus_agent_spans_exported_total 2
 sleep 1.5  # a third span (there must be none) would come within the batch delay
 otel_spans "$TMP/c1.spans.json" >"$TMP/c1.spans"
-py_facts spans "$LOG" "$TMP/c1.spans" "$TP" <<'PY'
-import json, sys
-from http_log import records
-log, spans_path, tp = sys.argv[1:4]
-spans = [json.loads(l) for l in open(spans_path) if l.strip()]
-seen = [r["headers"]["traceparent"] for r in records(log, "/wh") if r["env"]["payload"]["n"] == 1]
-by_attempt = {int(s["attrs"]["relaybus.attempt"]): s for s in spans}
-print(f"spans={len(spans)}")
-print(f"link={int(sorted(s['spanId'] for s in spans) == sorted(t[36:52] for t in seen) and all(s['traceId'] == tp[3:35] and s['parentSpanId'] == tp[36:52] for s in spans))}")
-print(f"statuses={int(by_attempt.get(1, {}).get('attrs', {}).get('http.response.status_code') == '500' and by_attempt.get(2, {}).get('attrs', {}).get('http.response.status_code') == '200')}")
-print(f"edition={int(all(s['resource'].get('relaybus.edition') == 'agent' for s in spans))}")
-PY
-check_eq "two spans: one per attempt of the traced event, none for the untraced one" 2 "${R[spans]}"
-check_eq "in the publisher's trace, child of its span, span ids the receiver saw" 1 "${R[link]}"
-check_eq "attempt 1 HTTP 500, attempt 2 HTTP 200; resource relaybus.edition agent" 1 "$((R[statuses] && R[edition]))"
+otel_seen_http "$LOG" /wh >"$TMP/seen"
+otel_check_attempts "$TMP/c1.spans" "$TMP/seen" "$TP" agent wh
 
 otel_stop
 t0=$(date +%s%N)

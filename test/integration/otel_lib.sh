@@ -97,6 +97,37 @@ for path in sys.argv[1:]:
 PY
 }
 
+# otel_check_attempts SPANS SEEN TP EDITION HANDLER: the checks of a traced
+# event answered 500 then 200 (otel_facts.py): SPANS is otel_spans' output,
+# SEEN the traceparents the receiver saw on the event's attempts, one a line.
+otel_check_attempts() {
+    local line
+    R=()
+    while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done < <(PYTHONPATH="$OTEL_ROOT/test/integration" python3 -c '
+import sys
+from otel_facts import attempt_facts
+attempt_facts(sys.argv[1], open(sys.argv[2]).read().split(), *sys.argv[3:6])' "$@")
+    check_eq "one span per attempt, none for the untraced event" "${R[attempts]:-?}" "${R[spans]:-}"
+    check_eq "two attempts (500, then 200)" 2 "${R[attempts]:-}"
+    check_eq "every span is in the publisher's trace, a child of the publisher's span" 1 "${R[trace]:-}"
+    check_eq "each span's id is the traceparent the receiver saw on that attempt" 1 "${R[span_ids]:-}"
+    check_eq "attempt 1: HTTP 500, outcome retry, status ERROR" 1 "${R[first]:-}"
+    check_eq "attempt 2: HTTP 200, outcome delivered, status unset" 1 "${R[second]:-}"
+    check_eq "handler, kind CLIENT, resource service.name relaybus ($4), times, queue wait and send time" 1 \
+        "$((R[handler] && R[resource] && R[times]))"
+}
+
+# otel_seen_http LOG PATH: the traceparents http_receiver.py logged for
+# requests of PATH whose payload's n is 1 (the traced event), in order.
+otel_seen_http() {
+    PYTHONPATH="$OTEL_ROOT/test/integration" python3 -c '
+import sys
+from http_log import records
+for r in records(sys.argv[1], sys.argv[2]):
+    if r["env"]["payload"]["n"] == 1:
+        print(r["headers"]["traceparent"])' "$@"
+}
+
 # otel_has_spans N FILE...: at least N spans arrived.
 otel_has_spans() {
     local n=$1

@@ -40,35 +40,8 @@ check "both events are delivered" wait_until 60 none_pending "$db" wh
 check "the collector's file shows the 2 attempts' spans" wait_until 30 otel_has_spans 2 "$TMP/c1.spans.json"
 sleep 1.5  # a third span (there must be none) would come within the batch delay
 otel_spans "$TMP/c1.spans.json" >"$TMP/c1.spans"
-py_facts spans "$LOG" "$TMP/c1.spans" "$TP" <<'PY'
-import json, sys
-from http_log import records
-log, spans_path, tp = sys.argv[1:4]
-spans = [json.loads(l) for l in open(spans_path) if l.strip()]
-seen = [r["headers"]["traceparent"] for r in records(log, "/wh") if r["env"]["payload"]["n"] == 1]
-print(f"spans={len(spans)}")
-print(f"attempts={len(seen)}")
-print(f"trace={int(all(s['traceId'] == tp[3:35] for s in spans))}")
-print(f"parent={int(all(s['parentSpanId'] == tp[36:52] for s in spans))}")
-print(f"span_ids={int(sorted(s['spanId'] for s in spans) == sorted(t[36:52] for t in seen))}")
-by_attempt = {int(s["attrs"]["relaybus.attempt"]): s for s in spans}
-a1, a2 = by_attempt.get(1, {}), by_attempt.get(2, {})
-print(f"first={int(a1 and a1['attrs'].get('http.response.status_code') == '500' and a1['attrs']['relaybus.outcome'] == 'retry' and a1.get('status', {}).get('code') in (2, 'STATUS_CODE_ERROR') and a1['spanId'] == seen[0][36:52])}")
-print(f"second={int(a2 and a2['attrs'].get('http.response.status_code') == '200' and a2['attrs']['relaybus.outcome'] == 'delivered' and a2.get('status', {}).get('code', 0) in (0, 'STATUS_CODE_UNSET') and a2['spanId'] == seen[1][36:52])}")
-print(f"handler={int(all(s['attrs']['relaybus.handler'] == 'wh' and s['attrs']['relaybus.handler.kind'] == 'http' and s['name'] == 'deliver wh' for s in spans))}")
-print(f"kind={int(all(s['kind'] in (3, 'SPAN_KIND_CLIENT') for s in spans))}")
-print(f"resource={int(all(s['resource']['service.name'] == 'relaybus' and s['resource']['relaybus.edition'] == 'extension' for s in spans))}")
-print(f"times={int(all(int(s['endTimeUnixNano']) >= int(s['startTimeUnixNano']) > 0 for s in spans))}")
-print(f"timing_attrs={int(all('relaybus.queue_wait_ms' in s['attrs'] and 'relaybus.send_ms' in s['attrs'] for s in spans))}")
-PY
-check_eq "one span per attempt, none for the untraced event" "${R[attempts]}" "${R[spans]}"
-check_eq "two attempts (500, then 200)" 2 "${R[attempts]}"
-check_eq "every span is in the publisher's trace, a child of the publisher's span" 1 "$((R[trace] && R[parent]))"
-check_eq "each span's id is the traceparent the receiver saw on that attempt" 1 "${R[span_ids]}"
-check_eq "attempt 1: HTTP 500, outcome retry, status ERROR" 1 "${R[first]}"
-check_eq "attempt 2: HTTP 200, outcome delivered, status unset" 1 "${R[second]}"
-check_eq "handler, kind CLIENT, resource service.name relaybus (extension), times, queue wait and send time" 1 \
-    "$((R[handler] && R[kind] && R[resource] && R[times] && R[timing_attrs]))"
+otel_seen_http "$LOG" /wh >"$TMP/seen"
+otel_check_attempts "$TMP/c1.spans" "$TMP/seen" "$TP" extension wh
 
 # A kafka handler: a PRODUCER span naming where the message landed.
 wait "$KAFKA_STARTER" || die "the broker did not start: $(tail -5 "$TMP/kafka-start.log")"
