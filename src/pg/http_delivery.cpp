@@ -241,7 +241,7 @@ void http_shutdown() {
 }
 
 void otlp_pump() {
-  host_otlp_configure(guc_otlp_endpoint, guc_otlp_headers);
+  if (!host_otlp_configure(guc_otlp_endpoint, guc_otlp_headers)) return;
   const int64 now = now_ms();
   host_otlp_pump(now);
   char why[256];
@@ -253,6 +253,9 @@ void otlp_pump() {
                             static_cast<unsigned long long>(c.failed))));
 }
 
-long otlp_wait_ms() { return static_cast<long>(host_otlp_wake_in_ms(now_ms())); }
+long otlp_wait_ms() {
+  if (!host_otlp_on()) return -1;  // no clock read while export is off
+  return static_cast<long>(host_otlp_wake_in_ms(now_ms()));
+}
 
 }  // namespace relaybus::pg

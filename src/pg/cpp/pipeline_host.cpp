@@ -344,10 +344,13 @@ bool host_otlp_valid(const char* endpoint, const char* headers, char* why, size_
   return ok;
 }
 
-void host_otlp_configure(const char* endpoint, const char* headers) noexcept {
+bool host_otlp_configure(const char* endpoint, const char* headers) noexcept {
   const char* e = endpoint != nullptr ? endpoint : "";
   const char* h = headers != nullptr ? headers : "";
-  if ((exporter != nullptr) == (*e != '\0') && exporter_endpoint == e && exporter_headers == h) return;
+  // Off and staying off, every loop pass: nothing to compare.
+  if (exporter == nullptr && *e == '\0' && exporter_endpoint.empty()) return false;
+  if ((exporter != nullptr) == (*e != '\0') && exporter_endpoint == e && exporter_headers == h)
+    return exporter != nullptr;
   quietly([&] {
     if (exporter) {
       exporter_base.exported += exporter->exported();
@@ -366,7 +369,10 @@ void host_otlp_configure(const char* endpoint, const char* headers) noexcept {
     exporter = std::make_unique<core::SpanExporter>(std::move(o));
     if (pipeline) pipeline->set_span_exporter(exporter.get());
   });
+  return exporter != nullptr;
 }
+
+bool host_otlp_on() noexcept { return exporter != nullptr; }
 
 void host_otlp_pump(int64_t now_ms) noexcept {
   if (exporter) quietly([&] { exporter->pump(now_ms); });

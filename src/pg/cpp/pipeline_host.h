@@ -91,8 +91,10 @@ void host_shutdown() noexcept;
 // becomes a span, sent from this loop.
 bool host_otlp_valid(const char* endpoint, const char* headers, char* why, size_t cap) noexcept;
 // Creates, replaces (the settings changed) or removes (endpoint empty) the
-// exporter; cheap when nothing changed. Invalid settings: off.
-void host_otlp_configure(const char* endpoint, const char* headers) noexcept;
+// exporter; cheap when nothing changed. Invalid settings: off. Returns
+// whether there is an exporter now.
+bool host_otlp_configure(const char* endpoint, const char* headers) noexcept;
+bool host_otlp_on() noexcept;  // an exporter exists
 void host_otlp_pump(int64_t now_ms) noexcept;
 int64_t host_otlp_wake_in_ms(int64_t now_ms) noexcept;  // -1: nothing waits
 struct OtlpCounters {
