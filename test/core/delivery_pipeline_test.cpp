@@ -15,10 +15,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
-#include <thread>
 
 #include "core/backoff.hpp"
 #include "http_loop.hpp"
+#include "span_pump.hpp"
 #include "test_http_server.hpp"
 
 namespace relaybus::core {
@@ -513,7 +513,7 @@ TEST(DeliveryPipeline, EachTracedAttemptBecomesASpan) {
   const std::string tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
   ClaimedDelivery d1 = store.claim(1);
   d1.message.headers_json = R"({"traceparent":")" + tp + R"("})";
-  const int64_t t0 = now_ms();
+  const int64_t t0 = testing::steady_ms();  // the exporter's clock too
   pipeline.enqueue(h, {d1, store.claim(2, "k2")}, t0 + 60000);
   pipeline.pump(store, t0);
   ASSERT_EQ(sink.traces.size(), 2u);
@@ -521,11 +521,8 @@ TEST(DeliveryPipeline, EachTracedAttemptBecomesASpan) {
   sink.succeed(2);
   pipeline.collect(t0 + 10);
   EXPECT_EQ(exporter.queued(), 1u) << "the untraced delivery makes no span";
-  const int64_t end = now_ms() + 20000;
-  while (exporter.exported() < 1 && now_ms() < end) {
-    exporter.pump(now_ms());
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  testing::pump_until(
+      exporter, [&] { return exporter.exported() >= 1; }, 20000);
   ASSERT_EQ(exporter.exported(), 1u);
   auto reqs = collector.requests();
   ASSERT_EQ(reqs.size(), 1u);

@@ -12,24 +12,20 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "core/delivery_pipeline.hpp"
+#include "span_pump.hpp"
 #include "test_http_server.hpp"
 
 namespace relaybus::core {
 namespace {
 
 using nlohmann::json;
+using relaybus::testing::pump_until;
 using relaybus::testing::Reply;
+using relaybus::testing::steady_ms;
 using relaybus::testing::TestHttpServer;
-
-int64_t steady_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 SpanRecord span(int attempt, int status, bool failed) {
   SpanRecord s;
@@ -55,20 +51,6 @@ json attr(const json& attrs, const std::string& key) {
   for (const auto& a : attrs)
     if (a["key"] == key) return a["value"];
   return json();
-}
-
-// Pumps until pred holds or timeout_ms passed; returns the longest pump.
-int64_t pump_until(SpanExporter& e, const std::function<bool()>& pred, int64_t timeout_ms) {
-  int64_t longest = 0;
-  const int64_t end = steady_ms() + timeout_ms;
-  while (!pred() && steady_ms() < end) {
-    const int64_t t0 = steady_ms();
-    e.pump(steady_ms());
-    longest = std::max(longest, steady_ms() - t0);
-    const int64_t w = e.wake_in_ms(steady_ms());
-    std::this_thread::sleep_for(std::chrono::milliseconds(w < 0 ? 5 : std::min<int64_t>(w, 5)));
-  }
-  return longest;
 }
 
 TEST(SpanExporter, TracesUrlAndHeaders) {
