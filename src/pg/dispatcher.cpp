@@ -8,6 +8,7 @@
 //                       (http and kafka, sent after it commits)
 //   send, collect,      http_delivery.cpp: the pipeline host's glue
 //   settle
+//   spans               http_delivery.cpp's otlp_pump over core/span_exporter.hpp
 //   wait                wait_set.cpp: latch, sockets, timers
 //   errors              dispatch_recovery.cpp over core/dispatch_policy.hpp:
 //                       an environmental error backs off, a delivery's is
