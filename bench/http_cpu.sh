@@ -24,7 +24,10 @@
 # Environment: N (20000; callgrind 4000), C (64), D (1), REPS (3), WRK_SECS (5),
 # MODE (time|callgrind|syscalls), CG_OUT (a file to copy the callgrind dump to),
 # HANDLER_OPTS (more handler options, a JSON object's members: e.g.
-# '"max_concurrency": 100000' for the cost of a limit that never holds back).
+# '"max_concurrency": 100000' for the cost of a limit that never holds back),
+# TRACED=1 (every event published with a traceparent: each attempt carries a
+# new span id), OTLP=1 (relaybus.otlp_endpoint at the same nginx: with TRACED,
+# a span per delivery exported; docs/tracing.md, "Spans").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -75,8 +78,11 @@ EOF
 "$NGINX" -p "$dir/nginx" -c "$dir/nginx/nginx.conf" -e "$dir/nginx/logs/error.log"
 
 # ---- cluster
-RELAYBUS_EXTRA_CONF=$'shared_buffers = 256MB\nmax_wal_size = 4GB\ncheckpoint_timeout = 30min\nrelaybus.enabled = off\nrelaybus.http_allowlist = \'127.0.0.1\'' \
-    bash test/cluster.sh start "$dir/pg" >/dev/null
+EXTRA=$'shared_buffers = 256MB\nmax_wal_size = 4GB\ncheckpoint_timeout = 30min\nrelaybus.enabled = off\nrelaybus.http_allowlist = \'127.0.0.1\''
+[[ ${OTLP:-0} == 1 ]] && EXTRA+=$'\n'"relaybus.otlp_endpoint = 'http://127.0.0.1:$PORT'"
+TRACE_ARGS=
+[[ ${TRACED:-0} == 1 ]] && TRACE_ARGS=", NULL::text[], '{\"traceparent\": \"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\"}'::jsonb"
+RELAYBUS_EXTRA_CONF=$EXTRA bash test/cluster.sh start "$dir/pg" >/dev/null
 # shellcheck disable=SC1091
 source "$dir/pg/env"
 q() { psql -X -q -At -v ON_ERROR_STOP=1 "$@"; }
@@ -113,7 +119,7 @@ preload_sql() {
     echo "BEGIN;"
     while ((left > 0)); do
         b=$((left > 10000 ? 10000 : left))
-        echo "SELECT count(*) FROM unnest(relay_publish_batch('bench.ev', array_fill('$PAYLOAD'::jsonb, ARRAY[$b])));"
+        echo "SELECT count(*) FROM unnest(relay_publish_batch('bench.ev', array_fill('$PAYLOAD'::jsonb, ARRAY[$b])$TRACE_ARGS));"
         left=$((left - b))
     done
     echo "COMMIT;"

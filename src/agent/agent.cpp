@@ -315,6 +315,10 @@ void Agent::set_connected(bool up) {
 void Agent::publish_gauges() {
   std::lock_guard<std::mutex> lock(metrics_.mu);
   metrics_.in_flight = pipeline_->in_flight();
+  if (spans_) {
+    metrics_.spans_exported = spans_->exported();
+    metrics_.spans_dropped = spans_->dropped();
+  }
   for (const auto& [id, h] : handlers_) {
     if (h.pipe->kind == core::HandlerKind::Notify) continue;
     Metrics::PerHandler& m = metrics_.handlers[h.pipe->name];
@@ -355,6 +359,8 @@ int64_t Agent::wait_ms(int64_t now) {
   if (pipeline_->queued() > 0) t = std::min<int64_t>(t, 100);
   const int64_t probe = pipeline_->next_probe_ms(now);
   if (probe >= 0) t = std::min(t, probe - now);
+  const int64_t spans = spans_ ? spans_->wake_in_ms(now) : -1;
+  if (spans >= 0) t = std::min(t, spans);
   return std::max<int64_t>(0, t);
 }
 
@@ -459,6 +465,14 @@ int Agent::run(const std::atomic<bool>& stop, int wake_fd) {
   core::PipelineOptions po;
   po.max_in_flight = cfg_.max_in_flight;
   pipeline_ = std::make_unique<core::DeliveryPipeline>(*router_, po, std::random_device{}());
+  if (!cfg_.otlp_endpoint.empty()) {
+    core::SpanExporterOptions so;
+    so.endpoint = cfg_.otlp_endpoint;
+    so.headers = cfg_.otlp_headers;
+    so.edition = "agent";
+    spans_ = std::make_unique<core::SpanExporter>(std::move(so));
+    pipeline_->set_span_exporter(spans_.get());
+  }
   MetricsServer metrics_server(metrics_);
   if (!cfg_.metrics_addr.empty()) {
     int port = 0;
@@ -548,6 +562,13 @@ int Agent::run(const std::atomic<bool>& stop, int wake_fd) {
       } catch (const PgError& e) {
         on_pg_error(e, "settling results", nullptr);
       }
+    }
+    if (spans_) {
+      spans_->pump(wall_ms());
+      const std::string failed = spans_->take_error(wall_ms());
+      if (!failed.empty())
+        log_warn("span export failed; dropped spans are not sent again",
+                 {{"endpoint", cfg_.otlp_endpoint}, {"error", failed}, {"dropped", spans_->dropped()}});
     }
     publish_gauges();
     wait(wake_fd, draining ? std::min<int64_t>(wait_ms(wall_ms()), 50) : wait_ms(wall_ms()));

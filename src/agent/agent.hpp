@@ -21,6 +21,7 @@
 #include "core/http_engine.hpp"
 #include "core/kafka_sink.hpp"
 #include "core/routing_sink.hpp"
+#include "core/span_exporter.hpp"
 
 namespace relaybus::agent {
 
@@ -38,6 +39,8 @@ struct AgentConfig {
   int64_t reconnect_base_ms = 500;   // reconnect backoff: doubling from here...
   int64_t reconnect_max_ms = 30000;  // ...to here
   std::string metrics_addr;          // HOST:PORT of /metrics and /healthz; empty: none
+  std::string otlp_endpoint;         // spans per traced attempt (docs/tracing.md); empty: none
+  std::vector<std::pair<std::string, std::string>> otlp_headers;
 };
 
 constexpr int kExitOk = 0;
@@ -85,6 +88,7 @@ class Agent final : public core::DeliveryStore {
   std::unique_ptr<core::KafkaSink> kafka_sink_;
   std::unique_ptr<core::RoutingSink> router_;
   std::unique_ptr<core::DeliveryPipeline> pipeline_;
+  std::unique_ptr<core::SpanExporter> spans_;  // --otlp-endpoint
   std::map<int, Handler> handlers_;
   bool catalog_dirty_ = true;
   int64_t catalog_retry_at_ms_ = 0;  // after a failed load

@@ -43,6 +43,9 @@ const char* kUsage =
     "  --notify-payload-limit N    largest NOTIFY sent inline, 200..7999 bytes (default 7900)\n"
     "  --claim-scan-limit N        rows a claim reads per priority class, 100..1000000 (default 1000)\n"
     "  --metrics-addr HOST:PORT    serve GET /metrics (Prometheus) and /healthz there (default: none)\n"
+    "  --otlp-endpoint URL         export a span per delivery attempt of traced events over OTLP/HTTP,\n"
+    "                              e.g. http://127.0.0.1:4318 (default: none; docs/tracing.md)\n"
+    "  --otlp-headers CSV          name=value,... sent with every span export\n"
     "  --drain-timeout DURATION    on SIGTERM, how long requests in flight may finish (default 10s)\n"
     "  --log-level LEVEL           debug, info, warn or error (default info)\n"
     "  --version, --help\n"
@@ -126,6 +129,12 @@ int main(int argc, char** argv) {
       cfg.http_allowlist = value;
     } else if (arg == "--metrics-addr") {
       cfg.metrics_addr = value;
+    } else if (arg == "--otlp-endpoint") {
+      std::string url;
+      if (!core::otlp_traces_url(value, &url, &why)) return usage_error("--otlp-endpoint: " + why);
+      cfg.otlp_endpoint = value;
+    } else if (arg == "--otlp-headers") {
+      if (!core::parse_otlp_headers(value, &cfg.otlp_headers, &why)) return usage_error("--otlp-headers: " + why);
     } else if (arg == "--ca-file") {
       cfg.ca_file = value;
     } else if (arg == "--log-level") {

@@ -28,6 +28,11 @@ std::string Metrics::render() {
   o += std::string("relaybus_agent_info{version=\"") + core::kVersion + "\"} 1\n";
   head("relaybus_agent_up", "gauge", "1 while connected to the database.");
   o += std::string("relaybus_agent_up ") + (connected ? "1" : "0") + "\n";
+  head("relaybus_agent_spans_exported_total", "counter", "Delivery attempt spans the OTLP collector accepted.");
+  o += "relaybus_agent_spans_exported_total " + std::to_string(spans_exported) + "\n";
+  head("relaybus_agent_spans_dropped_total", "counter",
+       "Delivery attempt spans dropped: the export queue full, or their export failed.");
+  o += "relaybus_agent_spans_dropped_total " + std::to_string(spans_dropped) + "\n";
   struct Field {
     const char* name;
     const char* type;

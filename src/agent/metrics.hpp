@@ -35,6 +35,8 @@ class Metrics {
   uint64_t connections_lost = 0;
   uint64_t statement_errors = 0;
   uint64_t in_flight = 0;
+  uint64_t spans_exported = 0;  // --otlp-endpoint (core::SpanExporter)
+  uint64_t spans_dropped = 0;
 
   std::string render();  // takes mu
 };

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "backoff.hpp"
+#include "clock.hpp"
 
 namespace relaybus::core {
 
@@ -98,10 +99,11 @@ int DeliveryPipeline::room(int key, int concurrency, int64_t now_ms) {
 void DeliveryPipeline::enqueue(const std::shared_ptr<const PipelineHandler>& handler,
                                std::vector<ClaimedDelivery> claimed, int64_t expires_ms) {
   sink_.set_handler_limit(handler->key, std::max(1, handler->options.concurrency));
+  const int64_t enqueued = monotonic_ms();
   for (auto& d : claimed) {
     held_.insert(d.message.id);
     queued_of_[handler->key]++;
-    queue_.push_back(Queued{handler, std::move(d), expires_ms});
+    queue_.push_back(Queued{handler, std::move(d), expires_ms, enqueued});
   }
 }
 
@@ -169,6 +171,7 @@ void DeliveryPipeline::pump(DeliveryStore& store, int64_t now_ms) {
       m.trace.tracestate = std::move(stored.tracestate);
       sent.traceparent = m.trace.traceparent;
       sent.parent_span_id = stored.traceparent.substr(36, 16);
+      sent.queue_ms = std::max<int64_t>(0, monotonic_ms() - q.enqueued_ms);
     }
     if (!sink_.submit(*q.handler, q.delivery.message, now_ms, &why)) {
       // A request the sink refuses (bad URL or header) is a failed attempt.
@@ -215,6 +218,11 @@ void DeliveryPipeline::finish(const Sent& sent, const HttpResult& result, int64_
   if (reached_sink) c.send_ms = std::max<int64_t>(0, now_ms - sent.sent_ms);
   c.traceparent = sent.traceparent;
   c.parent_span_id = sent.parent_span_id;
+  c.attempt = sent.attempt;
+  c.queue_ms = sent.queue_ms;
+  c.kafka_partition = result.kafka_partition;
+  c.kafka_offset = result.kafka_offset;
+  if (span_exporter_ != nullptr && !c.traceparent.empty()) span_exporter_->add_completion(c, *sent.handler, now_ms);
   if (waiting_.empty()) first_waiting_ms_ = now_ms;
   waiting_.push_back(std::move(c));
 }

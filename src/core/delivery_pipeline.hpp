@@ -35,6 +35,7 @@
 
 #include "handler_config.hpp"
 #include "http_engine.hpp"
+#include "span_exporter.hpp"
 #include "webhook_delivery.hpp"
 
 namespace relaybus::core {
@@ -88,6 +89,10 @@ struct Completion {
   // publisher's span it is a child of (16 hex); empty: no trace context.
   std::string traceparent;
   std::string parent_span_id;
+  int attempt = 0;               // ClaimedDelivery's message.attempt
+  int64_t queue_ms = -1;         // from enqueue to the sink (-1: unknown)
+  int32_t kafka_partition = -1;  // HttpResult::kafka_partition
+  int64_t kafka_offset = -1;
 };
 
 // One result classified with the shared rules: success is Delivered; a
@@ -197,6 +202,9 @@ class DeliveryPipeline {
   // Where handlers with shared limits take their permits; nullptr (the
   // default): their limits are not enforced.
   void set_limiter(HandlerLimiter* limiter) { limiter_ = limiter; }
+  // Where each attempt of a traced event becomes a span (span_exporter.hpp);
+  // nullptr (the default): none. The host pumps the exporter in its loop.
+  void set_span_exporter(SpanExporter* exporter) { span_exporter_ = exporter; }
   // When a delivery held back by its handler's limits may get a permit
   // (pump again then), or -1.
   int64_t next_permit_ms() const { return next_permit_ms_; }
@@ -250,6 +258,7 @@ class DeliveryPipeline {
     std::shared_ptr<const PipelineHandler> handler;
     ClaimedDelivery delivery;
     int64_t expires_ms;
+    int64_t enqueued_ms;  // monotonic_ms (the hosts' now_ms clocks differ)
     bool waited = false;  // refused a permit once (HandlerLimiter::held_back counted it)
   };
   struct Sent {
@@ -261,6 +270,7 @@ class DeliveryPipeline {
     bool permit = false;      // holds a HandlerLimiter permit
     std::string traceparent;  // Completion::traceparent
     std::string parent_span_id;
+    int64_t queue_ms = -1;
   };
   void finish(const Sent& sent, const HttpResult& result, int64_t now_ms, bool reached_sink);
 
@@ -279,6 +289,7 @@ class DeliveryPipeline {
   std::unordered_map<int, int64_t> opened_at_ms_;  // handler key -> when its breaker last (re)opened
   HandlerLimiter* limiter_ = nullptr;
   int64_t next_permit_ms_ = -1;
+  SpanExporter* span_exporter_ = nullptr;
 };
 
 }  // namespace relaybus::core

@@ -108,22 +108,6 @@ bool is_tchar(char c) {
   return std::strchr("!#$%&'*+-.^_`|~", c) != nullptr && c != '\0';
 }
 
-bool valid_header(const std::string& name, const std::string& value, std::string* why) {
-  bool ok = !name.empty();
-  for (char c : name) ok = ok && is_tchar(c);
-  if (!ok) {
-    text::set_why(why, "invalid header name " + text::quote(name));
-    return false;
-  }
-  for (char c : value) {
-    if (c == '\r' || c == '\n' || c == '\0') {
-      text::set_why(why, "value of header " + text::quote(name) + " contains CR, LF or NUL");
-      return false;
-    }
-  }
-  return true;
-}
-
 bool starts_with_icase(std::string_view s, std::string_view prefix) {
   return s.size() >= prefix.size() && text::iequals(s.substr(0, prefix.size()), prefix);
 }
@@ -163,6 +147,22 @@ std::string errno_text(long err) {
 }
 
 }  // namespace
+
+bool valid_request_header(const std::string& name, const std::string& value, std::string* why) {
+  bool ok = !name.empty();
+  for (char c : name) ok = ok && is_tchar(c);
+  if (!ok) {
+    text::set_why(why, "invalid header name " + text::quote(name));
+    return false;
+  }
+  for (char c : value) {
+    if (c == '\r' || c == '\n' || c == '\0') {
+      text::set_why(why, "value of header " + text::quote(name) + " contains CR, LF or NUL");
+      return false;
+    }
+  }
+  return true;
+}
 
 struct HttpEngine::Transfer {
   HttpEngine* engine = nullptr;
@@ -503,7 +503,7 @@ bool HttpEngine::submit(HttpRequest req, std::string* why) {
     }
     bool has_content_type = false;
     for (const auto& [name, value] : req.headers) {
-      if (!valid_header(name, value, why)) return false;
+      if (!valid_request_header(name, value, why)) return false;
       has_content_type = has_content_type || text::iequals(name, "content-type");
     }
 

@@ -66,7 +66,14 @@ struct HttpResult {
   // Kafka: acknowledged although an earlier message of its key, in flight
   // with it, failed for good: it is in the partition after that gap.
   bool after_gap = false;
+  // Kafka: where the acknowledged message landed; -1: none.
+  int32_t kafka_partition = -1;
+  int64_t kafka_offset = -1;
 };
+
+// A header the engine sends: the name an RFC 7230 token, the value without
+// CR, LF or NUL; false with *why otherwise.
+bool valid_request_header(const std::string& name, const std::string& value, std::string* why);
 
 struct HttpEngineOptions {
   int max_total = 256;  // global cap of requests in flight (>= 1); also the idle-connection cache size

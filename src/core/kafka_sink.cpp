@@ -421,6 +421,8 @@ void KafkaSink::on_delivery(const rd_kafka_message_t* m) {
   HttpResult r;
   if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
     r.outcome = HttpOutcome::Success;
+    r.kafka_partition = m->partition;
+    r.kafka_offset = m->offset;
   } else {
     r.outcome = kafka_error_is_permanent(m->err) ? HttpOutcome::Fail : HttpOutcome::Retry;
     r.error = kafka_error_text(m->err);

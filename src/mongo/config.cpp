@@ -10,6 +10,7 @@
 
 #include "core/duration.hpp"
 #include "core/outbound_policy.hpp"
+#include "core/span_exporter.hpp"
 #include "core/text_util.hpp"
 #include "mongo/util.hpp"
 
@@ -33,6 +34,8 @@ const std::vector<SettingInfo> kSettings = {
     {"max_payload_bytes", "int", "1048576", true, "largest payload publish accepts (JSON text bytes)"},
     {"max_key_bytes", "int", "512", true, "longest ordering key"},
     {"api_token", "text", "", true, "bearer token of the pull API on metrics_listen (\"\": the API is off)"},
+    {"otlp_endpoint", "text", "", true, "OTLP/HTTP endpoint for a span per traced delivery attempt (\"\": none)"},
+    {"otlp_headers", "text", "", true, "name=value,... headers sent with each span export"},
 };
 
 namespace {
@@ -124,6 +127,15 @@ bool apply(Config* c, const std::string& name, const std::string& value, std::st
   } else if (name == "api_token") {
     if (!value.empty() && value.size() < 16) return bad("must be empty or at least 16 characters");
     c->api_token = value;
+  } else if (name == "otlp_endpoint") {
+    std::string url, w;
+    if (!value.empty() && !core::otlp_traces_url(value, &url, &w)) return bad(w);
+    c->otlp_endpoint = value;
+  } else if (name == "otlp_headers") {
+    std::vector<std::pair<std::string, std::string>> h;
+    std::string w;
+    if (!core::parse_otlp_headers(value, &h, &w)) return bad(w);
+    c->otlp_headers = value;
   } else {
     *why = "unknown setting \"" + name + "\"";
     return false;

@@ -26,8 +26,10 @@ struct Config {
   int64_t drain_timeout_ms = 30000;  // SIGTERM: how long in-flight requests may finish
   int max_payload_bytes = 1024 * 1024;
   int max_key_bytes = 512;
-  std::string api_token;    // bearer token of the pull API; "" = the API is off
-  std::string config_file;  // where the file settings came from
+  std::string api_token;      // bearer token of the pull API; "" = the API is off
+  std::string otlp_endpoint;  // spans per traced attempt (docs/tracing.md); "" = none
+  std::string otlp_headers;   // name=value,... sent with each span export
+  std::string config_file;    // where the file settings came from
 };
 
 struct SettingInfo {

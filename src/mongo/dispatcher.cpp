@@ -144,6 +144,15 @@ void Dispatcher::collect() {
   if (!host_.ready()) return;
   host_.pipeline().collect(wall_ms());
   metrics_.in_flight = static_cast<int>(host_.in_flight());
+  if (core::SpanExporter* spans = host_.spans()) {
+    spans->pump(wall_ms());
+    const std::string failed = spans->take_error(wall_ms());
+    if (!failed.empty())
+      log_warn("span export failed; dropped spans are not sent again",
+               {{"endpoint", cfg_.otlp_endpoint}, {"error", failed}, {"dropped", host_.spans_dropped()}});
+  }
+  metrics_.spans_exported = host_.spans_exported();
+  metrics_.spans_dropped = host_.spans_dropped();
 }
 
 void Dispatcher::settle() {
@@ -191,6 +200,8 @@ int64_t Dispatcher::next_wait_ms() {
   if (p.waiting() > 0) ms = std::min<int64_t>(ms, 2);
   const int64_t probe = p.next_probe_ms(now);
   if (probe >= 0) ms = std::min<int64_t>(ms, probe - now + 1);
+  const int64_t spans = host_.spans() ? host_.spans()->wake_in_ms(now) : -1;
+  if (spans >= 0) ms = std::min(ms, spans);
   return std::clamp<int64_t>(ms, 0, 1000);
 }
 

@@ -150,6 +150,11 @@ std::string Metrics::render() const {
   one("relaybus_mongo_trace_context_ignored_total",
       "Malformed traceparent or tracestate values the sequencer left out of outbox documents' headers.", true,
       static_cast<double>(trace_context_ignored));
+  one("relaybus_mongo_spans_exported_total", "Delivery attempt spans the OTLP collector accepted.", true,
+      static_cast<double>(spans_exported));
+  one("relaybus_mongo_spans_dropped_total",
+      "Delivery attempt spans dropped: the export queue full, or their export failed.", true,
+      static_cast<double>(spans_dropped));
   one("relaybus_mongo_lanes_held", "Lanes currently leased by this instance.", false, lanes_held);
   one("relaybus_mongo_in_flight", "HTTP requests in flight.", false, in_flight);
   one("process_resident_memory_bytes", "Resident set size.", false, static_cast<double>(rss_bytes()));

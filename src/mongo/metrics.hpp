@@ -36,6 +36,8 @@ struct Metrics {
   uint64_t lanes_lost = 0;
   uint64_t store_errors = 0;
   uint64_t trace_context_ignored = 0;  // the sequencer's (Sequencer::trace_context_ignored)
+  uint64_t spans_exported = 0;         // otlp_endpoint (core::SpanExporter)
+  uint64_t spans_dropped = 0;
   int lanes_held = 0;
   int in_flight = 0;
   int64_t last_store_ok_ms = 0;

@@ -5,7 +5,28 @@
 
 namespace relaybus::mongo {
 
+void PipelineHost::configure_spans(const Config& cfg) {
+  if (spans_endpoint_ == cfg.otlp_endpoint && spans_headers_ == cfg.otlp_headers) return;
+  if (spans_) {
+    spans_base_[0] += spans_->exported();
+    spans_base_[1] += spans_->dropped() + spans_->queued();
+  }
+  if (pipeline_) pipeline_->set_span_exporter(nullptr);
+  spans_.reset();
+  spans_endpoint_ = cfg.otlp_endpoint;
+  spans_headers_ = cfg.otlp_headers;
+  if (cfg.otlp_endpoint.empty()) return;
+  core::SpanExporterOptions o;
+  std::string why;
+  (void)core::parse_otlp_headers(cfg.otlp_headers, &o.headers, &why);  // checked by load_config
+  o.endpoint = cfg.otlp_endpoint;
+  o.edition = "mongo";
+  spans_ = std::make_unique<core::SpanExporter>(std::move(o));
+  if (pipeline_) pipeline_->set_span_exporter(spans_.get());
+}
+
 bool PipelineHost::ensure(const Config& cfg, std::mt19937_64& rng) {
+  configure_spans(cfg);
   if (engine_ && allowlist_ == cfg.http_allowlist) return true;
   core::HttpEngineOptions opts;
   std::string why;
@@ -47,6 +68,7 @@ bool PipelineHost::ensure(const Config& cfg, std::mt19937_64& rng) {
   core::PipelineOptions po;
   po.max_in_flight = cfg.max_in_flight;
   pipeline_ = std::make_unique<core::DeliveryPipeline>(*router_, po, rng());
+  pipeline_->set_span_exporter(spans_.get());
   return true;
 }
 

@@ -16,6 +16,7 @@
 #include "core/http_engine.hpp"
 #include "core/kafka_sink.hpp"
 #include "core/routing_sink.hpp"
+#include "core/span_exporter.hpp"
 #include "mongo/config.hpp"
 
 namespace relaybus::mongo {
@@ -44,6 +45,11 @@ class PipelineHost {
   // handlers that are gone or no longer kafka closed.
   void set_kind(int key, core::HandlerKind kind);
   void retain_kafka(const std::vector<int>& keys);
+  // The span exporter of otlp_endpoint (null: none), made, replaced or
+  // removed by ensure() as the settings change; its counters since the start.
+  core::SpanExporter* spans() { return spans_.get(); }
+  uint64_t spans_exported() const { return spans_base_[0] + (spans_ ? spans_->exported() : 0); }
+  uint64_t spans_dropped() const { return spans_base_[1] + (spans_ ? spans_->dropped() : 0); }
   // Deliveries queued and in flight (0 before ensure()).
   size_t in_flight() const;
   size_t in_flight(int key) const;
@@ -55,6 +61,10 @@ class PipelineHost {
   std::unique_ptr<core::RoutingSink> router_;
   std::unique_ptr<core::DeliveryPipeline> pipeline_;
   std::string allowlist_;
+  std::unique_ptr<core::SpanExporter> spans_;
+  std::string spans_endpoint_, spans_headers_;
+  uint64_t spans_base_[2] = {0, 0};  // exported, dropped by exporters replaced since
+  void configure_spans(const Config& cfg);
   std::function<bool(int64_t, const core::Receipt&)> send_check_;
 };
 

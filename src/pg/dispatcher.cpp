@@ -8,6 +8,7 @@
 //                       (http and kafka, sent after it commits)
 //   send, collect,      http_delivery.cpp: the pipeline host's glue
 //   settle
+//   spans               http_delivery.cpp's otlp_pump over core/span_exporter.hpp
 //   wait                wait_set.cpp: latch, sockets, timers
 //   errors              dispatch_recovery.cpp over core/dispatch_policy.hpp:
 //                       an environmental error backs off, a delivery's is
@@ -340,6 +341,8 @@ static void wait_for_next(DispatcherState* st) {
     timeout = static_cast<long>(Max(1, Min(static_cast<int64>(timeout), until)));
   }
   if (http_collect() > 0) timeout = Min(timeout, static_cast<long>(kCompleteDelayMs));
+  long spans = otlp_wait_ms();
+  if (spans >= 0) timeout = Min(timeout, Max(1L, spans));
   st->run_iteration = wait_for_work(timeout) || st->run_iteration;
 }
 
@@ -383,6 +386,7 @@ extern "C" void relay_dispatcher_main(Datum) {
       if (published) collect_and_settle(st);
     });
     if (error != nullptr) after_error(st, cxt, error);  // errors: backoff or isolation
+    otlp_pump();                                        // spans: export what is due
     MemoryContextReset(cxt);
     if (busy) {
       // The next iteration follows at once; the sockets and timers of the

@@ -234,7 +234,30 @@ void drain_http_on_exit(MemoryContext cxt) {
 
 void http_shutdown() {
   http_release_queued();
+  OtlpCounters c;
+  if (host_otlp_counters(&c))
+    ereport(LOG, (errmsg("relaybus dispatcher: spans exported %llu, dropped %llu, failed exports %llu",
+                         static_cast<unsigned long long>(c.exported), static_cast<unsigned long long>(c.dropped),
+                         static_cast<unsigned long long>(c.failed))));
   host_shutdown();
+}
+
+void otlp_pump() {
+  if (!host_otlp_configure(guc_otlp_endpoint, guc_otlp_headers)) return;
+  const int64 now = now_ms();
+  host_otlp_pump(now);
+  char why[256];
+  OtlpCounters c;
+  if (host_otlp_take_error(now, why, sizeof why) && host_otlp_counters(&c))
+    ereport(LOG, (errmsg("relaybus dispatcher: span export to %s failed: %s", guc_otlp_endpoint, why),
+                  errdetail("Spans exported %llu, dropped %llu, failed exports %llu; dropped spans are not sent again.",
+                            static_cast<unsigned long long>(c.exported), static_cast<unsigned long long>(c.dropped),
+                            static_cast<unsigned long long>(c.failed))));
+}
+
+long otlp_wait_ms() {
+  if (!host_otlp_on()) return -1;  // no clock read while export is off
+  return static_cast<long>(host_otlp_wake_in_ms(now_ms()));
 }
 
 }  // namespace relaybus::pg

@@ -52,6 +52,12 @@ void http_retain_kafka(const int32* ids, int n);
 // short while to finish, and what finished is completed; errors are logged.
 void drain_http_on_exit(MemoryContext cxt);
 void http_shutdown();
+// Span export, every loop pass: follows relaybus.otlp_endpoint and
+// relaybus.otlp_headers (a reload applies at the next pass), sends what is
+// due, and logs a failed export (at most once a minute, with the counters).
+void otlp_pump();
+// How long the loop may sleep before otlp_pump has work: -1 none.
+long otlp_wait_ms();
 // This dispatcher's share of its database's shared limits (its worker_index,
 // worker_state.hpp HandlerLimit): what an earlier dispatcher of that index
 // held is given back, and is again when this one exits.

@@ -1,6 +1,8 @@
 #include "pg/pg_includes.hpp"
 #include "pg/settings.hpp"
 
+#include "pg/cpp/pipeline_host.h"
+
 namespace relaybus::pg {
 
 int guc_max_payload_bytes = 1024 * 1024;
@@ -24,6 +26,20 @@ int guc_dedupe_cleanup_interval_ms = 10000;
 int guc_http_lease_margin_ms = 30000;
 char* guc_traceparent = nullptr;
 char* guc_tracestate = nullptr;
+char* guc_otlp_endpoint = nullptr;
+char* guc_otlp_headers = nullptr;
+
+// A bad endpoint or header list is refused where it is set (a reload keeps
+// the old value and logs why) rather than found by a dispatcher later.
+static bool check_otlp(char** newval, bool endpoint) {
+  char why[256] = "";
+  if (host_otlp_valid(endpoint ? *newval : "", endpoint ? "" : *newval, why, sizeof why)) return true;
+  GUC_check_errcode(ERRCODE_INVALID_PARAMETER_VALUE);
+  GUC_check_errdetail("%s", why);
+  return false;
+}
+static bool check_otlp_endpoint(char** newval, void**, GucSource) { return check_otlp(newval, true); }
+static bool check_otlp_headers(char** newval, void**, GucSource) { return check_otlp(newval, false); }
 
 void define_settings() {
   DefineCustomIntVariable(
@@ -85,6 +101,14 @@ void define_settings() {
                              PGC_USERSET, 0, nullptr, nullptr, nullptr);
   DefineCustomStringVariable("relaybus.tracestate", "W3C tracestate recorded with relaybus.traceparent.",
                              "Empty: none.", &guc_tracestate, "", PGC_USERSET, 0, nullptr, nullptr, nullptr);
+  DefineCustomStringVariable("relaybus.otlp_endpoint",
+                             "OTLP/HTTP endpoint the dispatchers export a span per traced delivery attempt to.",
+                             "e.g. http://127.0.0.1:4318 (/v1/traces is appended). Empty: no spans.",
+                             &guc_otlp_endpoint, "", PGC_SIGHUP, 0, check_otlp_endpoint, nullptr, nullptr);
+  DefineCustomStringVariable("relaybus.otlp_headers", "HTTP headers sent with every span export request.",
+                             "name=value pairs, comma-separated, e.g. 'api-key=secret'. Shown to superusers only.",
+                             &guc_otlp_headers, "", PGC_SIGHUP, GUC_SUPERUSER_ONLY, check_otlp_headers, nullptr,
+                             nullptr);
   DefineCustomStringVariable(
       "relaybus.http_allowlist",
       "Hosts and CIDRs that http handlers may call although they are loopback, private, link-local or metadata addresses.",

@@ -20,6 +20,8 @@ extern int guc_notify_payload_limit;
 extern char* guc_traceparent;
 extern char* guc_tracestate;
 extern char* guc_http_allowlist;
+extern char* guc_otlp_endpoint;
+extern char* guc_otlp_headers;
 extern bool guc_worker_synchronous_commit;
 extern int guc_dedupe_window_s;
 extern int guc_dedupe_cleanup_interval_ms;

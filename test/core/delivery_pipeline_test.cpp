@@ -13,12 +13,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
 #include <thread>
 
 #include "core/backoff.hpp"
 #include "http_loop.hpp"
+#include "span_pump.hpp"
 #include "test_http_server.hpp"
 
 namespace relaybus::core {
@@ -517,6 +519,46 @@ TEST(DeliveryPipeline, EachAttemptIsANewSpanOfThePublishersTrace) {
   ASSERT_EQ(sink.traces.size(), 3u);
   EXPECT_EQ(sink.traces[2].traceparent.substr(0, 36), tp.substr(0, 36));
   EXPECT_NE(sink.traces[2].traceparent, first.traceparent) << "the retry is a span of its own";
+}
+
+// With a span exporter, each attempt of a traced event becomes a span: the
+// attempt's own span id (what the sink sent), the publisher's as its parent;
+// an untraced event makes none.
+TEST(DeliveryPipeline, EachTracedAttemptBecomesASpan) {
+  TestHttpServer collector([](const testing::RecordedRequest&) { return Reply{200, {}, "{}"}; });
+  SpanExporterOptions eo;
+  eo.endpoint = collector.url("/");
+  eo.batch_delay_ms = 0;
+  SpanExporter exporter(eo);
+  ScriptedSink sink;
+  DeliveryPipeline pipeline(sink, PipelineOptions{}, 1);
+  pipeline.set_span_exporter(&exporter);
+  MemoryStore store;
+  auto h = scripted_handler(5);
+  h->name = "orders-webhook";
+  const std::string tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  ClaimedDelivery d1 = store.claim(1);
+  d1.message.headers_json = R"({"traceparent":")" + tp + R"("})";
+  const int64_t t0 = testing::steady_ms();  // the exporter's clock too
+  pipeline.enqueue(h, {d1, store.claim(2, "k2")}, t0 + 60000);
+  pipeline.pump(store, t0);
+  ASSERT_EQ(sink.traces.size(), 2u);
+  sink.fail(1);
+  sink.succeed(2);
+  pipeline.collect(t0 + 10);
+  EXPECT_EQ(exporter.queued(), 1u) << "the untraced delivery makes no span";
+  testing::pump_until(
+      exporter, [&] { return exporter.exported() >= 1; }, 20000);
+  ASSERT_EQ(exporter.exported(), 1u);
+  auto reqs = collector.requests();
+  ASSERT_EQ(reqs.size(), 1u);
+  auto body = nlohmann::json::parse(reqs[0].body);
+  const auto& sp = body["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+  EXPECT_EQ(sp["traceId"], "4bf92f3577b34da6a3ce929d0e0e4736");
+  EXPECT_EQ(sp["parentSpanId"], "00f067aa0ba902b7");
+  EXPECT_EQ(sp["spanId"], sink.traces[0].traceparent.substr(36, 16)) << "the span the attempt sent";
+  EXPECT_EQ(sp["name"], "deliver orders-webhook");
+  EXPECT_EQ(sp["status"]["code"], 2);
 }
 
 TEST(DeliveryPipeline, LateFailuresOfRequestsSentBeforeTheBreakerOpenedDoNotGrowIt) {

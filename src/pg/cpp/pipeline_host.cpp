@@ -13,6 +13,7 @@
 #include "core/kafka_sink.hpp"
 #include "core/outbound_policy.hpp"
 #include "core/routing_sink.hpp"
+#include "core/span_exporter.hpp"
 #include "pg/cpp/handler_config.hpp"
 #include "pg/cpp/invoke.hpp"
 
@@ -39,6 +40,10 @@ struct Staged {
   int64_t expires_ms;
 };
 std::vector<Staged> staged;
+// relaybus.otlp_endpoint's exporter, and the settings it was made from.
+std::unique_ptr<core::SpanExporter> exporter;
+std::string exporter_endpoint, exporter_headers;
+OtlpCounters exporter_base{0, 0, 0};
 
 // The store over SPI and the lease table: PostgreSQL only through the glue
 // (pg_call). The plain arrays are kept across batches.
@@ -142,6 +147,7 @@ bool host_ensure(const char* setting, int max_in_flight, ErrorRecord* err) noexc
     po.max_in_flight = opts.max_total;
     pipeline = std::make_unique<core::DeliveryPipeline>(*router, po, std::random_device{}());
     pipeline->set_limiter(&limiter);
+    pipeline->set_span_exporter(exporter.get());
   });
 }
 
@@ -253,6 +259,7 @@ void host_retain_kafka(const int32_t* ids, int n) noexcept {
 void host_shutdown() noexcept {
   quietly([&] {
     pipeline.reset();
+    exporter.reset();
     router.reset();
     kafka_sink.reset();
     sink.reset();
@@ -309,5 +316,89 @@ int host_log_count() noexcept { return static_cast<int>(kafka_log_lines.size());
 const char* host_log_line(int i) noexcept { return kafka_log_lines[static_cast<size_t>(i)].c_str(); }
 
 void host_log_clear() noexcept { kafka_log_lines.clear(); }
+
+}  // namespace relaybus::pg
+
+namespace relaybus::pg {
+
+namespace {
+
+void copy_text(const std::string& s, char* buf, size_t cap) {
+  if (cap == 0) return;
+  const size_t n = std::min(s.size(), cap - 1);
+  std::memcpy(buf, s.data(), n);
+  buf[n] = '\0';
+}
+
+}  // namespace
+
+bool host_otlp_valid(const char* endpoint, const char* headers, char* why, size_t cap) noexcept {
+  bool ok = false;
+  ErrorRecord err;
+  if (!invoke_cpp(&err, [&] {
+        std::string url, reason;
+        std::vector<std::pair<std::string, std::string>> parsed;
+        ok = (endpoint == nullptr || *endpoint == '\0' || core::otlp_traces_url(endpoint, &url, &reason)) &&
+             (headers == nullptr || core::parse_otlp_headers(headers, &parsed, &reason));
+        if (!ok) copy_text(reason, why, cap);
+      }))
+    copy_text(err.message, why, cap);
+  return ok;
+}
+
+bool host_otlp_configure(const char* endpoint, const char* headers) noexcept {
+  const char* e = endpoint != nullptr ? endpoint : "";
+  const char* h = headers != nullptr ? headers : "";
+  // Off and staying off, every loop pass: nothing to compare.
+  if (exporter == nullptr && *e == '\0' && exporter_endpoint.empty()) return false;
+  if ((exporter != nullptr) == (*e != '\0') && exporter_endpoint == e && exporter_headers == h)
+    return exporter != nullptr;
+  quietly([&] {
+    if (exporter) {
+      exporter_base.exported += exporter->exported();
+      exporter_base.dropped += exporter->dropped() + exporter->queued();
+      exporter_base.failed += exporter->failed();
+    }
+    if (pipeline) pipeline->set_span_exporter(nullptr);
+    exporter.reset();
+    exporter_endpoint = e;
+    exporter_headers = h;
+    core::SpanExporterOptions o;
+    std::string why;
+    if (*e == '\0' || !core::parse_otlp_headers(h, &o.headers, &why)) return;
+    o.endpoint = e;
+    o.edition = "extension";
+    exporter = std::make_unique<core::SpanExporter>(std::move(o));
+    if (pipeline) pipeline->set_span_exporter(exporter.get());
+  });
+  return exporter != nullptr;
+}
+
+bool host_otlp_on() noexcept { return exporter != nullptr; }
+
+void host_otlp_pump(int64_t now_ms) noexcept {
+  if (exporter) quietly([&] { exporter->pump(now_ms); });
+}
+
+int64_t host_otlp_wake_in_ms(int64_t now_ms) noexcept { return exporter ? exporter->wake_in_ms(now_ms) : -1; }
+
+bool host_otlp_counters(OtlpCounters* out) noexcept {
+  if (!exporter) return false;
+  out->exported = exporter_base.exported + exporter->exported();
+  out->dropped = exporter_base.dropped + exporter->dropped();
+  out->failed = exporter_base.failed + exporter->failed();
+  return true;
+}
+
+bool host_otlp_take_error(int64_t now_ms, char* buf, size_t cap) noexcept {
+  bool any = false;
+  if (exporter)
+    quietly([&] {
+      const std::string e = exporter->take_error(now_ms);
+      any = !e.empty();
+      if (any) copy_text(e, buf, cap);
+    });
+  return any;
+}
 
 }  // namespace relaybus::pg

@@ -87,6 +87,25 @@ bool host_completion_due(int64_t now_ms) noexcept;
 void host_retain_kafka(const int32_t* ids, int n) noexcept;
 void host_shutdown() noexcept;
 
+// Span export (core/span_exporter.hpp) from relaybus.otlp_endpoint and
+// relaybus.otlp_headers: each attempt of a traced event the pipeline completes
+// becomes a span, sent from this loop.
+bool host_otlp_valid(const char* endpoint, const char* headers, char* why, size_t cap) noexcept;
+// Creates, replaces (the settings changed) or removes (endpoint empty) the
+// exporter; cheap when nothing changed. Invalid settings: off. Returns
+// whether there is an exporter now.
+bool host_otlp_configure(const char* endpoint, const char* headers) noexcept;
+bool host_otlp_on() noexcept;  // an exporter exists
+void host_otlp_pump(int64_t now_ms) noexcept;
+int64_t host_otlp_wake_in_ms(int64_t now_ms) noexcept;  // -1: nothing waits
+struct OtlpCounters {
+  uint64_t exported, dropped, failed;
+};
+// Since the dispatcher started (kept across reloads); false while export is off.
+bool host_otlp_counters(OtlpCounters* out) noexcept;
+// A failed export's reason, at most once a minute (SpanExporter::take_error).
+bool host_otlp_take_error(int64_t now_ms, char* buf, size_t cap) noexcept;
+
 // What to wait on: the engine's ready_fd (or, when it has none, each socket
 // of host_wait_sockets), the kafka producers' fd, and when to wake.
 struct WaitPlan {

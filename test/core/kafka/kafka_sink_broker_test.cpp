@@ -176,9 +176,13 @@ TEST_F(KafkaSinkBroker, OrderedPerKeyWithHeaders) {
   EXPECT_EQ(sink.in_flight(h.key), static_cast<size_t>(kKeys * kPerKey + 1));
   auto results = wait_results(sink, kKeys * kPerKey + 1);
   ASSERT_EQ(results.size(), static_cast<size_t>(kKeys * kPerKey + 1));
+  // Where each acknowledgement says its message landed (a span's
+  // messaging.destination.partition.id and messaging.kafka.offset).
+  std::map<int64_t, std::pair<int, int64_t>> landed;
   for (const auto& r : results) {
     EXPECT_EQ(r.outcome, HttpOutcome::Success) << r.error;
     EXPECT_EQ(r.handler_key, h.key);
+    landed[static_cast<int64_t>(r.tag)] = {r.kafka_partition, r.kafka_offset};
   }
   EXPECT_EQ(sink.in_flight(), 0u);
 
@@ -207,6 +211,7 @@ TEST_F(KafkaSinkBroker, OrderedPerKeyWithHeaders) {
     EXPECT_EQ(c.value, R"({"n":)" + std::to_string(seq) + "}");
     EXPECT_EQ(c.headers.at("relay-key"), c.key);
     const int64_t rid = std::stoll(c.headers.at("relay-id"));
+    EXPECT_EQ(landed[rid], std::make_pair(c.partition, c.offset)) << "the acknowledgement names partition and offset";
     EXPECT_EQ(c.headers.at("relay-event-id"), std::to_string(1000 + rid));
     EXPECT_EQ(c.headers.at("relay-topic"), "orders.created");
     EXPECT_EQ(c.headers.at("relay-attempt"), "2");
