@@ -131,7 +131,10 @@ void Agent::load_handlers() {
     p->options.default_cloudevents_source = core::default_cloudevents_source("/relaybus/", r.text(i, 7));
     Handler h;
     auto old = handlers_.find(p->key);
-    if (old != handlers_.end()) h.due = old->second.due;
+    if (old != handlers_.end()) {
+      h.due = old->second.due;
+      h.notify_policy = old->second.notify_policy;
+    }
     h.paused = r.text(i, 5) == "t";
     if (p->kind == core::HandlerKind::Http || p->kind == core::HandlerKind::Kafka) {
       // A kafka send, like a request, ends by its timeout: the lease covers it.
@@ -161,11 +164,24 @@ void Agent::load_handlers() {
 }
 
 void Agent::serve_notify(Handler& h) {
+  if (h.notify_policy.isolating()) {
+    serve_notify_alone(h);
+    return;
+  }
   for (int round = 0; round < kNotifyRounds; round++) {
-    PgResult r = conn_.exec(
-        "SELECT relay._agent_notify($1, $2, $3)",
-        {std::to_string(h.pipe->key), std::to_string(cfg_.batch_size), std::to_string(cfg_.notify_payload_limit)});
-    const long long n = r.integer(0, 0);
+    long long n = 0;
+    try {
+      PgResult r = conn_.exec(
+          "SELECT relay._agent_notify($1, $2, $3)",
+          {std::to_string(h.pipe->key), std::to_string(cfg_.batch_size), std::to_string(cfg_.notify_payload_limit)});
+      n = r.integer(0, 0);
+    } catch (const PgError& e) {
+      if (e.connection_lost) throw;
+      // Its claim rolled back with it: how many it held is unknown, a batch at most.
+      after_notify_error(h, e, cfg_.batch_size, nullptr);
+      return;
+    }
+    h.notify_policy.after_success(false, static_cast<int>(n));
     if (n > 0) {
       log_debug("notified", {{"handler", h.pipe->name}, {"count", n}});
       std::lock_guard<std::mutex> lock(metrics_.mu);
