@@ -269,6 +269,8 @@ void Agent::complete(const std::vector<core::Completion>& batch) {
       (result == "stale" ? m.stale : result == "dead" ? m.dead : result == "retry" ? m.retried : m.delivered)++;
       if (c.send_ms >= 0) m.sends++;
       if (c.after_gap && result == "delivered") m.delivered_after_gap++;
+      if (result == "delivered" && c.published > 0)
+        m.latency.observe(std::max<int64_t>(0, wall_ms() - c.published) / 1000.0);
     }
     if (result == "stale") {
       log_warn("result not recorded: the lease is no longer held (it ran out or was taken over)",
