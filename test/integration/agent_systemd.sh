@@ -18,8 +18,7 @@
 export PGHOST=${PGHOST:-/nonexistent} PGPORT=${PGPORT:-1}
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/managed_lib.sh"
-trap 'stop_bare_cluster; cleanup' EXIT
-trap 'stop_bare_cluster; cleanup; echo "$TEST_NAME: interrupted"; echo "$PASSED passed, $((FAILED + 1)) failed"; exit 1' INT TERM
+managed_traps
 
 UNIT=$RELAYBUS_ROOT/packaging/relaybus-agent.service
 AGENT=$RELAYBUS_ROOT/relaybus-agent
