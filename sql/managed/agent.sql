@@ -69,7 +69,13 @@ $$;
 -- reference), keep their lease and carry it ("lease") for relay_ack. Returns
 -- how many deliveries were sent. One statement after the claim; planner
 -- settings and generic plans as relay._claim_handler's, for the same reasons.
-CREATE FUNCTION relay._agent_notify(handler_id integer, max_rows integer, payload_limit integer)
+-- With leased_id: instead of a claim, the one delivery the agent leased itself
+-- (relay._agent_claim) under leased_token. The agent sends a suspect of poison
+-- that way, alone, after an iteration failed for a delivery's data: the
+-- statement rolls back whole, and only a lease it holds tells the agent which
+-- delivery to charge (docs/managed.md, "Poison isolation").
+CREATE FUNCTION relay._agent_notify(handler_id integer, max_rows integer, payload_limit integer,
+                                    leased_id bigint DEFAULT NULL, leased_token uuid DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off SET enable_hashjoin = off SET enable_mergejoin = off SET jit = off
@@ -95,10 +101,19 @@ BEGIN
     -- ack). Fire mode takes no leases: the claim's row locks last to the
     -- commit that deletes the rows; a delivery sent by reference gets its
     -- lease here, under that lock.
+    -- The leased delivery's lease row stays as it is: deleted with it (fire
+    -- mode), or the lease the message carries (ack mode, by reference).
     WITH c AS MATERIALIZED (
         SELECT x.*, x.ordinality AS ord
           FROM relay._claim_handler(h, max_rows, relay._option_ms(h.options, 'lease', 30000),
                                     CASE WHEN ack THEN 1 ELSE max_rows END, ack) WITH ORDINALITY AS x
+         WHERE leased_id IS NULL
+        UNION ALL
+        SELECT d.id, d.event_id, coalesce(d.wire_topic, d.topic), d.key, d.seq, d.payload, d.headers,
+               d.attempt + 1, d.priority::integer, d.published_at, l.lease_until, l.token, 1::bigint, 1::bigint
+          FROM relay.leases l JOIN relay.deliveries d ON d.id = l.delivery_id
+         WHERE leased_id IS NOT NULL AND l.delivery_id = leased_id AND l.token = leased_token
+           AND l.handler_id = h.id AND l.completed_by IS NULL AND l.lease_until > clock_timestamp()
     ), t AS MATERIALIZED (
         SELECT c.*, relay._handover_traceparent(c.headers) AS tp FROM c
     ), b AS MATERIALIZED (
@@ -239,7 +254,7 @@ $$;
 
 GRANT USAGE ON SCHEMA relay TO relay_agent;
 GRANT EXECUTE ON FUNCTION relay._agent_handlers(), relay._agent_claim(integer, integer, bigint, integer),
-                          relay._agent_notify(integer, integer, integer),
+                          relay._agent_notify(integer, integer, integer, bigint, uuid),
                           relay._agent_settle(bigint[], uuid[], text[], bigint[], text[], integer[]),
                           relay._agent_release(bigint[], uuid[])
     TO relay_agent;

@@ -131,7 +131,10 @@ void Agent::load_handlers() {
     p->options.default_cloudevents_source = core::default_cloudevents_source("/relaybus/", r.text(i, 7));
     Handler h;
     auto old = handlers_.find(p->key);
-    if (old != handlers_.end()) h.due = old->second.due;
+    if (old != handlers_.end()) {
+      h.due = old->second.due;
+      h.notify_policy = old->second.notify_policy;
+    }
     h.paused = r.text(i, 5) == "t";
     if (p->kind == core::HandlerKind::Http || p->kind == core::HandlerKind::Kafka) {
       // A kafka send, like a request, ends by its timeout: the lease covers it.
@@ -161,11 +164,24 @@ void Agent::load_handlers() {
 }
 
 void Agent::serve_notify(Handler& h) {
+  if (h.notify_policy.isolating()) {
+    serve_notify_alone(h);
+    return;
+  }
   for (int round = 0; round < kNotifyRounds; round++) {
-    PgResult r = conn_.exec(
-        "SELECT relay._agent_notify($1, $2, $3)",
-        {std::to_string(h.pipe->key), std::to_string(cfg_.batch_size), std::to_string(cfg_.notify_payload_limit)});
-    const long long n = r.integer(0, 0);
+    long long n = 0;
+    try {
+      PgResult r = conn_.exec(
+          "SELECT relay._agent_notify($1, $2, $3)",
+          {std::to_string(h.pipe->key), std::to_string(cfg_.batch_size), std::to_string(cfg_.notify_payload_limit)});
+      n = r.integer(0, 0);
+    } catch (const PgError& e) {
+      if (e.connection_lost) throw;
+      // Its claim rolled back with it: how many it held is unknown, a batch at most.
+      after_notify_error(h, e, cfg_.batch_size, nullptr);
+      return;
+    }
+    h.notify_policy.after_success(false, static_cast<int>(n));
     if (n > 0) {
       log_debug("notified", {{"handler", h.pipe->name}, {"count", n}});
       std::lock_guard<std::mutex> lock(metrics_.mu);
@@ -253,6 +269,8 @@ void Agent::complete(const std::vector<core::Completion>& batch) {
       (result == "stale" ? m.stale : result == "dead" ? m.dead : result == "retry" ? m.retried : m.delivered)++;
       if (c.send_ms >= 0) m.sends++;
       if (c.after_gap && result == "delivered") m.delivered_after_gap++;
+      if (result == "delivered" && c.published > 0)
+        m.latency.observe(std::max<int64_t>(0, wall_ms() - c.published) / 1000.0);
     }
     if (result == "stale") {
       log_warn("result not recorded: the lease is no longer held (it ran out or was taken over)",

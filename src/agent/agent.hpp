@@ -18,6 +18,7 @@
 #include "agent/metrics.hpp"
 #include "agent/pg.hpp"
 #include "core/delivery_pipeline.hpp"
+#include "core/dispatch_policy.hpp"
 #include "core/http_engine.hpp"
 #include "core/kafka_sink.hpp"
 #include "core/routing_sink.hpp"
@@ -65,12 +66,17 @@ class Agent final : public core::DeliveryStore {
     bool due = true;
     int64_t lease_ms = 30000;  // http, kafka: the agent's lease (core::http_lease_ms)
     int64_t retry_at_ms = 0;   // after an error of this handler's statement
+    // notify: the extension's error policy, per handler since each iteration
+    // is one handler's statement (notify_isolation.cpp).
+    core::DispatchPolicy notify_policy;
   };
   enum class Connect { Ok, Retry, Fatal };
 
   Connect connect_and_check();
   void load_handlers();
   void serve_notify(Handler& h);
+  void serve_notify_alone(Handler& h);
+  void after_notify_error(Handler& h, const PgError& e, int in_flight, const core::ClaimedDelivery* suspect);
   void claim_sent(Handler& h, int64_t now);
   void on_pg_error(const PgError& e, const char* what, Handler* h);
   void mark_all_due();

@@ -42,10 +42,10 @@ std::string Metrics::render() {
   static const Field kFields[] = {
       {"relaybus_agent_delivered_total", "counter", "http and kafka deliveries settled as delivered.",
        &PerHandler::delivered},
-      {"relaybus_agent_retried_total", "counter", "http and kafka attempts that failed and were scheduled again.",
-       &PerHandler::retried},
-      {"relaybus_agent_dead_total", "counter", "http and kafka deliveries moved to the dead letters.",
-       &PerHandler::dead},
+      {"relaybus_agent_retried_total", "counter",
+       "Attempts that failed and were scheduled again (notify: a delivery that failed alone).", &PerHandler::retried},
+      {"relaybus_agent_dead_total", "counter",
+       "Deliveries moved to the dead letters (notify: a delivery that failed alone).", &PerHandler::dead},
       {"relaybus_agent_stale_total", "counter", "http and kafka results refused because the lease was no longer held.",
        &PerHandler::stale},
       {"relaybus_agent_sends_total", "counter", "http requests and kafka produces that ended (a response, an error).",
@@ -62,6 +62,11 @@ std::string Metrics::render() {
     for (const auto& [h, c] : handlers)
       o += std::string(f.name) + "{handler=\"" + prometheus_label(h) + "\"} " + std::to_string(c.*(f.member)) + "\n";
   }
+  core::append_prometheus_histogram_head(&o, "relaybus_agent_delivery_latency_seconds",
+                                         "http and kafka: from publish to settled as delivered.");
+  for (const auto& [h, c] : handlers)
+    if (c.latency.count > 0 || c.delivered > 0)
+      core::append_prometheus_histogram(&o, "relaybus_agent_delivery_latency_seconds", "handler", h, c.latency);
   head("relaybus_agent_breaker_open", "gauge", "1 while the http or kafka handler's circuit breaker is open.");
   for (const auto& [h, c] : handlers)
     o += "relaybus_agent_breaker_open{handler=\"" + prometheus_label(h) + "\"} " + (c.breaker_open ? "1" : "0") + "\n";

@@ -12,20 +12,23 @@
 #include <string>
 #include <thread>
 
+#include "core/prometheus.hpp"
+
 namespace relaybus::agent {
 
 class Metrics {
  public:
   struct PerHandler {
     uint64_t delivered = 0;            // http, kafka: settled as delivered
-    uint64_t retried = 0;              // http, kafka: a failed attempt, retried later
-    uint64_t dead = 0;                 // http, kafka: moved to the dead letters
+    uint64_t retried = 0;              // a failed attempt, retried later (notify: a poison delivery)
+    uint64_t dead = 0;                 // moved to the dead letters (notify: a poison delivery)
     uint64_t stale = 0;                // http, kafka: a result refused, the lease no longer held
     uint64_t sends = 0;                // http, kafka: attempts that reached the sink and ended
     uint64_t delivered_after_gap = 0;  // kafka: acknowledged after an earlier message of its key failed for good
     uint64_t notified = 0;             // notify: NOTIFYs sent
     uint64_t in_flight = 0;            // http, kafka: requests or messages at the sink now
     bool breaker_open = false;
+    core::LatencyHistogram latency;  // http, kafka: publish -> settled as delivered
   };
 
   std::mutex mu;

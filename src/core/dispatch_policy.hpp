@@ -55,6 +55,11 @@ class DispatchPolicy {
   // at once (one more went through alone).
   bool after_success(bool isolated, int handed) noexcept;
 
+  // Isolating, nothing was left to hand over (every suspect went through or
+  // is no longer ready for this dispatcher): batches again, rather than
+  // counting the suspects down on deliveries published later.
+  void suspects_gone() noexcept { isolation_left_ = 0; }
+
   // The iteration failed with an error of that cause while `in_flight`
   // deliveries were leased by it, at now_ms.
   AfterError after_error(ErrorCause cause, int in_flight, int64_t now_ms) noexcept;

@@ -1,5 +1,7 @@
 #include "core/prometheus.hpp"
 
+#include <cstdio>
+
 namespace relaybus::core {
 
 std::string prometheus_label(std::string_view value) {
@@ -14,6 +16,40 @@ std::string prometheus_label(std::string_view value) {
     out += c;
   }
   return out;
+}
+
+void LatencyHistogram::observe(double seconds) noexcept {
+  for (size_t i = 0; i < kBoundsS.size(); i++)
+    if (seconds <= kBoundsS[i]) buckets[i]++;
+  count++;
+  sum_s += seconds;
+}
+
+void append_prometheus_histogram_head(std::string* out, std::string_view name, std::string_view help) {
+  *out += "# HELP ";
+  *out += name;
+  *out += ' ';
+  *out += help;
+  *out += "\n# TYPE ";
+  *out += name;
+  *out += " histogram\n";
+}
+
+void append_prometheus_histogram(std::string* out, std::string_view name, std::string_view label_name,
+                                 std::string_view label_value, const LatencyHistogram& h) {
+  const std::string labels = std::string(label_name) + "=\"" + prometheus_label(label_value) + "\"";
+  char buf[64];
+  for (size_t i = 0; i <= h.kBoundsS.size(); i++) {
+    const uint64_t n = i < h.kBoundsS.size() ? h.buckets[i] : h.count;
+    if (i < h.kBoundsS.size())
+      snprintf(buf, sizeof buf, "%g", h.kBoundsS[i]);
+    else
+      snprintf(buf, sizeof buf, "+Inf");
+    *out += std::string(name) + "_bucket{" + labels + ",le=\"" + buf + "\"} " + std::to_string(n) + "\n";
+  }
+  snprintf(buf, sizeof buf, "%.6f", h.sum_s);
+  *out += std::string(name) + "_sum{" + labels + "} " + buf + "\n";
+  *out += std::string(name) + "_count{" + labels + "} " + std::to_string(h.count) + "\n";
 }
 
 }  // namespace relaybus::core

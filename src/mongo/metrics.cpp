@@ -17,34 +17,13 @@
 #include <system_error>
 #include <tuple>
 
+#include "core/prometheus.hpp"
 #include "core/version.hpp"
 #include "mongo/util.hpp"
 
 namespace relaybus::mongo {
 
-const std::array<double, 16> Metrics::kBucketsS = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                   0.5,   1,      2.5,   5,    10,    30,   60,  300};
-
-void Metrics::observe_latency(const std::string& handler, double s) {
-  auto& h = handlers[handler];
-  for (size_t i = 0; i < kBucketsS.size(); i++)
-    if (s <= kBucketsS[i]) h.latency_buckets[i]++;
-  h.latency_sum_s += s;
-}
-
 namespace {
-std::string label(const std::string& v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\' || c == '"') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
 int64_t rss_bytes() {
   std::ifstream f("/proc/self/statm");
   long pages = 0, resident = 0;
@@ -79,30 +58,17 @@ std::string Metrics::render() const {
   for (const auto& f : fields) {
     counter(f.name, f.help);
     for (const auto& [h, v] : handlers) {
-      snprintf(buf, sizeof buf, "%s{handler=\"%s\"} %llu\n", f.name, label(h).c_str(),
+      snprintf(buf, sizeof buf, "%s{handler=\"%s\"} %llu\n", f.name, core::prometheus_label(h).c_str(),
                static_cast<unsigned long long>(v.*(f.field)));
       o += buf;
     }
   }
-  o += "# HELP relaybus_mongo_delivery_latency_seconds From publish to completion.\n"
-       "# TYPE relaybus_mongo_delivery_latency_seconds histogram\n";
-  for (const auto& [h, v] : handlers) {
-    for (size_t i = 0; i < kBucketsS.size(); i++) {
-      snprintf(buf, sizeof buf, "relaybus_mongo_delivery_latency_seconds_bucket{handler=\"%s\",le=\"%g\"} %llu\n",
-               label(h).c_str(), kBucketsS[i], static_cast<unsigned long long>(v.latency_buckets[i]));
-      o += buf;
-    }
-    snprintf(buf, sizeof buf,
-             "relaybus_mongo_delivery_latency_seconds_bucket{handler=\"%s\",le=\"+Inf\"} %llu\n"
-             "relaybus_mongo_delivery_latency_seconds_sum{handler=\"%s\"} %.6f\n"
-             "relaybus_mongo_delivery_latency_seconds_count{handler=\"%s\"} %llu\n",
-             label(h).c_str(), static_cast<unsigned long long>(v.delivered), label(h).c_str(), v.latency_sum_s,
-             label(h).c_str(), static_cast<unsigned long long>(v.delivered));
-    o += buf;
-  }
+  core::append_prometheus_histogram_head(&o, "relaybus_mongo_delivery_latency_seconds", "From publish to completion.");
+  for (const auto& [h, v] : handlers)
+    core::append_prometheus_histogram(&o, "relaybus_mongo_delivery_latency_seconds", "handler", h, v.latency);
   gauge("relaybus_mongo_breaker_open", "1 while the handler's circuit breaker is open.");
   for (const auto& [h, open] : breaker_open)
-    o += "relaybus_mongo_breaker_open{handler=\"" + label(h) + "\"} " + (open ? "1" : "0") + "\n";
+    o += "relaybus_mongo_breaker_open{handler=\"" + core::prometheus_label(h) + "\"} " + (open ? "1" : "0") + "\n";
   counter("relaybus_mongo_commands_total", "Commands sent to the MongoDB server, by operation.");
   if (commands != nullptr)
     for (const auto& [op, n] : *commands)
@@ -118,7 +84,8 @@ std::string Metrics::render() const {
   auto per_handler = [&](const char* name, const char* help, auto value) {
     gauge(name, help);
     for (const auto& [h, b] : backlog) {
-      snprintf(buf, sizeof buf, "%s{handler=\"%s\"} %.17g\n", name, label(h).c_str(), static_cast<double>(value(h, b)));
+      snprintf(buf, sizeof buf, "%s{handler=\"%s\"} %.17g\n", name, core::prometheus_label(h).c_str(),
+               static_cast<double>(value(h, b)));
       o += buf;
     }
   };

@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/prometheus.hpp"
+
 namespace relaybus::mongo {
 
 struct Metrics {
@@ -24,9 +26,8 @@ struct Metrics {
     uint64_t delivered = 0;
     uint64_t retried = 0;
     uint64_t dead = 0;
-    uint64_t dropped = 0;                        // results not completed because the lane's lease was lost
-    std::array<uint64_t, 16> latency_buckets{};  // publish -> completion
-    double latency_sum_s = 0;
+    uint64_t dropped = 0;            // results not completed because the lane's lease was lost
+    core::LatencyHistogram latency;  // publish -> completion
   };
   std::map<std::string, PerHandler> handlers;
   std::map<std::string, bool> breaker_open;
@@ -52,8 +53,7 @@ struct Metrics {
   std::map<std::string, Backlog> backlog;
   std::map<std::string, int64_t> handler_in_flight;  // HTTP requests or pull leases
 
-  static const std::array<double, 16> kBucketsS;
-  void observe_latency(const std::string& handler, double seconds);
+  void observe_latency(const std::string& handler, double seconds) { handlers[handler].latency.observe(seconds); }
   std::string render() const;
 };
 

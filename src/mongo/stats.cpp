@@ -16,12 +16,12 @@ json stats_json(Store& store, int64_t now) {
   json out = json::array();
   const auto load = store.live_load(now);
   json le = json::array();
-  for (double b : Metrics::kBucketsS) le.push_back(b);
+  for (double b : core::LatencyHistogram::kBoundsS) le.push_back(b);
   for (const auto& h : store.load_handlers(nullptr)) {
     const Store::Backlog b = store.backlog(h.name, now);
     Store::HandlerLoad l;
     if (auto it = load.find(h.name); it != load.end()) l = it->second;
-    l.latency_buckets.resize(Metrics::kBucketsS.size(), 0);
+    l.latency_buckets.resize(core::LatencyHistogram::kBoundsS.size(), 0);
     out.push_back(
         {{"handler", h.name},
          {"kind", core::handler_kind_name(h.kind)},
@@ -46,9 +46,9 @@ std::map<std::string, Store::HandlerLoad> Dispatcher::handler_load() {
     for (const auto& [name, n] : pull_->leased_by_handler()) out[name].in_flight = n;
   for (const auto& [name, m] : metrics_.handlers) {
     auto& l = out[name];
-    l.latency_buckets.assign(m.latency_buckets.begin(), m.latency_buckets.end());
-    l.latency_count = static_cast<int64_t>(m.delivered);
-    l.latency_sum_s = m.latency_sum_s;
+    l.latency_buckets.assign(m.latency.buckets.begin(), m.latency.buckets.end());
+    l.latency_count = static_cast<int64_t>(m.latency.count);
+    l.latency_sum_s = m.latency.sum_s;
   }
   for (const auto& [name, l] : out) metrics_.handler_in_flight[name] = l.in_flight;
   return out;

@@ -114,5 +114,17 @@ TEST(DispatchPolicy, IsolatingTheHandlersTakeTurns) {
   EXPECT_EQ(p.first_handler(2), 1) << "taken modulo the handlers served now (one was dropped)";
 }
 
+TEST(DispatchPolicy, WhenNoSuspectIsLeftBatchesResume) {
+  DispatchPolicy p;
+  p.after_error(ErrorCause::Unknown, 1000, 0);
+  p.after_success(true, 1);
+  EXPECT_EQ(p.isolation_left(), 999);
+  p.suspects_gone();
+  EXPECT_FALSE(p.isolating());
+  EXPECT_EQ(p.batch_max(500), 500);
+  EXPECT_EQ(p.after_error(ErrorCause::Delivery, 1, 0), AfterError::Isolate)
+      << "a lone failure after that isolates again instead of nacking";
+}
+
 }  // namespace
 }  // namespace relaybus::core

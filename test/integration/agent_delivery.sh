@@ -99,6 +99,30 @@ metric_is() {
     [[ -n "$port" && "$(curl -s "http://127.0.0.1:$port/metrics" | awk -v m="$2" '$1 == m { print $2 }')" == "$3" ]]
 }
 # run_agent_once NAME CONNINFO: an agent expected to exit by itself; its code in WAIT_RC.
+# latency_ok AGENT_LOG HANDLER N: the agent's relaybus_agent_delivery_latency_seconds
+# for HANDLER: 16 bounds and +Inf in increasing order, cumulative counts, +Inf
+# equal to _count equal to N, a _sum above 0.
+latency_ok() {
+    local port
+    port=$(grep -o '"port":[0-9]*' "$TMP/$1.log" | head -1 | cut -d: -f2)
+    curl -s "http://127.0.0.1:$port/metrics" | python3 -c '
+import re, sys
+h, n = sys.argv[1], int(sys.argv[2])
+name = "relaybus_agent_delivery_latency_seconds"
+buckets, total, count = [], None, None
+for line in sys.stdin:
+    m = re.fullmatch(name + r"_bucket\{handler=\"(.*)\",le=\"(.*)\"\} (\d+)\n", line)
+    if m and m[1] == h:
+        buckets.append((float(m[2]), int(m[3])))
+    m = re.fullmatch(name + r"_(sum|count)\{handler=\"(.*)\"\} (\S+)\n", line)
+    if m and m[2] == h:
+        if m[1] == "sum": total = float(m[3])
+        else: count = int(m[3])
+les, counts = [b[0] for b in buckets], [b[1] for b in buckets]
+ok = (len(buckets) == 17 and les == sorted(les) and les[-1] == float("inf")
+      and counts == sorted(counts) and counts[-1] == count == n and total is not None and total > 0)
+sys.exit(0 if ok else print(buckets, total, count) or 1)' "$2" "$3"
+}
 run_agent_once() {
     "$AGENT" --database "$2" --log-level debug 2>"$TMP/$1.log" &
     wait_pid $! 30
@@ -194,6 +218,16 @@ check "(2) nothing is left to deliver" wait_until 20 pending_is hs 0
 check "(2) /metrics: 200 delivered (hs), 200 NOTIFYs sent (nf), connected" wait_until 10 bash -c \
     "$(declare -f metric_is); TMP='$TMP'; metric_is a2 'relaybus_agent_delivered_total{handler=\"hs\"}' 200 &&
      metric_is a2 'relaybus_agent_notified_total{handler=\"nf\"}' 200 && metric_is a2 relaybus_agent_up 1"
+check "(2) /metrics: hs's latency histogram: cumulative buckets, +Inf = count = 200 delivered, sum > 0" \
+    latency_ok a2 hs 200
+check_eq "(2) /metrics: no latency series for a notify handler" 0 \
+    "$(curl -s "http://127.0.0.1:$(grep -o '"port":[0-9]*' "$TMP/a2.log" | head -1 | cut -d: -f2)/metrics" |
+        grep -c 'relaybus_agent_delivery_latency_seconds_count{handler="nf"}')"
+if command -v promtool >/dev/null; then
+    check "(2) /metrics passes promtool check metrics" bash -c \
+        "curl -s http://127.0.0.1:\$(grep -o '\"port\":[0-9]*' '$TMP/a2.log' | head -1 | cut -d: -f2)/metrics |
+         promtool check metrics"
+fi
 py_facts two "$LOG" /hs "$TMP/two.pub" --rolled-back "$TMP/two.rb" --secret "$SECRET" <"$INTEG_DIR/agent_http.py"
 check_eq "(2) http: 200 requests, 200 events, none missing, none extra" "200 200 0 0" \
     "$(r requests) $(r distinct) $(r missing) $(r extra)"

@@ -13,7 +13,9 @@
 #                               # ROLE's DB with the edition, the login agent_login
 #                               # (relay_agent); stops the script if one fails
 #
-# stop_bare_cluster destroys the cluster (put it into the EXIT trap).
+# stop_bare_cluster destroys the cluster (put it into the EXIT trap);
+# managed_traps sets the EXIT and INT/TERM traps that do, for a script with
+# nothing else to stop.
 
 MANAGED_VERSION=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$RELAYBUS_ROOT/relaybus.control")
 MANAGED_SCRIPT=$RELAYBUS_ROOT/build/relaybus-managed--$MANAGED_VERSION.sql
@@ -74,4 +76,9 @@ agent_database() {
     out=$(managed_install "$1" "$2" 2>&1) || die "install failed: $out"
     psql_q -U postgres -d postgres -c "CREATE ROLE agent_login LOGIN IN ROLE relay_agent" >/dev/null ||
         die "could not create agent_login"
+}
+
+managed_traps() {
+    trap 'stop_bare_cluster; cleanup' EXIT
+    trap 'stop_bare_cluster; cleanup; echo "$TEST_NAME: interrupted"; echo "$PASSED passed, $((FAILED + 1)) failed"; exit 1' INT TERM
 }
