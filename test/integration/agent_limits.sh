@@ -22,8 +22,7 @@ export PGHOST=${PGHOST:-/nonexistent} PGPORT=${PGPORT:-1}
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/managed_lib.sh"
-trap 'stop_bare_cluster; cleanup' EXIT
-trap 'stop_bare_cluster; cleanup; echo "$TEST_NAME: interrupted"; echo "$PASSED passed, $((FAILED + 1)) failed"; exit 1' INT TERM
+managed_traps
 DB=limitsdb
 OWNER=relay_owner
 agent_database "$OWNER" "$DB"
@@ -65,12 +64,7 @@ facts() {
     py_facts "$1" "$LOG" "$2" "${3:-0}" <<'EOF'
 import sys, http_log
 recs = [r for r in http_log.records(sys.argv[1], sys.argv[2]) if r["env"]["payload"]["i"] >= int(sys.argv[3])]
-last, disorder = {}, 0
-for r in recs:
-    k, i = r["env"]["key"], r["env"]["payload"]["i"]
-    disorder += last.get(k, 0) > i
-    last[k] = i
-http_log.facts(dict(n=len(recs), max_active=max(r["active"] for r in recs), disorder=disorder))
+http_log.facts(dict(n=len(recs), max_active=max(r["active"] for r in recs), disorder=http_log.disorder(recs)))
 EOF
 }
 settled() { [[ $(own -c "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
@@ -118,33 +112,32 @@ for i in $(seq 1 8); do
     own -c "SELECT in_flight FROM relay.handler_stats WHERE handler = 'paced'" >>"$TMP/leases"
     echo "$(metric a relaybus_agent_limited paced) $(metric b relaybus_agent_limited paced)" >>"$TMP/limited"
 done
-check "paced: the 200 deliveries arrive" wait_requests "$LOG" /paced 200 90
 check "quick: its 8 events arrive" wait_requests "$LOG" /quick 8 20
+py_facts quick "$LOG" <<'EOF'
+import sys, http_log
+http_log.facts(dict(max_ms=max(int((r["t"] - float(r["env"]["payload"]["sent"])) * 1000)
+                               for r in http_log.records(sys.argv[1], "/quick"))))
+EOF
+quick_max_ms=$(r max_ms)
+check "paced: the 200 deliveries arrive" wait_requests "$LOG" /paced 200 90
 py_facts rate "$LOG" <<'EOF'
 import sys, http_log
 paced = http_log.records(sys.argv[1], "/paced")
-quick = http_log.records(sys.argv[1], "/quick")
 t = [r["t"] for r in paced]
 # The tail: from 2 s after the first arrival (the burst and the agents
 # joining) to the last.
 tail = [x for x in t if x >= t[0] + 2.0]
 if len(tail) < 2:  # all within 2 s: no pacing at all
     tail = t
-last, disorder = {}, 0
-for r in paced:
-    k, i = r["env"]["key"], r["env"]["payload"]["i"]
-    disorder += last.get(k, 0) > i
-    last[k] = i
 # The most in any 1 s window: the burst bound, whatever the tail's mean. At
 # the start an agent joining may add a documented overshoot; the tail's
 # windows carry only rate + burst.
 def peak(xs):
     return max(sum(1 for y in xs if x <= y < x + 1.0) for x in xs)
-waits = [r["t"] - float(r["env"]["payload"]["sent"]) for r in quick]
 http_log.facts(dict(rate=f"{(len(tail) - 1) / max(tail[-1] - tail[0], 1e-3):.1f}", span=f"{t[-1] - t[0]:.1f}",
-                    peak=peak(t), peak_tail=peak(tail), disorder=disorder, quick_max_ms=int(max(waits) * 1000)))
+                    peak=peak(t), peak_tail=peak(tail), disorder=http_log.disorder(paced)))
 EOF
-log "rate 20, burst 2: $(r rate) arrivals/s over the tail, $(r span) s in all, at most $(r peak_tail) in a second of the tail, $(r peak) of the whole; quick's slowest event took $(r quick_max_ms) ms"
+log "rate 20, burst 2: $(r rate) arrivals/s over the tail, $(r span) s in all, at most $(r peak_tail) in a second of the tail, $(r peak) of the whole; quick's slowest event took $quick_max_ms ms"
 check "rate 20: the tail's arrivals per second near 20 (14 to 23: $(r rate))" \
     awk -v v="$(r rate)" 'BEGIN { exit !(v >= 14 && v <= 23) }'
 check "rate 20, burst 2: at most 25 arrivals in any second of the tail ($(r peak_tail))" test "$(r peak_tail)" -le 25
@@ -152,8 +145,8 @@ check "rate 20, burst 2: at most 25 arrivals in any second of the tail ($(r peak
 # 0.5 s, the newcomer's token) + 2 for timing.
 check "rate 20, burst 2: at most 30 in any second, the agents' start included ($(r peak))" test "$(r peak)" -le 30
 check_eq "rate 20: each key's events arrive in order" 0 "$(r disorder)"
-check "another handler is not slowed by the limited one (each event within 1.5 s: $(r quick_max_ms) ms)" \
-    test "$(r quick_max_ms)" -lt 1500
+check "another handler is not slowed by the limited one (each event within 1.5 s: $quick_max_ms ms)" \
+    test "$quick_max_ms" -lt 1500
 max_leases=$(sort -n "$TMP/leases" | tail -1)
 log "paced: at most $max_leases leases held while it drained"
 check "paced: the leases held stay near a second of its rate (<= 40 of 200: $max_leases)" test "$max_leases" -le 40
@@ -168,12 +161,9 @@ altered=$(date +%s.%N)
 check "paced: the 400 more arrive" wait_requests "$LOG" /paced 600 90
 py_facts alter "$LOG" "$altered" <<'EOF'
 import sys, http_log
-t = [r["t"] for r in http_log.records(sys.argv[1], "/paced")][200:]
-at = float(sys.argv[2])
-before = [x for x in t if x < at]
-after = [x for x in t if x >= at + 1.0]
-http_log.facts(dict(before=f"{(len(before) - 1) / max(before[-1] - before[0], 1e-3):.1f}",
-                    after=f"{(len(after) - 1) / (after[-1] - after[0]):.1f}" if len(after) > 20 else 0))
+before, after = http_log.rates_around([r["t"] for r in http_log.records(sys.argv[1], "/paced")][200:],
+                                      float(sys.argv[2]))
+http_log.facts(dict(before=before, after=after))
 EOF
 log "paced: before the change $(r before) arrivals/s, from a second after it $(r after)/s"
 check "relay_alter_handler raising rate to 100 takes effect (35 to 115/s: $(r after))" \

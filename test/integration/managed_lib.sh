@@ -13,12 +13,18 @@
 #                               # ROLE's DB with the edition, the login agent_login
 #                               # (relay_agent); stops the script if one fails
 #
-# stop_bare_cluster destroys the cluster (put it into the EXIT trap).
+# stop_bare_cluster destroys the cluster (put it into the EXIT trap);
+# managed_traps sets lib.sh's traps with it.
 
 MANAGED_VERSION=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$RELAYBUS_ROOT/relaybus.control")
 MANAGED_SCRIPT=$RELAYBUS_ROOT/build/relaybus-managed--$MANAGED_VERSION.sql
 
-stop_bare_cluster() {
+stop_managed_traps() {
+    trap 'stop_bare_cluster; cleanup' EXIT
+    trap 'stop_bare_cluster; cleanup; echo "$TEST_NAME: interrupted"; echo "$PASSED passed, $((FAILED + 1)) failed"; exit 1' INT TERM
+}
+
+bare_cluster() {
     [[ -n "${CLUSTER:-}" && -d "$CLUSTER" ]] &&
         PG_CONFIG=$TREE_PG_CONFIG bash "$RELAYBUS_ROOT/test/cluster.sh" destroy "$CLUSTER" >/dev/null 2>&1
 }
