@@ -1,7 +1,6 @@
 #include "agent/limits.hpp"
 
 #include <algorithm>
-#include <cmath>
 
 #include "core/json_log.hpp"
 
@@ -17,9 +16,6 @@ constexpr int64_t kIdleMs = 1000;
 constexpr int64_t kRefreshMs = 500;
 // Short of slots: asked again this often (another agent may give some back).
 constexpr int64_t kSlotRetryMs = 100;
-// Shown as limited for this long after a delivery last waited for a permit,
-// as relay.handler_stats's `limited` in the extension.
-constexpr int64_t kLimitedMs = 1000;
 
 // The slot's second key: exact (handler = key >> 17, slot = key & 131071)
 // for handler ids below 16384; beyond, two slots may share a lock, which
@@ -44,60 +40,41 @@ int SharedLimits::target_slots(const State& s, const core::HandlerOptions& o) {
 }
 
 bool SharedLimits::active(const State& s, int64_t now_ms) {
-  return s.in_use > 0 || (s.demand_ms >= 0 && now_ms - s.demand_ms < kIdleMs);
+  return s.use.in_use() > 0 || (s.demand_ms >= 0 && now_ms - s.demand_ms < kIdleMs);
 }
 
 bool SharedLimits::acquire(const core::PipelineHandler& h, int64_t now_ms, int64_t* retry_in_ms) {
   State& s = states_[h.key];
   s.demand_ms = now_ms;
   const core::HandlerOptions& o = h.options;
-  if (!s.member || (o.max_concurrency > 0 && s.in_use >= usable_slots(s, o))) {
+  if (!s.member) {
     *retry_in_ms = kSlotRetryMs;
     return false;
   }
-  if (o.rate > 0) {
-    const double share = o.rate / std::max(1, s.agents);
-    const double cap = std::max(1.0, core::effective_burst(o) / static_cast<double>(std::max(1, s.agents)));
-    s.tokens = std::min(cap, s.tokens + std::max<int64_t>(0, now_ms - s.refilled_ms) * share / 1000.0);
-    s.refilled_ms = now_ms;
-    if (s.tokens < 1) {
-      *retry_in_ms = std::max<int64_t>(1, static_cast<int64_t>(std::ceil((1 - s.tokens) * 1000 / share)));
-      return false;
-    }
-    s.tokens -= 1;
-  }
-  s.in_use++;
-  return true;
+  return s.use.take(o.max_concurrency > 0 ? usable_slots(s, o) : -1, core::split_limits(o, s.agents, 0), now_ms,
+                    kSlotRetryMs, retry_in_ms);
 }
 
 void SharedLimits::release(const core::PipelineHandler& h) {
   auto it = states_.find(h.key);
-  if (it != states_.end() && it->second.in_use > 0) it->second.in_use--;
+  if (it != states_.end()) it->second.use.give_back();
 }
 
 void SharedLimits::held_back(const core::PipelineHandler& h, int waited, int64_t now_ms) {
   State& s = states_[h.key];
-  if (now_ms >= s.limited_until_ms)
-    core::log_info("handler held back by its limits", {{"handler", h.name},
-                                                       {"max_concurrency", h.options.max_concurrency},
-                                                       {"rate", h.options.rate},
-                                                       {"slots", s.slots.size()},
-                                                       {"agents", s.member ? s.agents : 0}});
-  s.held_back += static_cast<uint64_t>(std::max(0, waited));
-  s.limited_until_ms = now_ms + kLimitedMs;
+  if (!s.use.note_held_back(waited, now_ms)) return;
+  nlohmann::json f = core::held_back_fields(h);
+  f["slots"] = s.slots.size();
+  f["agents"] = s.member ? s.agents : 0;
+  core::log_info("handler held back by its limits", f);
 }
 
 core::HandlerOptions SharedLimits::claim_limits(const core::PipelineHandler& h) const {
-  core::HandlerOptions o = h.options;
   auto it = states_.find(h.key);
   const State none;
   const State& s = it == states_.end() ? none : it->second;
-  const int agents = std::max(1, s.agents);
+  core::HandlerOptions o = core::split_limits(h.options, s.agents, 0);
   if (o.max_concurrency > 0) o.max_concurrency = std::max(1, usable_slots(s, h.options));
-  if (o.rate > 0) {
-    o.rate = h.options.rate / agents;
-    o.burst = std::max(1, core::effective_burst(h.options) / agents);
-  }
   return o;
 }
 
@@ -154,19 +131,13 @@ void SharedLimits::sync(PgConn& conn, const std::map<int, const core::PipelineHa
       const int before = s.agents;
       s.agents = std::max(1, static_cast<int>(r.integer(0, 0)));
       s.refresh_ms = now_ms + kRefreshMs;
-      const double cap = std::max(1.0, core::effective_burst(o) / static_cast<double>(s.agents));
-      if (s.refilled_ms == 0) {
-        s.tokens = cap;  // the first share starts with its part of the burst
-        s.refilled_ms = now_ms;
-      } else if (before != s.agents) {
-        s.tokens = std::min(s.tokens, cap);
-      }
+      if (before != s.agents) s.use.clamp_burst(core::split_limits(o, s.agents, 0).burst);
     }
     const int target = target_slots(s, o);
     // Slots are ascending: those below max_concurrency come first. Kept: this
     // agent's share of them, or as many as its requests out still use.
     const int usable = usable_slots(s, o);
-    give_back(conn, key, s, static_cast<size_t>(std::max(std::min(target, usable), s.in_use)));
+    give_back(conn, key, s, static_cast<size_t>(std::max(std::min(target, usable), s.use.in_use())));
     const int have = usable_slots(s, o);
     s.short_of_slots = have < target;
     if (!s.short_of_slots || now_ms < s.retry_slots_ms) continue;
@@ -192,11 +163,11 @@ int64_t SharedLimits::next_sync_ms() const {
   for (const auto& [key, s] : states_) {
     if (!s.member) {
       // Work, and not yet counted among the handler's agents: join now.
-      if (s.demand_ms >= 0 || s.in_use > 0) at(std::max<int64_t>(0, s.demand_ms));
+      if (s.demand_ms >= 0 || s.use.in_use() > 0) at(std::max<int64_t>(0, s.demand_ms));
       continue;
     }
     at(s.refresh_ms);
-    if (s.in_use == 0) at(s.demand_ms + kIdleMs);
+    if (s.use.in_use() == 0) at(s.demand_ms + kIdleMs);
     if (s.short_of_slots) at(s.retry_slots_ms);
   }
   return next;
@@ -217,8 +188,8 @@ SharedLimits::View SharedLimits::view(int key, int64_t now_ms) const {
   if (it == states_.end()) return v;
   v.slots = static_cast<int>(it->second.slots.size());
   v.agents = it->second.member ? it->second.agents : 0;
-  v.held_back = it->second.held_back;
-  v.limited = now_ms < it->second.limited_until_ms;
+  v.held_back = it->second.use.held_back();
+  v.limited = it->second.use.limited(now_ms);
   return v;
 }
 

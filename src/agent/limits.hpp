@@ -20,6 +20,7 @@
 #include "agent/pg.hpp"
 #include "core/delivery_pipeline.hpp"
 #include "core/handler_config.hpp"
+#include "core/limit_share.hpp"
 
 namespace relaybus::agent {
 
@@ -62,15 +63,11 @@ class SharedLimits final : public core::HandlerLimiter {
     std::vector<int> slots;  // held slot indexes, ascending
     bool member = false;
     int agents = 1;
-    int in_use = 0;  // permits out
-    double tokens = 0;
-    int64_t refilled_ms = 0;
+    core::ShareUse use;      // permits out, this agent's share of the rate, what waited
     int64_t demand_ms = -1;  // last time it had work here
     int64_t refresh_ms = 0;  // next count of the handler's agents
     int64_t retry_slots_ms = 0;
     bool short_of_slots = false;  // fewer than its share, at the last sync
-    uint64_t held_back = 0;
-    int64_t limited_until_ms = 0;
   };
   static int usable_slots(const State& s, const core::HandlerOptions& o);
   static int target_slots(const State& s, const core::HandlerOptions& o);

@@ -29,6 +29,8 @@ struct Metrics {
     double latency_sum_s = 0;
   };
   std::map<std::string, PerHandler> handlers;
+  std::map<std::string, uint64_t> held_back;  // deliveries that waited for a max_concurrency or rate permit
+  std::map<std::string, bool> limited;        // one waited within the last second
   std::map<std::string, bool> breaker_open;
   uint64_t fetches = 0;
   uint64_t lanes_taken = 0;

@@ -17,6 +17,7 @@
 #include "core/kafka_sink.hpp"
 #include "core/routing_sink.hpp"
 #include "mongo/config.hpp"
+#include "mongo/split_limiter.hpp"
 
 namespace relaybus::mongo {
 
@@ -38,6 +39,8 @@ class PipelineHost {
   core::RoutingSink& router() { return *router_; }
   core::HttpEngine* engine() { return engine_.get(); }  // null before ensure()
   core::KafkaSink* kafka() { return kafka_sink_.get(); }
+  // Handlers' max_concurrency and rate, this instance's share of them.
+  SplitLimiter& limiter() { return limiter_; }
 
   // After a catalog reload: each handler's kind (the sink's counts are by
   // kind, before a fetch asks the pipeline for room), and the producers of
@@ -54,6 +57,7 @@ class PipelineHost {
   std::unique_ptr<core::KafkaSink> kafka_sink_;
   std::unique_ptr<core::RoutingSink> router_;
   std::unique_ptr<core::DeliveryPipeline> pipeline_;
+  SplitLimiter limiter_;
   std::string allowlist_;
   std::function<bool(int64_t, const core::Receipt&)> send_check_;
 };
