@@ -6,10 +6,10 @@
 # many requests of a path it is serving at each arrival.
 #   - max_concurrency 2: never more than 2 in flight, where the same handler
 #     without it reaches 3 or more (the measure can fail); each key in order
-#   - rate 20, burst 2, over 200 events: arrivals per second over the tail
-#     near 20, each key in order; `relaybus-mongo stats` and /metrics count
-#     the deliveries held back
-#   - `handler alter` lowering the rate to 4 takes effect
+#   - rate 8, burst 2, over 80 events: arrivals per second over the tail at
+#     most 8 (a ceiling: docs/mongo.md), each key in order; `relaybus-mongo
+#     stats` and /metrics count the deliveries held back
+#   - `handler alter` lowering the rate to 2 takes effect
 # Ignores the PostgreSQL cluster. Prints "N passed, N failed".
 SUITE=mongo_limits
 source "$(dirname "${BASH_SOURCE[0]}")/mongo_lib.sh"
@@ -17,7 +17,7 @@ declare -A R
 DB=t_limits
 "$BIN" init --database $DB >/dev/null
 for h in uncapped:'{"concurrency": 4}' capped:'{"concurrency": 4, "max_concurrency": 2}' \
-    paced:'{"concurrency": 4, "rate": 20, "burst": 2}'; do
+    paced:'{"concurrency": 4, "rate": 8, "burst": 2}'; do
     "$BIN" handler create "${h%%:*}" http "$HOOK/${h%%:*}" --options "${h#*:}" --database $DB >/dev/null ||
         die "handler ${h%%:*}"
     "$BIN" route "${h%%:*}.#" "${h%%:*}" --database $DB >/dev/null
@@ -59,8 +59,8 @@ done
     fail "max_concurrency 2: never more than 2 at once" "${R[capped_max_active]}"
 check_eq "max_concurrency 2: each key's events in order" 0 "${R[capped_disorder]}"
 
-publish paced 1 200 16
-wait_until 90 has_requests /paced 200 || fail "paced: the 200 deliveries arrive ($(count_path /paced))"
+publish paced 1 80 16
+wait_until 90 has_requests /paced 80 || fail "paced: the 80 deliveries arrive ($(count_path /paced))"
 while IFS= read -r line; do R[${line%%=*}]=${line#*=}; done < <($PY - "$TMP/requests.log" <<'PY'
 import sys, http_log
 paced = http_log.records(sys.argv[1], "/paced")
@@ -70,12 +70,12 @@ http_log.facts(dict(rate=f"{(len(tail) - 1) / max(tail[-1] - tail[0], 1e-3):.1f}
                     disorder=http_log.disorder(paced)))
 PY
 )
-log "rate 20, burst 2: ${R[rate]} arrivals/s over the tail, ${R[span]} s in all"
-# Below 20 where one instance's lanes run out of ready keys before the
-# other's (each sends at most its half: docs/mongo.md).
-awk -v v="${R[rate]}" 'BEGIN { exit !(v >= 10 && v <= 23) }' && pass "rate 20: the tail's arrivals per second (10 to 23: ${R[rate]})" ||
-    fail "rate 20: the tail's arrivals per second (10 to 23)" "${R[rate]}"
-check_eq "rate 20: each key's events in order" 0 "${R[disorder]}"
+log "rate 8, burst 2: ${R[rate]} arrivals/s over the tail, ${R[span]} s in all"
+# A ceiling: below it where one instance's lanes run out of ready keys first
+# or the loop waits on FerretDB (each sends at most its half: docs/mongo.md).
+awk -v v="${R[rate]}" 'BEGIN { exit !(v >= 2.5 && v <= 9.5) }' && pass "rate 8: the tail's arrivals per second (2.5 to 9.5: ${R[rate]})" ||
+    fail "rate 8: the tail's arrivals per second (2.5 to 9.5)" "${R[rate]}"
+check_eq "rate 8: each key's events in order" 0 "${R[disorder]}"
 held=$("$BIN" stats --database $DB | $PY -c "import json,sys; print(sum(h.get('held_back', 0) for h in json.load(sys.stdin) if h['handler'] == 'paced'))")
 ((held > 0)) && pass "relaybus-mongo stats counts paced's deliveries held back ($held)" ||
     fail "relaybus-mongo stats counts paced's deliveries held back" "$held"
@@ -83,18 +83,18 @@ held_of() { local v; v=$(metric "$1" 'relaybus_mongo_held_back_total{handler="pa
 m=$(($(held_of i1) + $(held_of i2)))
 ((m > 0)) && pass "... and the instances' /metrics ($m)" || fail "... and the instances' /metrics" "$m"
 
-# Lowered live: 40 more at rate 4 (2 a second per instance) take about 10 s.
-"$BIN" handler alter paced --options '{"rate": 4, "burst": 1}' --database $DB >/dev/null || fail "handler alter"
+# Lowered live: 20 more at rate 2 (1 a second per instance) take about 10 s.
+"$BIN" handler alter paced --options '{"rate": 2, "burst": 1}' --database $DB >/dev/null || fail "handler alter"
 sleep 1  # the next lease tick reads the catalog
-publish paced 201 240 16
-wait_until 90 has_requests /paced 240 || fail "paced: the 40 more arrive ($(count_path /paced))"
+publish paced 81 100 16
+wait_until 90 has_requests /paced 100 || fail "paced: the 20 more arrive ($(count_path /paced))"
 after=$($PY - "$TMP/requests.log" <<'PY'
 import sys, http_log
-t = [r["t"] for r in http_log.records(sys.argv[1], "/paced")][200:]
+t = [r["t"] for r in http_log.records(sys.argv[1], "/paced")][80:]
 print(f"{(len(t) - 1) / max(t[-1] - t[0], 1e-3):.1f}")
 PY
 )
-log "paced: after lowering the rate to 4, $after arrivals/s"
-awk -v v="$after" 'BEGIN { exit !(v > 0 && v <= 5) }' && pass "handler alter lowering rate to 4 takes effect ($after/s)" ||
-    fail "handler alter lowering rate to 4 takes effect (at most 5/s)" "$after"
+log "paced: after lowering the rate to 2, $after arrivals/s"
+awk -v v="$after" 'BEGIN { exit !(v > 0 && v <= 2.6) }' && pass "handler alter lowering rate to 2 takes effect ($after/s)" ||
+    fail "handler alter lowering rate to 2 takes effect (at most 2.6/s)" "$after"
 finish
