@@ -114,10 +114,15 @@ void SharedLimits::sync(PgConn& conn, const std::map<int, const core::PipelineHa
     }
     const core::HandlerOptions& o = h->options;
     if (!s.member) {
-      // Shared: every agent with work holds it; no one takes it exclusively.
+      if (now_ms < s.retry_slots_ms) continue;
+      // Shared: every agent with work holds it; only an application taking
+      // the same key exclusively could refuse it (then asked again later).
       PgResult r = conn.exec("SELECT pg_try_advisory_lock_shared($1::int, $2::int)",
                              {std::to_string(kMemberLockSpace), std::to_string(key)});
-      if (r.text(0, 0) != "t") continue;
+      if (r.text(0, 0) != "t") {
+        s.retry_slots_ms = now_ms + kRefreshMs;
+        continue;
+      }
       s.member = true;
       s.refresh_ms = 0;
     }
@@ -163,7 +168,7 @@ int64_t SharedLimits::next_sync_ms() const {
   for (const auto& [key, s] : states_) {
     if (!s.member) {
       // Work, and not yet counted among the handler's agents: join now.
-      if (s.demand_ms >= 0 || s.use.in_use() > 0) at(std::max<int64_t>(0, s.demand_ms));
+      if (s.demand_ms >= 0 || s.use.in_use() > 0) at(std::max({int64_t{0}, s.demand_ms, s.retry_slots_ms}));
       continue;
     }
     at(s.refresh_ms);
