@@ -196,7 +196,7 @@ void Agent::serve_notify(Handler& h) {
 
 void Agent::claim_sent(Handler& h, int64_t now) {
   const core::PipelineHandler& p = *h.pipe;
-  const int room = pipeline_->room(p.key, p.options.concurrency, now);
+  const int room = claim_room(h, now);
   if (room <= 0) return;  // stays due: results make room
   const int want = std::min(room, cfg_.batch_size);
   // http: one delivery per key at a time, the next claimed once this one is
@@ -237,6 +237,26 @@ void Agent::claim_sent(Handler& h, int64_t now) {
   log_debug("claimed", {{"handler", p.name}, {"count", claimed.size()}});
   pipeline_->enqueue(h.pipe, std::move(claimed),
                      now + core::http_queue_ms(h.lease_ms, p.options.timeout_ms, cfg_.http_lease_margin_ms));
+}
+
+int Agent::claim_room(const Handler& h, int64_t now) {
+  const core::PipelineHandler& p = *h.pipe;
+  if (!core::has_shared_limit(p.options)) return pipeline_->room(p.key, p.options.concurrency, now);
+  return pipeline_->room(p.key, p.options.concurrency, limits_.claim_limits(p), now);
+}
+
+void Agent::sync_limits(int64_t now) {
+  const int64_t due = limits_.next_sync_ms();
+  if (due < 0 || now < due) return;
+  std::map<int, const core::PipelineHandler*> limited;
+  for (const auto& [id, h] : handlers_)
+    if (h.pipe->kind != core::HandlerKind::Notify && core::has_shared_limit(h.pipe->options))
+      limited.emplace(id, h.pipe.get());
+  try {
+    limits_.sync(conn_, limited, now);
+  } catch (const PgError& e) {
+    on_pg_error(e, "taking the handlers' limits", nullptr);
+  }
 }
 
 void Agent::complete(const std::vector<core::Completion>& batch) {
@@ -326,6 +346,7 @@ void Agent::on_pg_error(const PgError& e, const char* what, Handler* h) {
 }
 
 void Agent::set_connected(bool up) {
+  if (!up) limits_.connection_lost();
   std::lock_guard<std::mutex> lock(metrics_.mu);
   metrics_.connected = up;
 }
@@ -342,6 +363,11 @@ void Agent::publish_gauges() {
     Metrics::PerHandler& m = metrics_.handlers[h.pipe->name];
     m.breaker_open = pipeline_->breaker_open(id);
     m.in_flight = router_->in_flight(id);
+    const SharedLimits::View v = limits_.view(id, wall_ms());
+    m.held_back = v.held_back;
+    m.limit_slots = static_cast<uint64_t>(v.slots);
+    m.limit_agents = static_cast<uint64_t>(v.agents);
+    m.limited = v.limited;
   }
 }
 
@@ -361,9 +387,11 @@ int64_t Agent::wait_ms(int64_t now) {
       }
       if (!h.due) continue;
       if (h.pipe->kind == core::HandlerKind::Notify) return 0;
-      if (pipeline_->room(h.pipe->key, h.pipe->options.concurrency, now) > 0) return 0;
+      if (claim_room(h, now) > 0) return 0;
     }
     if (catalog_dirty_) t = std::min(t, catalog_retry_at_ms_ - now);
+    const int64_t limits = limits_.next_sync_ms();
+    if (limits >= 0) t = std::min(t, limits - now);
   } else {
     t = std::min(t, reconnect_at_ms_ - now);
   }
@@ -375,6 +403,8 @@ int64_t Agent::wait_ms(int64_t now) {
   if (k >= 0) t = std::min(t, k + 1);
   if (pipeline_->waiting() > 0) t = std::min<int64_t>(t, pipeline_->flush_paused(now) ? 100 : 2);
   if (pipeline_->queued() > 0) t = std::min<int64_t>(t, 100);
+  const int64_t permit = pipeline_->next_permit_ms();
+  if (permit >= 0) t = std::min(t, permit - now);
   const int64_t probe = pipeline_->next_probe_ms(now);
   if (probe >= 0) t = std::min(t, probe - now);
   const int64_t spans = spans_ ? spans_->wake_in_ms(now) : -1;
@@ -491,6 +521,7 @@ int Agent::run(const std::atomic<bool>& stop, int wake_fd) {
     spans_ = std::make_unique<core::SpanExporter>(std::move(so));
     pipeline_->set_span_exporter(spans_.get());
   }
+  pipeline_->set_limiter(&limits_);
   MetricsServer metrics_server(metrics_);
   if (!cfg_.metrics_addr.empty()) {
     int port = 0;
@@ -555,6 +586,7 @@ int Agent::run(const std::atomic<bool>& stop, int wake_fd) {
         mark_all_due();
         next_poll_ms_ = now + cfg_.poll_interval_ms;
       }
+      if (conn_.ok()) sync_limits(now);
       for (auto& [id, h] : handlers_) {
         if (!conn_.ok()) break;
         if (h.paused || !h.due || now < h.retry_at_ms) continue;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/limits.hpp"
 #include "agent/metrics.hpp"
 #include "agent/pg.hpp"
 #include "core/delivery_pipeline.hpp"
@@ -78,6 +79,8 @@ class Agent final : public core::DeliveryStore {
   void serve_notify_alone(Handler& h);
   void after_notify_error(Handler& h, const PgError& e, int in_flight, const core::ClaimedDelivery* suspect);
   void claim_sent(Handler& h, int64_t now);
+  int claim_room(const Handler& h, int64_t now);
+  void sync_limits(int64_t now);
   void on_pg_error(const PgError& e, const char* what, Handler* h);
   void mark_all_due();
   int64_t wait_ms(int64_t now);
@@ -95,6 +98,7 @@ class Agent final : public core::DeliveryStore {
   std::unique_ptr<core::RoutingSink> router_;
   std::unique_ptr<core::DeliveryPipeline> pipeline_;
   std::unique_ptr<core::SpanExporter> spans_;  // --otlp-endpoint
+  SharedLimits limits_;                        // max_concurrency and rate across the database's agents
   std::map<int, Handler> handlers_;
   bool catalog_dirty_ = true;
   int64_t catalog_retry_at_ms_ = 0;  // after a failed load

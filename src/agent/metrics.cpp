@@ -56,6 +56,13 @@ std::string Metrics::render() {
       {"relaybus_agent_handler_in_flight", "gauge", "http requests or kafka messages of the handler in flight.",
        &PerHandler::in_flight},
       {"relaybus_agent_notified_total", "counter", "NOTIFYs sent for notify handlers.", &PerHandler::notified},
+      {"relaybus_agent_held_back_total", "counter",
+       "Deliveries that waited for a permit of the handler's max_concurrency or rate.", &PerHandler::held_back},
+      {"relaybus_agent_limit_slots", "gauge", "max_concurrency slots of the handler this agent holds.",
+       &PerHandler::limit_slots},
+      {"relaybus_agent_limit_agents", "gauge",
+       "Agents sharing the handler's max_concurrency and rate (0: this one has no work for it).",
+       &PerHandler::limit_agents},
   };
   for (const Field& f : kFields) {
     head(f.name, f.type, f.help);
@@ -67,9 +74,15 @@ std::string Metrics::render() {
   for (const auto& [h, c] : handlers)
     if (c.latency.count > 0 || c.delivered > 0)
       core::append_prometheus_histogram(&o, "relaybus_agent_delivery_latency_seconds", "handler", h, c.latency);
-  head("relaybus_agent_breaker_open", "gauge", "1 while the http or kafka handler's circuit breaker is open.");
-  for (const auto& [h, c] : handlers)
-    o += "relaybus_agent_breaker_open{handler=\"" + prometheus_label(h) + "\"} " + (c.breaker_open ? "1" : "0") + "\n";
+  auto flag = [&](const char* name, const char* help, bool PerHandler::*member) {
+    head(name, "gauge", help);
+    for (const auto& [h, c] : handlers)
+      o += std::string(name) + "{handler=\"" + prometheus_label(h) + "\"} " + (c.*member ? "1" : "0") + "\n";
+  };
+  flag("relaybus_agent_breaker_open", "1 while the http or kafka handler's circuit breaker is open.",
+       &PerHandler::breaker_open);
+  flag("relaybus_agent_limited", "1 while the handler's deliveries wait for its max_concurrency or rate.",
+       &PerHandler::limited);
   auto one = [&](const char* name, const char* type, const char* help, uint64_t v) {
     head(name, type, help);
     o += std::string(name) + " " + std::to_string(v) + "\n";

@@ -27,8 +27,12 @@ class Metrics {
     uint64_t delivered_after_gap = 0;  // kafka: acknowledged after an earlier message of its key failed for good
     uint64_t notified = 0;             // notify: NOTIFYs sent
     uint64_t in_flight = 0;            // http, kafka: requests or messages at the sink now
+    uint64_t held_back = 0;            // deliveries that waited for a max_concurrency or rate permit
+    uint64_t limit_slots = 0;          // max_concurrency slots this agent holds
+    uint64_t limit_agents = 0;         // agents sharing the handler's limits (0: this one is not among them)
     bool breaker_open = false;
     core::LatencyHistogram latency;  // http, kafka: publish -> settled as delivered
+    bool limited = false;            // a delivery waited for a permit within the last second
   };
 
   std::mutex mu;

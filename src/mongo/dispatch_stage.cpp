@@ -33,8 +33,15 @@ void Dispatcher::stage(SentHandler& h) {
   const int64_t now = wall_ms();
   core::DeliveryPipeline& pipeline = host_.pipeline();
   metrics_.breaker_open[h.doc.name] = pipeline.breaker_open(h.key);
+  if (core::has_shared_limit(h.pipe->options)) {
+    metrics_.held_back[h.doc.name] = host_.limiter().held_back_total(h.key);
+    metrics_.limited[h.doc.name] = host_.limiter().limited(h.key, now);
+  }
   // The pipeline's claim-ahead rule (the PostgreSQL dispatchers' too), a batch at most.
-  const int cap = std::min(pipeline.room(h.key, h.pipe->options.concurrency, now), cfg_.batch_size);
+  const core::HandlerOptions& o = h.pipe->options;
+  const int room = core::has_shared_limit(o) ? pipeline.room(h.key, o.concurrency, host_.limiter().share(o), now)
+                                             : pipeline.room(h.key, o.concurrency, now);
+  const int cap = std::min(room, cfg_.batch_size);
   if (cap <= 0) return;
 
   ClaimAsk ask;

@@ -202,6 +202,8 @@ int64_t Dispatcher::next_wait_ms() {
   if (probe >= 0) ms = std::min<int64_t>(ms, probe - now + 1);
   const int64_t spans = host_.spans() ? host_.spans()->wake_in_ms(now) : -1;
   if (spans >= 0) ms = std::min(ms, spans);
+  const int64_t permit = p.next_permit_ms();  // a delivery held back by its handler's limits
+  if (permit >= 0) ms = std::min<int64_t>(ms, permit - now);
   return std::clamp<int64_t>(ms, 0, 1000);
 }
 
@@ -237,7 +239,9 @@ void Dispatcher::lease_tick() {
   for (const auto& [name, h] : catalog_.sent()) host_.set_kind(h.key, h.doc.kind);
   host_.retain_kafka(catalog_.kafka_keys());
   store_.heartbeat_load(cfg_.instance, now + cfg_.lease_ms, handler_load());
-  const int live = std::max(1, store_.live_instances(now));
+  int rank = 0;
+  const int live = std::max(1, store_.live_instances(now, cfg_.instance, &rank));
+  host_.limiter().set_instances(live, rank);
   if (leases_.tick(
           now, live, [this] { return busy_lanes(); }, loop_.stopping))
     loop_.next_sequence_ms = 0;

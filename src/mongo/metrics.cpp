@@ -66,9 +66,17 @@ std::string Metrics::render() const {
   core::append_prometheus_histogram_head(&o, "relaybus_mongo_delivery_latency_seconds", "From publish to completion.");
   for (const auto& [h, v] : handlers)
     core::append_prometheus_histogram(&o, "relaybus_mongo_delivery_latency_seconds", "handler", h, v.latency);
-  gauge("relaybus_mongo_breaker_open", "1 while the handler's circuit breaker is open.");
-  for (const auto& [h, open] : breaker_open)
-    o += "relaybus_mongo_breaker_open{handler=\"" + core::prometheus_label(h) + "\"} " + (open ? "1" : "0") + "\n";
+  auto flags = [&](const char* name, const char* help, const std::map<std::string, bool>& by_handler) {
+    gauge(name, help);
+    for (const auto& [h, on] : by_handler)
+      o += std::string(name) + "{handler=\"" + core::prometheus_label(h) + "\"} " + (on ? "1" : "0") + "\n";
+  };
+  flags("relaybus_mongo_breaker_open", "1 while the handler's circuit breaker is open.", breaker_open);
+  flags("relaybus_mongo_limited", "1 while the handler's deliveries wait for its max_concurrency or rate.", limited);
+  counter("relaybus_mongo_held_back_total",
+          "Deliveries that waited for a permit of the handler's max_concurrency or rate (this instance's share).");
+  for (const auto& [h, n] : held_back)
+    o += "relaybus_mongo_held_back_total{handler=\"" + core::prometheus_label(h) + "\"} " + std::to_string(n) + "\n";
   counter("relaybus_mongo_commands_total", "Commands sent to the MongoDB server, by operation.");
   if (commands != nullptr)
     for (const auto& [op, n] : *commands)

@@ -30,6 +30,8 @@ struct Metrics {
     core::LatencyHistogram latency;  // publish -> completion
   };
   std::map<std::string, PerHandler> handlers;
+  std::map<std::string, uint64_t> held_back;  // deliveries that waited for a max_concurrency or rate permit
+  std::map<std::string, bool> limited;        // one waited within the last second
   std::map<std::string, bool> breaker_open;
   uint64_t fetches = 0;
   uint64_t lanes_taken = 0;

@@ -69,6 +69,7 @@ bool PipelineHost::ensure(const Config& cfg, std::mt19937_64& rng) {
   po.max_in_flight = cfg.max_in_flight;
   pipeline_ = std::make_unique<core::DeliveryPipeline>(*router_, po, rng());
   pipeline_->set_span_exporter(spans_.get());
+  pipeline_->set_limiter(&limiter_);
   return true;
 }
 

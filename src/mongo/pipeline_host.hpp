@@ -18,6 +18,7 @@
 #include "core/routing_sink.hpp"
 #include "core/span_exporter.hpp"
 #include "mongo/config.hpp"
+#include "mongo/split_limiter.hpp"
 
 namespace relaybus::mongo {
 
@@ -39,6 +40,8 @@ class PipelineHost {
   core::RoutingSink& router() { return *router_; }
   core::HttpEngine* engine() { return engine_.get(); }  // null before ensure()
   core::KafkaSink* kafka() { return kafka_sink_.get(); }
+  // Handlers' max_concurrency and rate, this instance's share of them.
+  SplitLimiter& limiter() { return limiter_; }
 
   // After a catalog reload: each handler's kind (the sink's counts are by
   // kind, before a fetch asks the pipeline for room), and the producers of
@@ -60,6 +63,7 @@ class PipelineHost {
   std::unique_ptr<core::KafkaSink> kafka_sink_;
   std::unique_ptr<core::RoutingSink> router_;
   std::unique_ptr<core::DeliveryPipeline> pipeline_;
+  SplitLimiter limiter_;
   std::string allowlist_;
   std::unique_ptr<core::SpanExporter> spans_;
   std::string spans_endpoint_, spans_headers_;

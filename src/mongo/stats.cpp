@@ -32,6 +32,8 @@ json stats_json(Store& store, int64_t now) {
          {"retrying", b.retrying},
          {"dead", b.dead},
          {"oldest_age_ms", b.oldest_ms > 0 ? std::max<int64_t>(0, now - b.oldest_ms) : 0},
+         {"held_back", l.held_back},
+         {"limited", l.limited},
          {"latency",
           {{"le", le}, {"buckets", l.latency_buckets}, {"count", l.latency_count}, {"sum_seconds", l.latency_sum_s}}}});
   }
@@ -41,7 +43,13 @@ json stats_json(Store& store, int64_t now) {
 std::map<std::string, Store::HandlerLoad> Dispatcher::handler_load() {
   std::map<std::string, Store::HandlerLoad> out;
   metrics_.handler_in_flight.clear();
-  for (const auto& [name, h] : catalog_.sent()) out[name].in_flight = static_cast<int64_t>(host_.in_flight(h.key));
+  const int64_t now = wall_ms();
+  for (const auto& [name, h] : catalog_.sent()) {
+    Store::HandlerLoad& l = out[name];
+    l.in_flight = static_cast<int64_t>(host_.in_flight(h.key));
+    l.held_back = static_cast<int64_t>(host_.limiter().held_back_total(h.key));
+    l.limited = host_.limiter().limited(h.key, now);
+  }
   if (pull_)
     for (const auto& [name, n] : pull_->leased_by_handler()) out[name].in_flight = n;
   for (const auto& [name, m] : metrics_.handlers) {

@@ -143,10 +143,14 @@ class Store {
     std::vector<int64_t> latency_buckets;  // cumulative, Metrics::kBucketsS
     int64_t latency_count = 0;
     double latency_sum_s = 0;
+    int64_t held_back = 0;  // deliveries that waited for a max_concurrency or rate permit
+    bool limited = false;   // one waited within the last second
   };
   void heartbeat_load(const std::string& instance, int64_t until_ms, const std::map<std::string, HandlerLoad>& load);
   void remove_instance(const std::string& instance);
   int live_instances(int64_t now_ms);
+  // The same, and *rank: how many of them sort before `instance` by name.
+  int live_instances(int64_t now_ms, const std::string& instance, int* rank);
   std::map<std::string, HandlerLoad> live_load(int64_t now_ms);  // summed over live instances
 
   // ---- Deliveries (store_deliveries.cpp).

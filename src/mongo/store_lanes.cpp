@@ -88,6 +88,8 @@ void Store::heartbeat_load(const std::string& instance, int64_t until_ms,
     append_int64_array(&h, "latency_buckets", l.latency_buckets);
     BSON_APPEND_INT64(&h, "latency_count", l.latency_count);
     BSON_APPEND_DOUBLE(&h, "latency_sum_s", l.latency_sum_s);
+    BSON_APPEND_INT64(&h, "held_back", l.held_back);
+    BSON_APPEND_BOOL(&h, "limited", l.limited);
     bson_append_document_end(&handlers, &h);
   }
   bson_append_document_end(doc, &handlers);
@@ -103,10 +105,19 @@ void Store::heartbeat_load(const std::string& instance, int64_t until_ms,
 void Store::remove_instance(const std::string& instance) { delete_id(kInstances, instance, "remove instance"); }
 
 int Store::live_instances(int64_t now_ms) {
+  int rank = 0;
+  return live_instances(now_ms, "", &rank);
+}
+
+int Store::live_instances(int64_t now_ms, const std::string& instance, int* rank) {
   int n = 0;
+  *rank = 0;
   each_in(kInstances, "read instances", [&](const bson_t* doc) {
     int64_t until = 0;
-    if (get_date_ms(doc, "until", &until) && until > now_ms) n++;
+    if (!get_date_ms(doc, "until", &until) || until <= now_ms) return;
+    n++;
+    std::string id;
+    if (get_string(doc, "_id", &id) && id < instance) ++*rank;
   });
   return n;
 }
@@ -121,7 +132,9 @@ std::map<std::string, Store::HandlerLoad> Store::live_load(int64_t now_ms) {
       int64_t x = 0;
       if (get_int64(h, "in_flight", &x)) l.in_flight += x;
       if (get_int64(h, "latency_count", &x)) l.latency_count += x;
+      if (get_int64(h, "held_back", &x)) l.held_back += x;
       bson_iter_t f, arr;
+      if (bson_iter_init_find(&f, h, "limited") && BSON_ITER_HOLDS_BOOL(&f) && bson_iter_bool(&f)) l.limited = true;
       if (bson_iter_init_find(&f, h, "latency_sum_s") && BSON_ITER_HOLDS_DOUBLE(&f))
         l.latency_sum_s += bson_iter_double(&f);
       if (bson_iter_init_find(&f, h, "latency_buckets") && BSON_ITER_HOLDS_ARRAY(&f) && bson_iter_recurse(&f, &arr)) {

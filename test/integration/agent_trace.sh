@@ -11,8 +11,7 @@ export PGHOST=${PGHOST:-/nonexistent} PGPORT=${PGPORT:-1}
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/managed_lib.sh"
-trap 'stop_bare_cluster; cleanup' EXIT
-trap 'stop_bare_cluster; cleanup; echo "$TEST_NAME: interrupted"; echo "$PASSED passed, $((FAILED + 1)) failed"; exit 1' INT TERM
+managed_traps
 DB=tracedb
 OWNER=relay_owner
 TP=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01

@@ -36,12 +36,7 @@ concurrency_case() { # NAME OPTIONS
     py_facts "$1" "$LOG" "/$1" <<'EOF'
 import sys, http_log
 recs = http_log.records(sys.argv[1], sys.argv[2])
-last, disorder = {}, 0
-for r in recs:
-    k, i = r["env"]["key"], r["env"]["payload"]["i"]
-    disorder += last.get(k, 0) > i
-    last[k] = i
-http_log.facts(dict(n=len(recs), max_active=max(r["active"] for r in recs), disorder=disorder))
+http_log.facts(dict(n=len(recs), max_active=max(r["active"] for r in recs), disorder=http_log.disorder(recs)))
 EOF
 }
 concurrency_case uncapped '{"concurrency": 2}'
@@ -84,13 +79,8 @@ later = [x for x in t if x >= start]
 if len(later) < 2:  # all within the first second: no pacing at all
     later = t
 waits = [r["t"] - float(r["env"]["payload"]["sent"]) for r in quick]
-last, disorder = {}, 0
-for r in paced:
-    k, i = r["env"]["key"], r["env"]["payload"]["i"]
-    disorder += last.get(k, 0) > i
-    last[k] = i
 http_log.facts(dict(rate=f"{(len(later) - 1) / max(later[-1] - later[0], 1e-3):.1f}", span=f"{t[-1] - t[0]:.1f}",
-                    quick_max_ms=int(max(waits) * 1000), disorder=disorder))
+                    quick_max_ms=int(max(waits) * 1000), disorder=http_log.disorder(paced)))
 EOF
 log "rate 50, burst 5: $(r rate) arrivals/s over $(r span) s; quick's slowest event took $(r quick_max_ms) ms"
 check "rate 50: arrivals per second within 10 % of 50 ($(r rate))" \
@@ -116,12 +106,9 @@ altered=$(date +%s.%N)
 check "paced: the 600 more arrive" wait_requests "$LOG" /paced 1600 60
 py_facts alter "$LOG" "$altered" <<'EOF'
 import sys, http_log
-t = [r["t"] for r in http_log.records(sys.argv[1], "/paced")][1000:]
-at = float(sys.argv[2])
-before = [x for x in t if x < at]
-after = [x for x in t if x >= at + 1.0]
-http_log.facts(dict(before=f"{(len(before) - 6) / (before[-1] - before[0]):.1f}",
-                    after=f"{(len(after) - 1) / (after[-1] - after[0]):.1f}" if len(after) > 20 else 0))
+before, after = http_log.rates_around([r["t"] for r in http_log.records(sys.argv[1], "/paced")][1000:],
+                                      float(sys.argv[2]), skip=6)
+http_log.facts(dict(before=before, after=after))
 EOF
 log "before the change $(r before) arrivals/s, from a second after it $(r after)/s"
 check "relay_alter_handler raising rate to 200 takes effect (>= 150/s: $(r after))" \
