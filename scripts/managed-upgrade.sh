@@ -15,7 +15,10 @@
 #   3. every definition of INSTALL follows, as CREATE OR REPLACE (keeping each
 #      object's oid, privileges and dependants), with INSTALL's schema, tables,
 #      sequences and indexes left out (they exist);
-#   4. the recorded version, TO.
+#   4. a drop of every function of schema relay that 3 did not define (an
+#      older signature: 3 lists what it defines, by name and argument types;
+#      a signature that does not resolve stops the upgrade); the recorded
+#      version is TO's relay._managed_version().
 # A statement of a kind not named here stops the build (exit 1, nothing
 # written), so that each new kind is decided on, not guessed.
 set -euo pipefail
@@ -40,6 +43,38 @@ split_statements() {
                 if (quote == "") quote = tag; else if (quote == tag) quote = ""
                 rest = substr(rest, RSTART + RLENGTH)
             }
+        }
+        # "relay.name(type, ...)" of a CREATE FUNCTION: its input argument
+        # types, without names, defaults and OUT arguments.
+        function identity(text,    head, i, c, depth, q, arg, args, n, out, w, k, t) {
+            head = text
+            sub(/^CREATE (OR REPLACE )?FUNCTION /, "", head)
+            i = index(head, "(")
+            out = substr(head, 1, i - 1) "("
+            depth = 1; q = 0; arg = ""; n = 0
+            for (i = i + 1; i <= length(head) && depth > 0; i++) {
+                c = substr(head, i, 1)
+                if (c == "\047") q = !q
+                if (!q && c == "(") depth++
+                if (!q && c == ")") depth--
+                if (!q && (c == "," && depth == 1 || depth == 0)) { args[++n] = arg; arg = ""; continue }
+                arg = arg c
+            }
+            k = 0
+            for (i = 1; i <= n; i++) {
+                t = args[i]
+                gsub(/[ \t\n]+/, " ", t); sub(/^ /, "", t); sub(/ $/, "", t)
+                if (t == "") continue
+                sub(/ (DEFAULT|=) .*$/, "", t)
+                if (t ~ /^OUT /) continue
+                sub(/^(IN|INOUT|VARIADIC) /, "", t)
+                # "name type" or "type": the name is a first word that is not
+                # the start of a type.
+                w = t; sub(/ .*/, "", w)
+                if (t ~ / / && w !~ /^(double|timestamp|character|bit|time|interval)$/) sub(/^[^ ]+ /, "", t)
+                out = out (k++ ? ", " : "") t
+            }
+            return out ")"
         }
         function kind_of(line,    w) {
             w = line
@@ -75,6 +110,8 @@ split_statements() {
                 return
             }
             if (what == "skip") return
+            if (what == "replace" && kind == "CREATE FUNCTION" && text ~ /^CREATE (OR REPLACE )?FUNCTION relay\./)
+                sigs[++nsigs] = identity(text)
             if (what == "replace") sub(/^CREATE (OR REPLACE )?/, "CREATE OR REPLACE ", text)
             if (what == "drop") {
                 if (text !~ /^DROP (FUNCTION|VIEW|TABLE|INDEX|SEQUENCE|TRIGGER) /) fail("an unexpected DROP")
@@ -98,7 +135,30 @@ split_statements() {
             scan_quotes(line)
             if (quote == "" && line ~ /;[ \t]*(--.*)?$/) { emit(); stmt = "" }
         }
-        END { if (!bad && stmt != "") { fail("the last statement has no end") } }
+        END {
+            if (!bad && stmt != "") { fail("the last statement has no end") }
+            if (bad || mode != "install") exit
+            print ""
+            print "-- ================================================================================"
+            print "-- What the old version had and this one does not define: a function of schema"
+            print "-- relay outside the list above (an older signature of one whose arguments changed)."
+            print "-- ================================================================================"
+            print "DO $leftovers$"
+            print "DECLARE"
+            print "    defined regprocedure[] := ARRAY["
+            for (i = 1; i <= nsigs; i++) printf "        \047%s\047%s\n", sigs[i], (i < nsigs ? "," : "")
+            print "    ]::text[]::regprocedure[];"
+            print "    f regprocedure;"
+            print "BEGIN"
+            print "    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p"
+            print "              WHERE p.pronamespace = \047relay\047::regnamespace AND p.oid <> ALL (defined::oid[])"
+            print "    LOOP"
+            print "        RAISE NOTICE \047dropping %, which this version does not define\047, f;"
+            print "        EXECUTE format(\047DROP FUNCTION %s\047, f);"
+            print "    END LOOP;"
+            print "END"
+            print "$leftovers$;"
+        }
     ' "${@:2}"
 }
 
@@ -122,9 +182,11 @@ BEGIN
             USING ERRCODE = 'undefined_object',
                   HINT = 'Install it with relaybus-managed--$to.sql.';
     END IF;
-    -- 0.2.0 recorded no version.
+    -- 0.2.0 and 0.3.0 recorded no version; 0.3.0 added relay_claim's traceparent.
     IF to_regprocedure('relay._managed_version()') IS NULL THEN
-        installed := '0.2.0';
+        installed := CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+                                        WHERE p.proname = 'relay_claim' AND 'traceparent' = ANY (p.proargnames))
+                          THEN '0.3.0' ELSE '0.2.0' END;
     ELSE
         EXECUTE 'SELECT relay._managed_version()' INTO installed;
     END IF;
