@@ -34,8 +34,8 @@ PG_FUNCTION_INFO_V1(relay_claim);
 
 namespace relaybus::pg {
 
-// Every statement here runs with PlanShape::IndexScans (no sequential or
-// bitmap scan, no sort: plan_settings.hpp) and is written so that exactly one
+// Every statement here runs with PlanShape::IndexScans or IdLookups (no
+// sequential or bitmap scan, no sort: plan_settings.hpp) and is written so that exactly one
 // index returns its rows in the order it asks for; that index scan is its only
 // plan, whatever the statistics. A class is a range on priority, not an
 // equality, and is ordered by (priority, id): deliveries_claim returns that
@@ -101,11 +101,11 @@ static SavedPlan heads_of_keys_plan = {
 // highest seq taken is in this claim: the head and no gap. One count per key
 // (an index range on deliveries_key), not one probe per row.
 //
-// The fetch finds its rows by primary key only: `handler_id + 0` keeps the
-// planner from reading the handler's whole backlog through deliveries_claim
-// and filtering the ids (a custom plan did that with stale statistics: 36,000
-// rows read for 100 fetched). The count of a key's rows is taken over rows in
-// seq order, which only deliveries_key returns without a sort.
+// The fetch finds its rows by primary key only: it is planned as IdLookups
+// (deliveries_claim, which holds id, is hidden from it), and `handler_id + 0`
+// keeps the planner from reading the handler's keyed backlog through
+// deliveries_key and filtering the ids. The count of a key's rows is taken
+// over rows in seq order, which only deliveries_key returns without a sort.
 #define FETCH_WITH                                                                             \
   "WITH d AS MATERIALIZED (SELECT * FROM relay.deliveries x"                                   \
   "                         WHERE x.id = ANY ($1) AND x.handler_id + 0 = $2),"                 \
@@ -126,7 +126,7 @@ static SavedPlan heads_of_keys_plan = {
 constexpr int kFetchColumns = 10;
 
 static SavedPlan fetch_plan = {
-    FETCH_COLUMNS FETCH_FROM, 3, {INT8ARRAYOID, INT4OID, TIMESTAMPTZOID}, nullptr, PlanShape::IndexScans};
+    FETCH_COLUMNS FETCH_FROM, 3, {INT8ARRAYOID, INT4OID, TIMESTAMPTZOID}, nullptr, PlanShape::IdLookups};
 
 static int cmp_int64(const void* a, const void* b) {
   int64 x = *static_cast<const int64*>(a), y = *static_cast<const int64*>(b);

@@ -32,7 +32,7 @@ PG_FUNCTION_INFO_V1(relay_nack_v2);
 namespace relaybus::pg {
 
 static SavedPlan exists_plan = {
-    "SELECT id FROM relay.deliveries WHERE id = ANY ($1)", 1, {INT8ARRAYOID}, nullptr, PlanShape::IndexScans};
+    "SELECT id FROM relay.deliveries WHERE id = ANY ($1)", 1, {INT8ARRAYOID}, nullptr, PlanShape::IdLookups};
 
 static int cmp_int64(const void* a, const void* b) {
   int64 x = *static_cast<const int64*>(a), y = *static_cast<const int64*>(b);

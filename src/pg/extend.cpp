@@ -15,7 +15,7 @@ PG_FUNCTION_INFO_V1(relay_extend);
 namespace relaybus::pg {
 
 static SavedPlan handler_of_plan = {
-    "SELECT handler_id FROM relay.deliveries WHERE id = $1", 1, {INT8OID}, nullptr, PlanShape::IndexScans};
+    "SELECT handler_id FROM relay.deliveries WHERE id = $1", 1, {INT8OID}, nullptr, PlanShape::IdLookups};
 
 }  // namespace relaybus::pg
 

@@ -2,6 +2,8 @@
 
 extern "C" {
 #include "access/parallel.h"
+#include "nodes/pathnodes.h"
+#include "optimizer/plancat.h"
 }
 
 namespace relaybus::pg {
@@ -43,20 +45,53 @@ void apply(const Setting (&settings)[N]) {
     (void)set_config_option(s.name, s.value, PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
 }
 
+bool hide_inner_id_indexes = false;
+get_relation_info_hook_type prev_get_relation_info_hook = nullptr;
+
+// An index of a relay table that holds the column id behind another column.
+bool holds_id_further_in(const IndexOptInfo* index, AttrNumber id_attnum) {
+  for (int k = 1; k < index->nkeycolumns; k++) {
+    if (index->indexkeys[k] == id_attnum) return true;
+  }
+  return false;
+}
+
+void relay_get_relation_info(PlannerInfo* root, Oid relid, bool inhparent, RelOptInfo* rel) {
+  if (prev_get_relation_info_hook != nullptr) prev_get_relation_info_hook(root, relid, inhparent, rel);
+  if (!hide_inner_id_indexes || get_rel_namespace(relid) != get_namespace_oid("relay", true)) return;
+  const AttrNumber id_attnum = get_attnum(relid, "id");
+  if (id_attnum == InvalidAttrNumber) return;
+  List* kept = NIL;
+  ListCell* lc;
+  foreach (lc, rel->indexlist) {
+    IndexOptInfo* index = lfirst_node(IndexOptInfo, lc);
+    if (!holds_id_further_in(index, id_attnum)) kept = lappend(kept, index);
+  }
+  rel->indexlist = kept;
+}
+
 }  // namespace
 
-int plan_settings_push(PlanShape shape) {
-  if (shape == PlanShape::Any || IsInParallelMode()) return 0;
-  int level = NewGUCNestLevel();
-  if (shape == PlanShape::IndexScans)
-    apply(kIndexScans);
-  else
+PlanSettingsLevel plan_settings_push(PlanShape shape) {
+  PlanSettingsLevel level = {0, hide_inner_id_indexes};
+  hide_inner_id_indexes = shape == PlanShape::IdLookups;
+  if (shape == PlanShape::Any || IsInParallelMode()) return level;
+  level.guc_level = NewGUCNestLevel();
+  if (shape == PlanShape::FullScan)
     apply(kFullScan);
+  else
+    apply(kIndexScans);
   return level;
 }
 
-void plan_settings_pop(int level, bool ok) {
-  if (level > 0) AtEOXact_GUC(ok, level);
+void plan_settings_pop(const PlanSettingsLevel& level, bool ok) {
+  if (level.guc_level > 0) AtEOXact_GUC(ok, level.guc_level);
+  hide_inner_id_indexes = level.hide_inner_id_indexes;
+}
+
+void install_plan_shape_hook() {
+  prev_get_relation_info_hook = get_relation_info_hook;
+  get_relation_info_hook = relay_get_relation_info;
 }
 
 }  // namespace relaybus::pg

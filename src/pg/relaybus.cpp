@@ -6,6 +6,7 @@
 #include "pg/worker_state.hpp"
 #include "pg/leases.hpp"
 #include "pg/pg_includes.hpp"
+#include "pg/plan_settings.hpp"
 #include "pg/settings.hpp"
 #include "pg/shared_state.hpp"
 
@@ -85,6 +86,7 @@ extern "C" void _PG_init(void) {
   shmem_startup_hook = relay_shmem_startup;
   RegisterXactCallback(relay_xact_callback, nullptr);
   install_utility_hook();
+  install_plan_shape_hook();
   register_launcher();
   RegisterSubXactCallback(relay_subxact_callback, nullptr);
 }

@@ -19,13 +19,13 @@ SavedPlan judge_plan = {"SELECT id, handler_id, attempt FROM relay.deliveries WH
                         1,
                         {INT8ARRAYOID},
                         nullptr,
-                        PlanShape::IndexScans};
+                        PlanShape::IdLookups};
 
 SavedPlan delivered_plan = {"DELETE FROM relay.deliveries WHERE id = ANY ($1) RETURNING id, handler_id, published_at",
                             1,
                             {INT8ARRAYOID},
                             nullptr,
-                            PlanShape::IndexScans};
+                            PlanShape::IdLookups};
 
 SavedPlan retry_plan = {
     "UPDATE relay.deliveries d SET attempt = d.attempt + 1, last_error = u.error, not_before = u.not_before"
@@ -34,7 +34,7 @@ SavedPlan retry_plan = {
     3,
     {INT8ARRAYOID, TEXTARRAYOID, TIMESTAMPTZARRAYOID},
     nullptr,
-    PlanShape::IndexScans};
+    PlanShape::IdLookups};
 
 // The handler's name is kept with the dead letter (relay_replay finds it by
 // name after the handler was recreated).
@@ -51,7 +51,7 @@ SavedPlan dead_plan = {
     3,
     {INT8ARRAYOID, TEXTARRAYOID, INT4ARRAYOID},
     nullptr,
-    PlanShape::IndexScans};
+    PlanShape::IdLookups};
 
 // (id, index into the settlements), sorted by id: results come back by id.
 struct IdIndex {

@@ -72,7 +72,7 @@ static int check(int rc, const SavedPlan* p) {
 // this execution does.
 static int execute(SavedPlan* p, Snapshot snapshot, Datum* values, const char* nulls, bool read_only, long tcount) {
   SPIPlanPtr plan = plan_of(p);
-  const int level = plan_settings_push(p->shape);
+  const PlanSettingsLevel level = plan_settings_push(p->shape);
   int rc = 0;
   PG_TRY();
   {
