@@ -49,18 +49,37 @@ class Attrs {
   bool first_ = true;
 };
 
-int64_t unix_nano_now() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // OTLP span kinds: CLIENT for a webhook call (the HTTP client convention),
-// PRODUCER for a Kafka send (the messaging convention's "send").
+// PRODUCER for a Kafka send or a NOTIFY (the messaging convention's "send").
 constexpr int kSpanKindClient = 3;
 constexpr int kSpanKindProducer = 4;
 constexpr int kStatusError = 2;
 
 }  // namespace
+
+int64_t unix_nano_now() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+bool span_of_notify(const NotifyAttempt& a, SpanRecord* out) {
+  if (a.sent_traceparent.size() < kTraceparentLen || a.stored_traceparent.size() < kTraceparentLen) return false;
+  SpanRecord s;
+  s.trace_id = std::string(a.sent_traceparent.substr(3, 32));
+  s.span_id = std::string(a.sent_traceparent.substr(36, 16));
+  s.parent_span_id = std::string(a.stored_traceparent.substr(36, 16));
+  s.handler = std::string(a.handler);
+  s.kind = HandlerKind::Notify;
+  s.destination = std::string(a.channel);
+  s.delivery_id = a.delivery_id;
+  s.attempt = a.attempt;
+  s.outcome = a.handed_over ? "notified" : "delivered";
+  s.queue_ms = std::max<int64_t>(0, (a.sent_unix_nano - a.claim_unix_nano) / 1000000);
+  s.start_unix_nano = a.claim_unix_nano;
+  s.end_unix_nano = a.sent_unix_nano;
+  *out = std::move(s);
+  return true;
+}
 
 bool span_of_completion(const Completion& c, const PipelineHandler& h, SpanRecord* out) {
   // 00-<32 trace-id>-<16 span id>-<2 flags>
@@ -104,7 +123,7 @@ std::string otlp_span_json(const SpanRecord& s) {
   o += "\",\"name\":";
   append_json_string(&o, "deliver " + s.handler);
   o += ",\"kind\":";
-  o += std::to_string(s.kind == HandlerKind::Kafka ? kSpanKindProducer : kSpanKindClient);
+  o += std::to_string(s.kind == HandlerKind::Http ? kSpanKindClient : kSpanKindProducer);
   o += ",\"startTimeUnixNano\":\"";
   o += std::to_string(s.start_unix_nano);
   o += "\",\"endTimeUnixNano\":\"";
@@ -124,6 +143,10 @@ std::string otlp_span_json(const SpanRecord& s) {
     if (!s.destination.empty()) a.str("messaging.destination.name", s.destination);
     if (s.kafka_partition >= 0) a.str("messaging.destination.partition.id", std::to_string(s.kafka_partition));
     if (s.kafka_offset >= 0) a.integer("messaging.kafka.offset", s.kafka_offset);
+  } else if (s.kind == HandlerKind::Notify) {
+    a.str("messaging.system", "postgresql");
+    a.str("messaging.operation.type", "send");
+    a.str("messaging.destination.name", s.destination);
   } else {
     a.str("http.request.method", "POST");
     if (s.http_status > 0) a.integer("http.response.status_code", s.http_status);

@@ -33,10 +33,10 @@ struct SpanRecord {
   std::string parent_span_id;  // 16 hex: the publisher's span
   std::string handler;
   HandlerKind kind = HandlerKind::Http;
-  std::string destination;  // kafka: the topic; http: empty
+  std::string destination;  // kafka: the topic; notify: the channel; http: empty
   int64_t delivery_id = 0;
   int attempt = 0;
-  std::string outcome;  // completion_outcome_name: delivered, retry, dead
+  std::string outcome;  // completion_outcome_name: delivered, retry, dead; notify: delivered, notified
   bool failed = false;  // anything but delivered: status ERROR
   std::string error;
   int64_t queue_ms = -1;  // claimed to sent (-1: unknown)
@@ -51,6 +51,29 @@ struct SpanRecord {
 // The span of a completion, or false if it carries no trace context (no
 // parent to join: no span). Ends now by the wall clock; starts send_ms before.
 bool span_of_completion(const Completion& c, const PipelineHandler& handler, SpanRecord* out);
+
+// A NOTIFY a dispatcher sent for a traced delivery, as its span: sent is the
+// traceparent the payload carried (its span id is the span's), stored the
+// publisher's (the parent). handed_over: the notification waits for
+// relay_ack (ack mode, or a payload sent by reference), outcome "notified";
+// else the NOTIFY completed it, "delivered". Starts at claim_unix_nano,
+// ends at sent_unix_nano (the commit that sent it); false if either
+// traceparent is not well-formed.
+struct NotifyAttempt {
+  std::string_view sent_traceparent;
+  std::string_view stored_traceparent;
+  std::string_view handler;
+  std::string_view channel;
+  int64_t delivery_id = 0;
+  int attempt = 0;
+  bool handed_over = false;
+  int64_t claim_unix_nano = 0;
+  int64_t sent_unix_nano = 0;
+};
+bool span_of_notify(const NotifyAttempt& a, SpanRecord* out);
+
+// The wall clock in OTLP's unit.
+int64_t unix_nano_now();
 
 // ExportTraceServiceRequest in OTLP's JSON mapping: one resource
 // (service.name "relaybus", relaybus.edition), one scope, these spans.

@@ -40,6 +40,7 @@ void nack_poison(MemoryContext cxt, int64 id, const LeaseToken& token, const cha
 
 void after_error(DispatcherState* st, MemoryContext cxt, ErrorData* ed) {
   http_drop_staged();
+  otlp_notify_dropped();
   st->known_extension = InvalidOid;  // dropped meanwhile, by a way that did not count? look again
   const char* message = ed->message != nullptr ? ed->message : "(no message)";
   core::ErrorCause cause = core::classify_error(unpack_sql_state(ed->sqlerrcode), message);

@@ -260,4 +260,10 @@ long otlp_wait_ms() {
   return static_cast<long>(host_otlp_wake_in_ms(now_ms()));
 }
 
+void otlp_notify_sent() {
+  if (host_otlp_on()) host_otlp_notify_sent(now_ms());
+}
+
+void otlp_notify_dropped() { host_otlp_notify_dropped(); }
+
 }  // namespace relaybus::pg

@@ -58,6 +58,11 @@ void http_shutdown();
 void otlp_pump();
 // How long the loop may sleep before otlp_pump has work: -1 none.
 long otlp_wait_ms();
+// The spans of the NOTIFYs an iteration sent for traced deliveries
+// (notify_sink.cpp stages them): to the exporter once the transaction
+// committed, dropped when it aborted.
+void otlp_notify_sent();
+void otlp_notify_dropped();
 // This dispatcher's share of its database's shared limits (its worker_index,
 // worker_state.hpp HandlerLimit): what an earlier dispatcher of that index
 // held is given back, and is again when this one exits.

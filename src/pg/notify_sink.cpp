@@ -1,5 +1,6 @@
 #include "pg/notify_sink.hpp"
 
+#include "pg/cpp/pipeline_host.h"
 #include "pg/dispatch_lanes.hpp"
 #include "pg/notify_payload.hpp"
 #include "pg/settings.hpp"
@@ -69,6 +70,7 @@ int dispatch_notify(DispatcherState* st, const HandlerEntry* h) {
   int64* unsent = static_cast<int64*>(palloc(sizeof(int64) * res.n));
   LeaseToken* unsent_tokens = static_cast<LeaseToken*>(palloc(sizeof(LeaseToken) * res.n));
   int nunsent = 0;
+  const bool spans = host_otlp_on();
   for (int i = 0; i < res.n; i++) {
     const ClaimedRow& row = res.rows[i];
     const char* key = row.key;
@@ -80,7 +82,8 @@ int dispatch_notify(DispatcherState* st, const HandlerEntry* h) {
       continue;
     }
     char* json = notify_payload_json(row);
-    char* traceparent = handover_traceparent(row.headers);
+    char* stored_traceparent = nullptr;
+    char* traceparent = handover_traceparent(row.headers, &stored_traceparent);
     const int trace_len = traceparent == nullptr ? 0 : kTraceFieldLen + static_cast<int>(strlen(traceparent));
     // Ack mode adds the lease field below, a traced event its traceparent:
     // they count against the limit.
@@ -96,6 +99,9 @@ int dispatch_notify(DispatcherState* st, const HandlerEntry* h) {
     // What the consumer completes carries the receipt it completes with.
     if (ack || by_reference) json = with_lease(json, row.token);
     Async_Notify(h->channel, json);
+    if (traceparent != nullptr && spans)
+      host_otlp_stage_notify(h->name, h->channel, row.id, row.attempt, traceparent, stored_traceparent,
+                             ack || by_reference);
     if (!ack && !by_reference) {
       done_ids[ndone] = row.id;
       done_tokens[ndone] = row.token;

@@ -137,13 +137,14 @@ void publish_trace_context(PublishCommon* c) {
   if (scanned_found) (void)use_source(c, "a sqlcommenter comment", "a sqlcommenter comment", tp, ts);
 }
 
-char* handover_traceparent(Jsonb* headers) {
+char* handover_traceparent(Jsonb* headers, char** stored) {
   if (headers == nullptr) return nullptr;
   bool present = false, is_string = false;
   char* tp = header_value(headers, "traceparent", &present, &is_string);
   if (tp == nullptr) return nullptr;
   char out[kAttemptTraceparentSize];
   if (!trace_attempt_traceparent(tp, strlen(tp), pg_prng_uint64(&pg_global_prng_state), out)) return nullptr;
+  if (stored != nullptr) *stored = tp;
   return pstrdup(out);
 }
 

@@ -16,7 +16,7 @@ void publish_trace_context(PublishCommon* common);
 
 // The traceparent this handover of a delivery carries (the stored one's
 // trace-id and flags, a new span id), palloc'd; nullptr when its headers hold
-// no valid one.
-char* handover_traceparent(Jsonb* headers);
+// no valid one. stored (when not nullptr): the publisher's, palloc'd.
+char* handover_traceparent(Jsonb* headers, char** stored = nullptr);
 
 }  // namespace relaybus::pg

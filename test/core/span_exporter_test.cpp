@@ -257,5 +257,38 @@ TEST(SpanExporter, SpanOfACompletion) {
   EXPECT_EQ(s.end_unix_nano - s.start_unix_nano, 12000000);
 }
 
+TEST(SpanExporter, SpanOfANotify) {
+  NotifyAttempt a;
+  a.sent_traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-a0b1c2d3e4f50617-01";
+  a.stored_traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  a.handler = "n";
+  a.channel = "orders_events";
+  a.delivery_id = 7;
+  a.attempt = 1;
+  a.claim_unix_nano = 1000000000;
+  a.sent_unix_nano = 1003000000;
+  SpanRecord s;
+  ASSERT_TRUE(span_of_notify(a, &s));
+  EXPECT_EQ(s.span_id, "a0b1c2d3e4f50617");
+  EXPECT_EQ(s.parent_span_id, "00f067aa0ba902b7");
+  EXPECT_EQ(s.outcome, "delivered");
+  EXPECT_FALSE(s.failed);
+  EXPECT_EQ(s.queue_ms, 3);
+  EXPECT_EQ(s.end_unix_nano - s.start_unix_nano, 3000000);
+  const std::string json = otlp_span_json(s);
+  EXPECT_NE(json.find("\"kind\":4"), std::string::npos) << json;
+  EXPECT_NE(json.find("{\"key\":\"messaging.destination.name\",\"value\":{\"stringValue\":\"orders_events\"}}"),
+            std::string::npos)
+      << json;
+  EXPECT_EQ(json.find("http.request.method"), std::string::npos) << json;
+  EXPECT_EQ(json.find("\"status\""), std::string::npos) << json;
+
+  a.handed_over = true;
+  ASSERT_TRUE(span_of_notify(a, &s));
+  EXPECT_EQ(s.outcome, "notified");
+  a.stored_traceparent = "00-short";
+  EXPECT_FALSE(span_of_notify(a, &s)) << "no parent to join: no span";
+}
+
 }  // namespace
 }  // namespace relaybus::core

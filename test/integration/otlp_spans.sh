@@ -8,7 +8,9 @@
 # handler, attempt, status and outcome; an untraced event makes none. A
 # kafka handler's span (real broker, read back by kcat) names the topic, the
 # partition and offset the message landed at, and the span id its
-# traceparent header carries. A collector that never answers does not slow
+# traceparent header carries; a notify handler's span per traced NOTIFY, in
+# fire and ack mode, the span id its payload's traceparent carries. A
+# collector that never answers does not slow
 # deliveries either. The
 # collector stopped: deliveries go on as fast, the server log counts the
 # spans dropped; the collector back: spans arrive again.
@@ -70,6 +72,48 @@ check_eq "kafka: one span" 1 "${R[spans]}"
 check_eq "kafka: kind PRODUCER, messaging.system kafka, operation send" 1 "${R[kind]}"
 check_eq "kafka: the topic, partition and offset kcat read the message at" 1 "${R[where]}"
 check_eq "kafka: its span id is the message's traceparent header's, in the publisher's trace" 1 "${R[link]}"
+
+# notify handlers: a PRODUCER span per NOTIFY of a traced event, its span id
+# the traceparent the payload carried; fire mode "delivered", ack mode
+# "notified" (it waits for relay_ack, which is the consumer's, not a span).
+notify_handler "$db" nf ot_fire '{"ack": false}' 'nf.#'
+notify_handler "$db" na ot_ack '{"ack": true}' 'na.#'
+start_client fire "$db" ot_fire || die "the fire LISTEN client did not start"
+start_client acked "$db" ot_ack --ack || die "the ack LISTEN client did not start"
+sql "$db" "SELECT relay_publish('nf.a', '{\"n\": 20}', 'k20', '{\"traceparent\": \"$TP\"}')" \
+    "SELECT relay_publish('nf.a', '{\"n\": 21}', 'k21')" \
+    "SELECT relay_publish('na.a', '{\"n\": 22}', 'k22', '{\"traceparent\": \"$TP\"}')" >/dev/null
+check "notify: the fire client got both" wait_lines "$TMP/fire.out" 2 30
+check "notify: the ack client got its event and acked it" wait_until 30 none_pending "$db" na
+check "notify: the two traced NOTIFYs' spans arrive" wait_until 30 otel_has_spans 5 "$TMP/c1.spans.json"
+sleep 1.5  # a span of the untraced one (there must be none) would come within the batch delay
+otel_spans "$TMP/c1.spans.json" >"$TMP/c1.spans"
+py_facts notify "$TMP/fire.out" "$TMP/acked.out" "$TMP/c1.spans" "$TP" <<'PY'
+import json, sys
+def payloads(path):
+    return [json.loads(l.split("\t")[1]) for l in open(path) if l.strip()]
+fire, acked = payloads(sys.argv[1]), payloads(sys.argv[2])
+spans = [json.loads(l) for l in open(sys.argv[3]) if l.strip()]
+tp = sys.argv[4]
+def check(handler, channel, outcome, msgs):
+    mine = [s for s in spans if s["attrs"].get("relaybus.handler") == handler]
+    traced = [m for m in msgs if "traceparent" in m]
+    if len(mine) != 1 or len(traced) != 1:
+        return f"{len(mine)} spans, {len(traced)} traced payloads"
+    s, a, m = mine[0], mine[0]["attrs"], traced[0]
+    ok = (s.get("kind") in (4, "SPAN_KIND_PRODUCER") and a.get("messaging.system") == "postgresql"
+          and a.get("messaging.destination.name") == channel and a.get("relaybus.outcome") == outcome
+          and a.get("relaybus.handler.kind") == "notify" and a.get("relaybus.delivery.id") == str(m["id"])
+          and s.get("spanId") == m["traceparent"][36:52] and s.get("traceId") == tp[3:35]
+          and s.get("parentSpanId") == tp[36:52] and not (s.get("status") or {}).get("code"))
+    return "ok" if ok else json.dumps(s)
+print("fire=" + check("nf", "ot_fire", "delivered", fire))
+print("ack=" + check("na", "ot_ack", "notified", acked))
+print(f"untraced={sum(1 for m in fire if 'traceparent' not in m)}")
+PY
+check_eq "notify fire: one span, PRODUCER to the channel, delivered, its span id the payload's traceparent's" ok "${R[fire]}"
+check_eq "notify ack mode: one span, notified, its span id the payload's traceparent's" ok "${R[ack]}"
+check_eq "notify: the untraced event was sent, without a span" 1 "${R[untraced]}"
 
 # The collector stopped: the next spans fail to go out and are dropped; the
 # deliveries are not held back by it.

@@ -44,6 +44,8 @@ std::vector<Staged> staged;
 std::unique_ptr<core::SpanExporter> exporter;
 std::string exporter_endpoint, exporter_headers;
 OtlpCounters exporter_base{0, 0, 0};
+// Spans of NOTIFYs whose transaction has not committed yet.
+std::vector<core::SpanRecord> staged_notify_spans;
 
 // The store over SPI and the lease table: PostgreSQL only through the glue
 // (pg_call). The plain arrays are kept across batches.
@@ -400,5 +402,38 @@ bool host_otlp_take_error(int64_t now_ms, char* buf, size_t cap) noexcept {
     });
   return any;
 }
+
+void host_otlp_stage_notify(const char* handler, const char* channel, int64_t id, int attempt,
+                            const char* sent_traceparent, const char* stored_traceparent, bool handed_over) noexcept {
+  if (!exporter) return;
+  quietly([&] {
+    core::NotifyAttempt a;
+    a.sent_traceparent = sent_traceparent;
+    a.stored_traceparent = stored_traceparent;
+    a.handler = handler;
+    a.channel = channel;
+    a.delivery_id = id;
+    a.attempt = attempt;
+    a.handed_over = handed_over;
+    a.claim_unix_nano = core::unix_nano_now();
+    core::SpanRecord span;
+    if (core::span_of_notify(a, &span)) staged_notify_spans.push_back(std::move(span));
+  });
+}
+
+void host_otlp_notify_sent(int64_t now_ms) noexcept {
+  if (staged_notify_spans.empty()) return;
+  quietly([&] {
+    const int64_t sent = core::unix_nano_now();
+    for (core::SpanRecord& s : staged_notify_spans) {
+      s.end_unix_nano = sent;
+      s.queue_ms = std::max<int64_t>(0, (sent - s.start_unix_nano) / 1000000);
+      if (exporter) (void)exporter->add(s, now_ms);
+    }
+  });
+  staged_notify_spans.clear();
+}
+
+void host_otlp_notify_dropped() noexcept { staged_notify_spans.clear(); }
 
 }  // namespace relaybus::pg

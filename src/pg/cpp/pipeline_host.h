@@ -105,6 +105,14 @@ struct OtlpCounters {
 bool host_otlp_counters(OtlpCounters* out) noexcept;
 // A failed export's reason, at most once a minute (SpanExporter::take_error).
 bool host_otlp_take_error(int64_t now_ms, char* buf, size_t cap) noexcept;
+// A NOTIFY of a traced delivery, sent at its transaction's commit: its span
+// (core::span_of_notify) is kept until host_otlp_notify_sent (committed: the
+// spans go to the exporter) or host_otlp_notify_dropped (aborted: nothing
+// was sent). Nothing is kept while export is off.
+void host_otlp_stage_notify(const char* handler, const char* channel, int64_t id, int attempt,
+                            const char* sent_traceparent, const char* stored_traceparent, bool handed_over) noexcept;
+void host_otlp_notify_sent(int64_t now_ms) noexcept;
+void host_otlp_notify_dropped() noexcept;
 
 // What to wait on: the engine's ready_fd (or, when it has none, each socket
 // of host_wait_sockets), the kafka producers' fd, and when to wake.
