@@ -236,7 +236,7 @@ static void commit_and_send(DispatcherState* st, int handed) {
   pgstat_report_activity(STATE_IDLE, nullptr);
   http_send_staged();  // only now, with no transaction open
   otlp_notify_sent();
-  st->ninflight = 0;   // in the pipeline now: an error later must not give them back
+  st->ninflight = 0;  // in the pipeline now: an error later must not give them back
 }
 
 // Claim and stage, over every handler served; returns how many were handed
