@@ -142,6 +142,25 @@ CREATE TABLE relay.dedupe (
 );
 CREATE INDEX dedupe_expires ON relay.dedupe (expires_at);
 
+-- What each relaybus-agent reports of its work, every few seconds
+-- (docs/managed.md, "The agents' counters in the views"): the managed
+-- edition's monitoring functions read it. The extension's workers keep their
+-- counters in shared memory, and no agent serves a database with the
+-- extension, so there it stays empty. One row per agent and handler (handler
+-- '' is the agent's own row), counters since that agent started; a row past
+-- stale_after (an agent that stopped reporting) is left out of the views.
+-- UNLOGGED: a crash forgets it, as a restart forgets the workers' counters.
+CREATE UNLOGGED TABLE relay.agent_reports (
+    agent        text NOT NULL,
+    handler      text NOT NULL,
+    backend_pid  integer NOT NULL,
+    started_at   timestamptz NOT NULL,
+    reported_at  timestamptz NOT NULL,
+    stale_after  timestamptz NOT NULL,
+    counters     jsonb NOT NULL,
+    PRIMARY KEY (agent, handler)
+);
+
 -- @managed begin config_dump
 SELECT pg_catalog.pg_extension_config_dump('relay.handlers', '');
 SELECT pg_catalog.pg_extension_config_dump('relay.routes', '');

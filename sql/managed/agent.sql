@@ -252,9 +252,49 @@ LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS 
     SELECT count(*)::integer FROM gone
 $$;
 
+-- An agent's counters (its /metrics, as JSON: "" its own, then one object
+-- per handler by name), stored in relay.agent_reports for relay.workers,
+-- relay.handler_stats and relay.handler_metrics (docs/managed.md, "The
+-- agents' counters in the views"). Replaces what this agent reported before;
+-- its rows count until three intervals and 10 s have passed without a new
+-- report. Rows stale for an hour, of any agent, go. Returns the rows stored.
+CREATE FUNCTION relay._agent_report(agent text, started_ms bigint, interval_ms bigint, report jsonb)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n integer;
+BEGIN
+    PERFORM relay._refuse_in_recovery('relay._agent_report');
+    IF agent IS NULL OR length(agent) NOT BETWEEN 1 AND 256 THEN
+        RAISE EXCEPTION 'agent must be a name of 1 to 256 characters' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF started_ms IS NULL OR started_ms < 0 THEN
+        RAISE EXCEPTION 'started_ms must be a time in ms since the epoch, not %', coalesce(started_ms::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF interval_ms IS NULL OR interval_ms NOT BETWEEN 100 AND 3600000 THEN
+        RAISE EXCEPTION 'interval_ms must be between 100 and 3600000, not %', coalesce(interval_ms::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF jsonb_typeof(report) IS DISTINCT FROM 'object'
+       OR EXISTS (SELECT 1 FROM jsonb_each(report) e WHERE jsonb_typeof(e.value) <> 'object') THEN
+        RAISE EXCEPTION 'report must be a JSON object of objects' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    DELETE FROM relay.agent_reports r
+     WHERE r.agent = _agent_report.agent OR r.stale_after < now() - interval '1 hour';
+    INSERT INTO relay.agent_reports (agent, handler, backend_pid, started_at, reported_at, stale_after, counters)
+    SELECT _agent_report.agent, e.key, pg_backend_pid(), to_timestamp(started_ms / 1000.0), now(),
+           now() + (3 * interval_ms + 10000) * interval '1 millisecond', e.value
+      FROM jsonb_each(report) e;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
 GRANT USAGE ON SCHEMA relay TO relay_agent;
 GRANT EXECUTE ON FUNCTION relay._agent_handlers(), relay._agent_claim(integer, integer, bigint, integer),
                           relay._agent_notify(integer, integer, integer, bigint, uuid),
                           relay._agent_settle(bigint[], uuid[], text[], bigint[], text[], integer[]),
-                          relay._agent_release(bigint[], uuid[])
+                          relay._agent_release(bigint[], uuid[]),
+                          relay._agent_report(text, bigint, bigint, jsonb)
     TO relay_agent;

@@ -666,26 +666,46 @@ RETURNS SETOF record LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_c
      WHERE relay._is_lease(l.completed_by)
 $$;
 
--- No background workers in this edition.
+-- The agents' own counters (relay.agent_reports, relay._agent_report): one
+-- row per agent that reported within its stale_after, numbered by start.
+-- lanes_held is NULL: an agent leases handlers' deliveries, not lanes.
 CREATE FUNCTION relay._workers(OUT pid integer, OUT worker integer, OUT lanes_held integer,
                                OUT delivered bigint, OUT failed bigint, OUT last_error text,
                                OUT started_at timestamptz, OUT heartbeat timestamptz)
-RETURNS SETOF record LANGUAGE sql STABLE AS $$
-    SELECT NULL::integer, NULL::integer, NULL::integer, NULL::bigint, NULL::bigint, NULL::text,
-           NULL::timestamptz, NULL::timestamptz WHERE false
+RETURNS SETOF record LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT r.backend_pid, (row_number() OVER (ORDER BY r.started_at, r.agent) - 1)::integer, NULL::integer,
+           (r.counters->>'delivered')::bigint, (r.counters->>'failed')::bigint,
+           nullif(r.counters->>'last_error', ''), r.started_at, r.reported_at
+      FROM relay.agent_reports r
+     WHERE r.handler = '' AND r.stale_after > now()
 $$;
 
--- The extension counts these in shared memory since server start; a table
--- would make every completion a write, so they are empty here.
+-- The extension counts these in shared memory since server start; here they
+-- are the sums of what the live agents reported (relay.agent_reports), each
+-- since it started: a completion by a consumer (relay_ack) is not counted,
+-- no row is written per completion. A fire-mode notify handler's NOTIFYs
+-- count as delivered. The latencies are the largest of the agents' (their
+-- histograms are not merged); an open breaker shows until the report that
+-- said so goes stale. The HTTP status classes are not reported (NULL).
 CREATE FUNCTION relay._handler_counters(OUT handler_id integer, OUT delivered bigint,
                                         OUT retried bigint, OUT dead_lettered bigint,
                                         OUT latency_p50_ms float8, OUT latency_p99_ms float8,
                                         OUT http_2xx bigint, OUT http_3xx bigint, OUT http_4xx bigint,
                                         OUT http_5xx bigint, OUT http_errors bigint,
                                         OUT breaker_until timestamptz)
-RETURNS SETOF record LANGUAGE sql STABLE AS $$
-    SELECT NULL::integer, NULL::bigint, NULL::bigint, NULL::bigint, NULL::float8, NULL::float8,
-           NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::timestamptz WHERE false
+RETURNS SETOF record LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT h.id,
+           sum(coalesce((r.counters->>'delivered')::bigint, 0)
+               + CASE WHEN h.kind = 'notify' AND NOT coalesce((h.options->>'ack')::boolean, false)
+                      THEN coalesce((r.counters->>'notified')::bigint, 0) ELSE 0 END)::bigint,
+           sum(coalesce((r.counters->>'retried')::bigint, 0))::bigint,
+           sum(coalesce((r.counters->>'dead')::bigint, 0))::bigint,
+           max((r.counters->>'latency_p50_ms')::float8), max((r.counters->>'latency_p99_ms')::float8),
+           NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
+           max(r.stale_after) FILTER (WHERE (r.counters->>'breaker_open')::boolean)
+      FROM relay.agent_reports r JOIN relay.handlers h ON h.name = r.handler
+     WHERE r.stale_after > now()
+     GROUP BY h.id
 $$;
 
 -- FNV-1a 64 of the key's bytes, mod 64 (core::lane_for_key). The low 6 bits of
@@ -725,14 +745,24 @@ $$;
 CREATE FUNCTION relay._handler_sends(OUT handler_id integer, OUT sends bigint,
                                      OUT send_p50_ms float8, OUT send_p99_ms float8,
                                      OUT send_sum_seconds float8, OUT delivered_after_gap bigint)
-RETURNS SETOF record LANGUAGE sql STABLE AS $$
-    SELECT NULL::integer, NULL::bigint, NULL::float8, NULL::float8, NULL::float8, NULL::bigint WHERE false
+RETURNS SETOF record LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT h.id, sum(coalesce((r.counters->>'sends')::bigint, 0))::bigint, NULL::float8, NULL::float8, NULL::float8,
+           sum(coalesce((r.counters->>'delivered_after_gap')::bigint, 0))::bigint
+      FROM relay.agent_reports r JOIN relay.handlers h ON h.name = r.handler
+     WHERE r.stale_after > now()
+     GROUP BY h.id
 $$;
 
--- No dispatcher here enforces rate or max_concurrency (docs/managed.md).
+-- The agents enforce rate and max_concurrency across themselves
+-- (docs/managed.md, "Limits across agents"); held_back sums what they
+-- reported, limited is whether one of them is holding the handler back.
 CREATE FUNCTION relay._handler_limits(OUT handler_id integer, OUT held_back bigint, OUT limited boolean)
-RETURNS SETOF record LANGUAGE sql STABLE AS $$
-    SELECT NULL::integer, NULL::bigint, NULL::boolean WHERE false
+RETURNS SETOF record LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT h.id, sum(coalesce((r.counters->>'held_back')::bigint, 0))::bigint,
+           bool_or(coalesce((r.counters->>'limited')::boolean, false))
+      FROM relay.agent_reports r JOIN relay.handlers h ON h.name = r.handler
+     WHERE r.stale_after > now()
+     GROUP BY h.id
 $$;
 
 -- The heads of the handler's four priority classes in the claim index.

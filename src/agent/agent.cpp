@@ -32,7 +32,12 @@ constexpr int64_t kHandlerErrorBackoffMs = 1000;
 constexpr int kNotifyRounds = 10;
 }  // namespace
 
-Agent::Agent(AgentConfig config) : cfg_(std::move(config)) {}
+Agent::Agent(AgentConfig config) : cfg_(std::move(config)) {
+  char host[256] = "";
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  report_name_ = std::string(*host != '\0' ? host : "agent") + ":" + std::to_string(getpid());
+  started_ms_ = wall_ms();
+}
 
 Agent::Connect Agent::connect_and_check() {
   std::string why;
@@ -336,6 +341,7 @@ void Agent::on_pg_error(const PgError& e, const char* what, Handler* h) {
   {
     std::lock_guard<std::mutex> lock(metrics_.mu);
     metrics_.statement_errors++;
+    metrics_.last_error = std::string(what) + " failed: " + e.what();
   }
   log_error(std::string(what) + " failed",
             {{"sqlstate", e.sqlstate},
@@ -368,6 +374,28 @@ void Agent::publish_gauges() {
     m.limit_slots = static_cast<uint64_t>(v.slots);
     m.limit_agents = static_cast<uint64_t>(v.agents);
     m.limited = v.limited;
+  }
+}
+
+// The counters go into the database every report_interval_ms (docs/managed.md,
+// "The agents' counters in the views"): one short statement on the loop's
+// connection, outside any delivery's transaction. An edition without
+// relay._agent_report (older than the agent) turns reporting off, said once.
+void Agent::report(int64_t now) {
+  if (report_off_ || cfg_.report_interval_ms <= 0 || now < next_report_ms_ || !conn_.ok()) return;
+  next_report_ms_ = now + cfg_.report_interval_ms;
+  try {
+    conn_.exec(
+        "SELECT relay._agent_report($1, $2, $3, $4::jsonb)",
+        {report_name_, std::to_string(started_ms_), std::to_string(cfg_.report_interval_ms), metrics_.report_json()});
+  } catch (const PgError& e) {
+    if (e.sqlstate == "42883") {
+      report_off_ = true;
+      log_warn("this database's edition has no relay._agent_report (older than the agent): counters stay in /metrics",
+               {{"error", e.what()}});
+      return;
+    }
+    on_pg_error(e, "reporting counters", nullptr);
   }
 }
 
@@ -621,6 +649,7 @@ int Agent::run(const std::atomic<bool>& stop, int wake_fd) {
                  {{"endpoint", cfg_.otlp_endpoint}, {"error", failed}, {"dropped", spans_->dropped()}});
     }
     publish_gauges();
+    if (!draining) report(wall_ms());
     wait(wake_fd, draining ? std::min<int64_t>(wait_ms(wall_ms()), 50) : wait_ms(wall_ms()));
   }
   if (pipeline_->waiting() > 0) {

@@ -35,13 +35,14 @@ struct AgentConfig {
   int claim_scan_limit = 1000;      // relaybus.claim_scan_limit of the agent's session
   int max_in_flight = 256;          // http requests and kafka messages in flight and queued, all handlers
   int64_t http_lease_margin_ms = 2000;
-  std::string http_allowlist;        // hosts and CIDRs the SSRF guard lets through
-  std::string ca_file;               // webhooks' TLS trust store; empty: the system's
-  int64_t drain_timeout_ms = 10000;  // SIGTERM: how long in-flight requests may finish
-  int64_t reconnect_base_ms = 500;   // reconnect backoff: doubling from here...
-  int64_t reconnect_max_ms = 30000;  // ...to here
-  std::string metrics_addr;          // HOST:PORT of /metrics and /healthz; empty: none
-  std::string otlp_endpoint;         // spans per traced attempt (docs/tracing.md); empty: none
+  std::string http_allowlist;         // hosts and CIDRs the SSRF guard lets through
+  std::string ca_file;                // webhooks' TLS trust store; empty: the system's
+  int64_t drain_timeout_ms = 10000;   // SIGTERM: how long in-flight requests may finish
+  int64_t reconnect_base_ms = 500;    // reconnect backoff: doubling from here...
+  int64_t reconnect_max_ms = 30000;   // ...to here
+  std::string metrics_addr;           // HOST:PORT of /metrics and /healthz; empty: none
+  std::string otlp_endpoint;          // spans per traced attempt (docs/tracing.md); empty: none
+  int64_t report_interval_ms = 5000;  // counters into relay.agent_reports this often; 0: never
   std::vector<std::pair<std::string, std::string>> otlp_headers;
 };
 
@@ -88,6 +89,7 @@ class Agent final : public core::DeliveryStore {
   void on_notifications(const std::vector<std::pair<std::string, std::string>>& notes);
   void set_connected(bool up);
   void publish_gauges();
+  void report(int64_t now);
 
   AgentConfig cfg_;
   PgConn conn_;
@@ -107,6 +109,12 @@ class Agent final : public core::DeliveryStore {
   int64_t next_poll_ms_ = 0;
   int64_t engine_deadline_ms_ = -1;
   bool fatal_ = false;
+  // relay._agent_report: this agent's name in relay.agent_reports (host:pid),
+  // when it started, the next report; off after the edition refused it.
+  std::string report_name_;
+  int64_t started_ms_ = 0;
+  int64_t next_report_ms_ = 0;
+  bool report_off_ = false;
 };
 
 }  // namespace relaybus::agent

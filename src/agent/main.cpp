@@ -34,6 +34,8 @@ const char* kUsage =
     "  --database CONNINFO         libpq connection string or URI (env RELAYBUS_AGENT_DATABASE);\n"
     "                              e.g. 'host=a,b sslmode=verify-full target_session_attrs=read-write'\n"
     "  --poll-interval DURATION    look for ready deliveries without a wake-up this often (default 1s)\n"
+    "  --report-interval DURATION  write this agent's counters into relay.agent_reports this often, for\n"
+    "                              relay.workers and relay.handler_stats (default 5s; 0 never)\n"
     "  --batch-size N              deliveries per claim and per notify iteration, 1..10000 (default 1000)\n"
     "  --http-allowlist CSV        hosts and CIDRs http handlers may reach although loopback, private,\n"
     "                              link-local or metadata addresses (env RELAYBUS_AGENT_HTTP_ALLOWLIST)\n"
@@ -125,6 +127,11 @@ int main(int argc, char** argv) {
       auto ms = core::parse_duration_ms(value, &why);
       if (!ms || *ms < 1 || *ms > 3600000) return usage_error(arg + " must be a duration from 1ms to 1h: " + value);
       (arg == "--poll-interval" ? cfg.poll_interval_ms : cfg.drain_timeout_ms) = *ms;
+    } else if (arg == "--report-interval") {
+      auto ms = core::parse_duration_ms(value, &why);
+      if (!ms || (*ms != 0 && (*ms < 100 || *ms > 3600000)))
+        return usage_error(arg + " must be 0 or a duration from 100ms to 1h: " + value);
+      cfg.report_interval_ms = *ms;
     } else if (arg == "--http-allowlist") {
       cfg.http_allowlist = value;
     } else if (arg == "--metrics-addr") {

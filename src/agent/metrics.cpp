@@ -11,12 +11,34 @@
 #include <cerrno>
 #include <cstring>
 
+#include <nlohmann/json.hpp>
+
 #include "core/prometheus.hpp"
 #include "core/version.hpp"
 
 namespace relaybus::agent {
 
 using core::prometheus_label;
+
+std::string Metrics::report_json() {
+  std::lock_guard<std::mutex> lock(mu);
+  nlohmann::json report = nlohmann::json::object();
+  uint64_t delivered = 0, failed = 0;
+  for (const auto& [name, h] : handlers) {
+    nlohmann::json c = {
+        {"delivered", h.delivered}, {"notified", h.notified}, {"retried", h.retried},
+        {"dead", h.dead},           {"sends", h.sends},       {"delivered_after_gap", h.delivered_after_gap},
+        {"held_back", h.held_back}, {"limited", h.limited},   {"breaker_open", h.breaker_open}};
+    const double p50 = h.latency.quantile_ms(0.5), p99 = h.latency.quantile_ms(0.99);
+    if (p50 >= 0) c["latency_p50_ms"] = p50;
+    if (p99 >= 0) c["latency_p99_ms"] = p99;
+    report[name] = std::move(c);
+    delivered += h.delivered + h.notified;
+    failed += h.retried + h.dead;
+  }
+  report[""] = {{"delivered", delivered}, {"failed", failed}, {"last_error", last_error}, {"version", core::kVersion}};
+  return report.dump();
+}
 
 std::string Metrics::render() {
   std::lock_guard<std::mutex> lock(mu);

@@ -44,8 +44,13 @@ class Metrics {
   uint64_t in_flight = 0;
   uint64_t spans_exported = 0;  // --otlp-endpoint (core::SpanExporter)
   uint64_t spans_dropped = 0;
+  std::string last_error;  // the last failed statement's, for relay.workers
 
   std::string render();  // takes mu
+  // What relay._agent_report stores (docs/managed.md, "The agents' counters in
+  // the views"): a JSON object, "" the agent's own counters, then one object
+  // per handler by name. Takes mu.
+  std::string report_json();
 };
 
 class MetricsServer {

@@ -25,6 +25,23 @@ void LatencyHistogram::observe(double seconds) noexcept {
   sum_s += seconds;
 }
 
+double LatencyHistogram::quantile_ms(double q) const noexcept {
+  if (count == 0) return -1;
+  const double rank = q * static_cast<double>(count);
+  double lower_s = 0;
+  uint64_t below = 0;
+  for (size_t i = 0; i < kBoundsS.size(); i++) {
+    if (static_cast<double>(buckets[i]) >= rank) {
+      const uint64_t in_bucket = buckets[i] - below;
+      const double frac = in_bucket == 0 ? 1 : (rank - static_cast<double>(below)) / static_cast<double>(in_bucket);
+      return (lower_s + (kBoundsS[i] - lower_s) * frac) * 1000;
+    }
+    lower_s = kBoundsS[i];
+    below = buckets[i];
+  }
+  return kBoundsS.back() * 1000;
+}
+
 void append_prometheus_histogram_head(std::string* out, std::string_view name, std::string_view help) {
   *out += "# HELP ";
   *out += name;

@@ -25,6 +25,10 @@ struct LatencyHistogram {
   double sum_s = 0;
 
   void observe(double seconds) noexcept;
+  // The q-quantile (0 < q <= 1) in ms, interpolated linearly inside its
+  // bucket as Prometheus' histogram_quantile does (the first bucket from 0);
+  // -1 with no observations, the last bound when it lies beyond it.
+  double quantile_ms(double q) const noexcept;
 };
 
 // The `# HELP` and `# TYPE ... histogram` lines of `name`.

@@ -36,6 +36,19 @@ TEST(LatencyHistogram, BucketsAreCumulativeAndCountEverything) {
   for (size_t i = 1; i < h.buckets.size(); i++) EXPECT_LE(h.buckets[i - 1], h.buckets[i]);
 }
 
+TEST(LatencyHistogram, QuantilesInterpolateInsideTheirBucket) {
+  LatencyHistogram h;
+  EXPECT_EQ(h.quantile_ms(0.5), -1) << "no observations";
+  for (int i = 0; i < 100; i++) h.observe(0.004);  // the (0.0025, 0.005] bucket
+  EXPECT_DOUBLE_EQ(h.quantile_ms(0.5), 3.75);
+  EXPECT_DOUBLE_EQ(h.quantile_ms(1), 5);
+  h.observe(20);  // (10, 30]
+  EXPECT_NEAR(h.quantile_ms(0.99), 2.5 + 2.5 * 99.99 / 100, 1e-9) << "99.99 of 101 lie in the 100 at 4 ms";
+  EXPECT_DOUBLE_EQ(h.quantile_ms(1), 30000);
+  h.observe(1000);  // beyond the last bound
+  EXPECT_DOUBLE_EQ(h.quantile_ms(1), 300000);
+}
+
 TEST(LatencyHistogram, RendersOneSeriesInTheTextFormat) {
   LatencyHistogram h;
   h.observe(0.002);

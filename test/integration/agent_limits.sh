@@ -18,6 +18,11 @@
 #       (its requests held by the receiver): the other agent gets the slots
 #       at once (not after the dead agent's leases lapse) and sends the rest;
 #       meanwhile pg_locks shows the slots and agents (docs/managed.md's query)
+# The agents report their counters every 0.5 s (relay._agent_report):
+# relay.handler_stats shows the held-back count their /metrics show and
+# `limited` while the rate holds paced back; relay.workers has a row per live
+# agent (its connection's pid), and the killed agent's goes once stale; bad
+# reports are refused with 22023.
 export PGHOST=${PGHOST:-/nonexistent} PGPORT=${PGPORT:-1}
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
@@ -34,6 +39,7 @@ receiver_at r
 start_agent() {
     "$RELAYBUS_ROOT/relaybus-agent" --database "host=$PGHOST port=$PGPORT dbname=$DB user=agent_login" \
         --http-allowlist 127.0.0.1 --poll-interval 200ms --metrics-addr 127.0.0.1:0 --log-level debug \
+        --report-interval 500ms \
         2>"$TMP/$1.log" &
     AGENT_PID=$!
     bg_track "$AGENT_PID"
@@ -101,6 +107,33 @@ check "max_concurrency 2: the agents' /metrics count deliveries held back ($(met
 check "capped: the deliveries are completed" wait_until 30 settled capped
 check "capped: idle, the agents give their slots back" wait_until 10 eval \
     '[[ $(metric_sum relaybus_agent_limit_slots capped) == 0 ]]'
+# What the agents reported, in the views.
+stats_match() {
+    [[ $(own -c "SELECT delivered, held_back FROM relay.handler_stats WHERE handler = 'capped'") == \
+        "40|$(metric_sum relaybus_agent_held_back_total capped)" ]]
+}
+check "relay.handler_stats: capped delivered 40, held_back what the agents' /metrics count" wait_until 10 stats_match
+own -c "SELECT delivered, held_back FROM relay.handler_stats WHERE handler = 'capped'" >"$TMP/capped.stats"
+log "capped in relay.handler_stats: $(cat "$TMP/capped.stats") (delivered|held_back)"
+check_eq "relay.workers: a row per agent, each its connection's pid, workers 0 and 1" "2|2|0,1" "$(own -c "
+    SELECT count(*), count(*) FILTER (WHERE w.pid IN (SELECT pid FROM pg_stat_activity WHERE usename = 'agent_login')),
+           string_agg(w.worker::text, ',' ORDER BY w.worker)
+      FROM relay.workers w")"
+workers_delivered() {
+    [[ $(own -c "SELECT sum(delivered) FROM relay.workers") == \
+        $(($(metric_sum relaybus_agent_delivered_total uncapped) + $(metric_sum relaybus_agent_delivered_total capped))) ]]
+}
+check "relay.workers: the agents' delivered add up to their /metrics" wait_until 10 workers_delivered
+report_refused() { # ARGS: relay._agent_report's, as the agent's role
+    psql -X -q -At -U agent_login -d "$DB" -v VERBOSITY=verbose -c "SELECT relay._agent_report($1)" \
+        >"$TMP/refused.out" 2>&1
+    grep -q "ERROR:  22023" "$TMP/refused.out" || { cat "$TMP/refused.out" >&2; return 1; }
+}
+check "a report that is not an object of objects is refused (22023)" report_refused "'x', 0, 5000, '[1]'"
+check "a handler's report that is not an object is refused (22023)" report_refused "'x', 0, 5000, '{\"h\": 1}'"
+check "a report interval under 100 ms is refused (22023)" report_refused "'x', 0, 10, '{}'"
+check "an empty agent name is refused (22023)" report_refused "'', 0, 5000, '{}'"
+check_eq "the refused reports stored nothing" 0 "$(own -c "SELECT count(*) FROM relay.agent_reports WHERE agent = 'x' OR agent = ''")"
 
 # (2) rate ----------------------------------------------------------------------
 publish paced 1 200 16
@@ -111,6 +144,7 @@ for i in $(seq 1 8); do
         >/dev/null
     own -c "SELECT in_flight FROM relay.handler_stats WHERE handler = 'paced'" >>"$TMP/leases"
     echo "$(metric a relaybus_agent_limited paced) $(metric b relaybus_agent_limited paced)" >>"$TMP/limited"
+    own -c "SELECT limited FROM relay.handler_stats WHERE handler = 'paced'" >>"$TMP/limited.sql"
 done
 check "quick: its 8 events arrive" wait_requests "$LOG" /quick 8 20
 py_facts quick "$LOG" <<'EOF'
@@ -151,6 +185,7 @@ max_leases=$(sort -n "$TMP/leases" | tail -1)
 log "paced: at most $max_leases leases held while it drained"
 check "paced: the leases held stay near a second of its rate (<= 40 of 200: $max_leases)" test "$max_leases" -le 40
 check "paced: an agent's /metrics said limited while it drained" grep -q 1 "$TMP/limited"
+check "paced: relay.handler_stats said limited while it drained" grep -qx t "$TMP/limited.sql"
 check "paced: the deliveries are completed" wait_until 30 settled paced
 
 # (3) live changes --------------------------------------------------------------
@@ -208,4 +243,9 @@ check "held: b gets the slots and sends the 2 deliveries nobody leased" wait_req
 log "held: b sent them $(($(date +%s) - killed)) s after the kill (a's leases last 22 s)"
 touch "$TMP/go"
 check "held: all 6 are delivered once a's leases lapse" wait_until 90 settled held
+one_worker() {
+    [[ $(own -c "SELECT count(*), count(*) FILTER (WHERE w.pid IN
+                   (SELECT pid FROM pg_stat_activity WHERE usename = 'agent_login')) FROM relay.workers w") == "1|1" ]]
+}
+check "relay.workers: the killed agent's row goes once its report is stale, b's stays" wait_until 30 one_worker
 finish
