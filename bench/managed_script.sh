@@ -5,5 +5,6 @@ if [[ -n "${MANAGED_SQL:-}" ]]; then
     script=$MANAGED_SQL
 else
     make -s managed >/dev/null
-    script=$(ls build/relaybus-managed--*.sql | head -1)
+    # The install script (build/ holds the upgrade scripts too).
+    script=build/relaybus-managed--$(sed -n "s/^default_version = '\(.*\)'/\1/p" relaybus.control).sql
 fi
