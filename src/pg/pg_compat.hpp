@@ -17,6 +17,12 @@ extern "C" {
 #include "catalog/pg_extension.h"
 #include "catalog/pg_tablespace.h"
 #include "executor/executor.h"
+#include "nodes/pathnodes.h"
+#if PG_VERSION_NUM >= 190000
+#include "optimizer/pathnode.h"
+#else
+#include "optimizer/plancat.h"
+#endif
 #include "storage/latch.h"
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
@@ -38,6 +44,35 @@ static inline int relaybus_procno() {
   return MyProc->pgprocno;
 #endif
 }
+
+// Installs fn to be called with each base relation of a plan being made, once
+// its indexes are listed (rel->indexlist), after the hooks installed before:
+// get_relation_info_hook up to 18; 19 replaced it with build_simple_rel_hook,
+// called at the end of build_simple_rel with the range table entry.
+using RelaybusRelationInfoFn = void (*)(Oid relid, RelOptInfo* rel);
+#if PG_VERSION_NUM >= 190000
+static inline void relaybus_install_relation_info_hook(RelaybusRelationInfoFn fn) {
+  static RelaybusRelationInfoFn target = nullptr;
+  static build_simple_rel_hook_type prev = nullptr;
+  target = fn;
+  prev = build_simple_rel_hook;
+  build_simple_rel_hook = [](PlannerInfo* root, RelOptInfo* rel, RangeTblEntry* rte) {
+    if (prev != nullptr) prev(root, rel, rte);
+    if (rte->rtekind == RTE_RELATION) target(rte->relid, rel);
+  };
+}
+#else
+static inline void relaybus_install_relation_info_hook(RelaybusRelationInfoFn fn) {
+  static RelaybusRelationInfoFn target = nullptr;
+  static get_relation_info_hook_type prev = nullptr;
+  target = fn;
+  prev = get_relation_info_hook;
+  get_relation_info_hook = [](PlannerInfo* root, Oid relid, bool inhparent, RelOptInfo* rel) {
+    if (prev != nullptr) prev(root, relid, inhparent, rel);
+    target(relid, rel);
+  };
+}
+#endif
 
 // Calls a PostgreSQL signal handler (die, ...) from inside relaybus's own
 // handler, declared with SIGNAL_ARGS, passing its arguments on: 19 gave

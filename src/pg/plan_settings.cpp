@@ -1,9 +1,9 @@
 #include "pg/plan_settings.hpp"
 
+#include "pg/pg_compat.hpp"
+
 extern "C" {
 #include "access/parallel.h"
-#include "nodes/pathnodes.h"
-#include "optimizer/plancat.h"
 }
 
 namespace relaybus::pg {
@@ -46,7 +46,6 @@ void apply(const Setting (&settings)[N]) {
 }
 
 bool hide_inner_id_indexes = false;
-get_relation_info_hook_type prev_get_relation_info_hook = nullptr;
 
 // An index of a relay table that holds the column id behind another column.
 bool holds_id_further_in(const IndexOptInfo* index, AttrNumber id_attnum) {
@@ -56,8 +55,7 @@ bool holds_id_further_in(const IndexOptInfo* index, AttrNumber id_attnum) {
   return false;
 }
 
-void relay_get_relation_info(PlannerInfo* root, Oid relid, bool inhparent, RelOptInfo* rel) {
-  if (prev_get_relation_info_hook != nullptr) prev_get_relation_info_hook(root, relid, inhparent, rel);
+void hide_indexes_for_id_lookups(Oid relid, RelOptInfo* rel) {
   if (!hide_inner_id_indexes || get_rel_namespace(relid) != get_namespace_oid("relay", true)) return;
   const AttrNumber id_attnum = get_attnum(relid, "id");
   if (id_attnum == InvalidAttrNumber) return;
@@ -89,9 +87,6 @@ void plan_settings_pop(const PlanSettingsLevel& level, bool ok) {
   hide_inner_id_indexes = level.hide_inner_id_indexes;
 }
 
-void install_plan_shape_hook() {
-  prev_get_relation_info_hook = get_relation_info_hook;
-  get_relation_info_hook = relay_get_relation_info;
-}
+void install_plan_shape_hook() { relaybus_install_relation_info_hook(hide_indexes_for_id_lookups); }
 
 }  // namespace relaybus::pg
