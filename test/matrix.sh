@@ -45,12 +45,13 @@ LANE_SUITES="regress isolation pgtap
     integration/notify_delivery integration/notify_ack integration/notify_leases integration/notify_payload
     integration/pull_consumers integration/http_delivery integration/wakeup integration/ddl_hooks
     integration/crash integration/backup_restore integration/upgrade_backlog integration/lease_upgrade
-    integration/catalog_parity integration/old_snapshot integration/managed_sql integration/edition_move"
+    integration/catalog_parity integration/old_snapshot integration/managed_sql integration/edition_move
+    integration/plans_after_idle"
 # RELAYBUS_LANE_SUITES replaces that list (while developing: one suite on every major).
 LANE_SUITES=${RELAYBUS_LANE_SUITES:-$LANE_SUITES}
 # The wheel's PostgreSQL 16 has no contrib: the suites that read
-# pg_stat_statements cannot run there (docs/versions.md).
-NEEDS_PG_STAT_STATEMENTS="integration/pull_consumers integration/old_snapshot"
+# pg_stat_statements (or load auto_explain) cannot run there (docs/versions.md).
+NEEDS_PG_STAT_STATEMENTS="integration/pull_consumers integration/old_snapshot integration/plans_after_idle"
 
 ((EUID == 0)) || { echo "matrix: run as root (debootstrap and chroot)" >&2; exit 2; }
 
