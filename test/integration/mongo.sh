@@ -150,10 +150,14 @@ wait $PX 2>/dev/null
 log "killed instance x after $(count_path /c) requests"
 if wait_until 90 pending_is $DB 0; then pass "the survivor finished the backlog"; else fail "pending left: $(stats_field $DB pending)"; fi
 analyze --path /c --published "$TMP/pub_c"
+# Key order of first deliveries: a run the killed instance sent and did not
+# settle is sent again by the survivor, so its seqs may arrive a second time
+# after later ones (at least once); a seq arriving for the first time below
+# its key's last one would break the order.
 check_eq "kill -9: nothing lost, key order kept (duplicates allowed after the lease loss)" \
-    "missing=0 extra=0 order=0 gaps=0" \
-    "missing=${R[missing]} extra=${R[extra]} order=${R[order_violations]} gaps=${R[seq_gap_keys]}"
-log "kill -9 duplicates: ${R[dups]}"
+    "missing=0 extra=0 first_order=0 gaps=0" \
+    "missing=${R[missing]} extra=${R[extra]} first_order=${R[first_order_violations]} gaps=${R[seq_gap_keys]}"
+log "kill -9 duplicates: ${R[dups]}; repeats arriving after later seqs: ${R[order_violations]} (${R[order_sample]})"
 grep -q '"taken":\[' "$TMP/kill_y.err" && pass "the survivor took over the dead instance's lanes" || fail "no takeover"
 stop_instance $PY_
 control /c '[]'

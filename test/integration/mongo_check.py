@@ -17,6 +17,9 @@ Prints name=value lines:
   id_reuse         delivery ids received with more than one payload
   seq_reuse        (key, seq) pairs received with more than one payload
   order_violations per key, a seq lower than the key's previous one in receive order
+  first_order_violations  those whose seq had not arrived before: a first delivery
+                   out of key order (the rest are repeats of a run delivered
+                   again after a lease loss, which at least once allows)
   order_sample     the first violations: key:previous>seq@request index#delivery id,
                    (repeat) when that seq had arrived before, else (first)
   seq_mismatch     envelopes whose key differs from the published one
@@ -72,7 +75,7 @@ def main():
     seq_of_payload = {}
     last_seq = {}
     got_seqs = {}
-    order_violations = seq_mismatch = bad_sig = env_err = 0
+    order_violations = first_order_violations = seq_mismatch = bad_sig = env_err = 0
     order_sample = []  # "key:prev>seq@request#(repeat|first)" for the first violations
     for idx, r in enumerate(reqs):
         h = r["headers"]
@@ -108,8 +111,9 @@ def main():
             seq_of_payload[c] = s
             if key in last_seq and s < last_seq[key]:
                 order_violations += 1
+                kind = "repeat" if s in got_seqs.get(key, set()) else "first"
+                first_order_violations += kind == "first"
                 if len(order_sample) < 8:
-                    kind = "repeat" if s in got_seqs.get(key, set()) else "first"
                     order_sample.append(f"{key}:{last_seq[key]}>{s}@{idx}#{wid}({kind})")
             last_seq[key] = s
             got_seqs.setdefault(key, set()).add(s)
@@ -138,6 +142,7 @@ def main():
         "id_reuse": sum(1 for s in payloads_of_id.values() if len(s) > 1),
         "seq_reuse": sum(1 for s in payloads_of_seq.values() if len(s) > 1),
         "order_violations": order_violations,
+        "first_order_violations": first_order_violations,
         "order_sample": " ".join(order_sample),
         "seq_mismatch": seq_mismatch,
         "seq_gap_keys": len(gap_keys),
