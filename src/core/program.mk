@@ -17,8 +17,11 @@ include $(ROOT)/src/core/core.mk
 OBJS := $(CORE_OBJS) $(patsubst $(ROOT)/src/%.cpp,$(BUILD)/%.o,$(wildcard $(HERE)/*.cpp))
 BIN := $(ROOT)/relaybus-$(NAME)
 
-.PHONY: all clean
+.PHONY: all objects clean
 all: $(BIN)
+# The program's own objects, which need nothing of src/core's build: test/run_all.sh
+# compiles them beside the extension's build and links once that has ended.
+objects: $(filter-out $(CORE_OBJS),$(OBJS))
 
 $(BIN): $(OBJS)
 	$(CXX) $(CXXFLAGS) -o $@ $^ $(LDLIBS)

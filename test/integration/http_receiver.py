@@ -23,6 +23,11 @@ behaviour:
                             requests whose body contains the text; the first
                             behaviour of the list that applies is used.
     GET  /_requests         every recorded request as a JSON list
+    GET  /_count?path=P[&min=N&timeout=S]
+                            the number of requests of P recorded; with min and
+                            timeout, answers once there are N (or S seconds
+                            have passed), so that a wait ends on the request
+                            it waits for and polls nothing meanwhile
     GET  /_health           200
 """
 import argparse
@@ -31,11 +36,14 @@ import os
 import socketserver
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOCK = threading.Lock()
+RECORDED = threading.Condition(LOCK)  # notified at each recorded request
 PLANS = {}      # path -> list of behaviours
 ACTIVE = {}     # path -> requests being served
+COUNTS = {}     # path -> requests recorded
 RECORDS = []
 LOG = None
 
@@ -59,6 +67,16 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 body = json.dumps(RECORDS).encode()
             self._reply(200, body, {"Content-Type": "application/json"})
+        elif self.path.startswith("/_count?"):
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+            path = query.get("path", [""])[0]
+            least = int(query.get("min", ["0"])[0])
+            deadline = time.monotonic() + float(query.get("timeout", ["0"])[0])
+            with RECORDED:
+                while COUNTS.get(path, 0) < least and time.monotonic() < deadline:
+                    RECORDED.wait(deadline - time.monotonic())
+                count = COUNTS.get(path, 0)
+            self._reply(200, str(count).encode())
         elif self.path == "/_health":
             self._reply(200, b"ok")
         else:
@@ -90,6 +108,8 @@ class Handler(BaseHTTPRequestHandler):
                 "answered": behaviour,
             }
             RECORDS.append(record)
+            COUNTS[self.path] = COUNTS.get(self.path, 0) + 1
+            RECORDED.notify_all()
             if LOG:
                 LOG.write(json.dumps(record) + "\n")
                 LOG.flush()

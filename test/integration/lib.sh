@@ -147,17 +147,7 @@ reset_conf() {
     psql_q -d postgres -c "ALTER SYSTEM RESET $1" -c "SELECT pg_reload_conf()" >/dev/null
 }
 
-# wait_until TIMEOUT_SECONDS CMD...: polls CMD every 0.1 s until it exits 0.
-wait_until() {
-    local limit=$1 deadline
-    shift
-    deadline=$(($(date +%s%N) + limit * 1000000000))
-    while :; do
-        "$@" >/dev/null 2>&1 && return 0
-        (($(date +%s%N) > deadline)) && return 1
-        sleep 0.1
-    done
-}
+source "$INTEG_DIR/wait_until.sh"
 
 # dispatcher_pids DB: pids of the running relaybus dispatchers of DB (from pg_stat_activity).
 # sql_is DB QUERY EXPECTED: QUERY's result is EXPECTED now (for wait_until, which

@@ -66,16 +66,7 @@ die() { fail "$*"; finish; }
 trap 'cleanup' EXIT
 trap 'cleanup; echo "$PASSED passed, $((FAILED + 1)) failed (interrupted)"; exit 1' INT TERM
 
-wait_until() {
-    local limit=$1 deadline
-    shift
-    deadline=$(($(date +%s%N) + limit * 1000000000))
-    while :; do
-        "$@" >/dev/null 2>&1 && return 0
-        (($(date +%s%N) > deadline)) && return 1
-        sleep 0.1
-    done
-}
+source "$INTEG/wait_until.sh"
 
 log "building FerretDB (once) and relaybus-mongo"
 bash "$ROOT/test/ferretdb/build.sh" || die "FerretDB build failed (needs Go and the module proxy)"
@@ -138,10 +129,10 @@ HOOK="http://127.0.0.1:$RPORT"
 log "FerretDB ($FDB_BACKEND) at $URI, receiver on $RPORT"
 
 control() { curl -s -o /dev/null -X POST --data "$2" "$HOOK/_control${1}"; }
-count_path() {
-    curl -s "$HOOK/_requests" | $PY -c "import json,sys; print(sum(1 for r in json.load(sys.stdin) if r['path']=='$1'))"
-}
-has_requests() { (($(count_path "$1") >= $2)); }
+count_path() { curl -s "$HOOK/_count?path=$1"; }
+# has_requests PATH N: the receiver has N requests of PATH, or gets them within
+# a second (it answers at the Nth: wait_until's poll ends on the request).
+has_requests() { (($(curl -s --max-time 5 "$HOOK/_count?path=$1&min=$2&timeout=1") >= $2)); }
 # tag_positions PATH TAG: the 1-based positions, among the requests to PATH, of
 # those whose payload's tag is TAG.
 tag_positions() { curl -s "$HOOK/_requests" | $PY -c "
