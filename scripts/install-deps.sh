@@ -74,6 +74,7 @@ if [[ $PROFILE == full ]]; then
         default-jre-headless                     # the Kafka tests' broker (scripts/kafka-broker.sh): Java 17 on 12, 21 on 13
         maven                                    # fetches the broker's jars from Maven Central
         systemd                                  # systemd-analyze verify: agent_systemd.sh checks packaging/relaybus-agent.service
+        ccache                                   # test/run_all.sh compiles through it: a second run compiles what changed
     )
     ((MAJOR == 16)) || SERVER_PACKAGES+=(postgresql-$MAJOR-pgq3)   # PgQ, a peer in bench/relaybus-bench
 fi
