@@ -591,12 +591,14 @@ RUN_START=$(date +%s)
 step deps bash "$ROOT/scripts/install-deps.sh"
 
 # Every compile through ccache (/usr/lib/ccache's g++, gcc and cc first on
-# PATH): a run compiles only what changed since an earlier one, in this clone
-# or another (paths under the clone are hashed relative to it, and the
-# directory a debug build ran in is left out of the hash). The first run costs
-# a few per cent more than without it.
+# PATH): a run compiles only what changed since an earlier one in a clone at
+# the same path (src/core's objects are compiled by absolute path). Not
+# CCACHE_BASEDIR: it makes the compiler write relative paths into the
+# dependency files, which the other builds that read build/core's (src/mongo,
+# src/agent, test/core) then cannot find. The first run costs a few per cent
+# more than without ccache.
 if [[ -x /usr/lib/ccache/g++ && "${RELAYBUS_CCACHE:-1}" == 1 ]]; then
-    export PATH="/usr/lib/ccache:$PATH" CCACHE_BASEDIR=$ROOT CCACHE_NOHASHDIR=true
+    export PATH="/usr/lib/ccache:$PATH"
 fi
 PG_CONFIG=${PG_CONFIG:-$(bash "$ROOT/scripts/pg-config.sh")} || exit 2
 export PG_CONFIG
