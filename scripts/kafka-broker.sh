@@ -113,9 +113,13 @@ appender.file.fileName=$dir/server.log
 appender.file.layout.type=PatternLayout
 appender.file.layout.pattern=[%d] %p %m (%c)%n
 EOF
-        java -cp "$CACHE/libs/*" -Dlog4j2.configurationFile="$dir/log4j2.properties" \
-            kafka.tools.StorageTool format -t "$(java -cp "$CACHE/libs/*" \
-            kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)" \
+        # The cluster id as StorageTool random-uuid makes it (16 random bytes,
+        # URL-safe base64 without padding), without a JVM of its own.
+        local cluster_id
+        cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+        java -Xshare:auto -XX:TieredStopAtLevel=1 -cp "$CACHE/libs/*" \
+            -Dlog4j2.configurationFile="$dir/log4j2.properties" \
+            kafka.tools.StorageTool format -t "$cluster_id" \
             -c "$dir/server.properties" >"$dir/format.log" 2>&1 ||
             { cat "$dir/format.log" >&2; die "formatting $dir failed"; }
         touch "$dir/formatted"
