@@ -139,7 +139,10 @@ on "$prim" "$pport" fo -c "SELECT relay_create_handler('fo_kafka', 'kafka', 'kaf
 log "LISTEN client (reconnects to the server that accepts writes) and publishers"
 conninfo="host=$prim,$repl port=$pport,$rport user=postgres dbname=fo target_session_attrs=read-write"
 rm -f "$TMP/client.ready"
-"$CLIENT" --channel it_fo --ack --claim-at-start fo_notify --reconnect 40 --timestamps \
+# --reconnect: the client must outlast the time from the kill to the promotion
+# (two fresh Debian roots at load 40 took 42 s there, and a client that gave
+# up at 40 s left every later notify check failing): 300 s, a cap only.
+"$CLIENT" --channel it_fo --ack --claim-at-start fo_notify --reconnect 300 --timestamps \
     --ready-file "$TMP/client.ready" "$conninfo" >"$TMP/client.out" 2>"$TMP/client.err" &
 bg_track $!
 wait_until 15 test -s "$TMP/client.ready" || die "the client did not start: $(cat "$TMP/client.err")"
