@@ -114,9 +114,13 @@ appender.file.layout.type=PatternLayout
 appender.file.layout.pattern=[%d] %p %m (%c)%n
 EOF
         # The cluster id as StorageTool random-uuid makes it (16 random bytes,
-        # URL-safe base64 without padding), without a JVM of its own.
-        local cluster_id
-        cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+        # URL-safe base64 without padding), without a JVM of its own. Like
+        # Kafka's Uuid.randomUuid, never one that starts with "-": format's
+        # argument parser takes that for an option (1 start in 64 failed).
+        local cluster_id=-
+        while [[ $cluster_id == -* ]]; do
+            cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+        done
         java -Xshare:auto -XX:TieredStopAtLevel=1 -cp "$CACHE/libs/*" \
             -Dlog4j2.configurationFile="$dir/log4j2.properties" \
             kafka.tools.StorageTool format -t "$cluster_id" \
