@@ -37,16 +37,9 @@ kafka_restart() { bash "$KAFKA_SCRIPT" start "$KAFKA_DIR" "$KAFKA_PORT"; }
 # admin API (kafka_topic.cpp, built here once): Kafka's own TopicCommand
 # would start a JVM, 2 s of CPU, for each topic.
 KAFKA_TOPIC=$RELAYBUS_ROOT/test/integration/build/kafka_topic
-build_kafka_topic() {
-    local src=$RELAYBUS_ROOT/test/integration/kafka_topic.cpp tmp
-    [[ -x "$KAFKA_TOPIC" && "$KAFKA_TOPIC" -nt "$src" ]] && return 0
-    mkdir -p "$(dirname "$KAFKA_TOPIC")"
-    tmp=$(mktemp "$KAFKA_TOPIC.XXXXXX")
-    g++ -std=c++17 -O2 -Wall -Wextra -Werror -o "$tmp" "$src" -lrdkafka && mv -f "$tmp" "$KAFKA_TOPIC" && return 0
-    rm -f "$tmp"
-    return 1
-}
-build_kafka_topic || die "could not build $KAFKA_TOPIC"
+source "$RELAYBUS_ROOT/test/integration/build_program.sh"
+build_program "$KAFKA_TOPIC" "$RELAYBUS_ROOT/test/integration/kafka_topic.cpp" -lrdkafka ||
+    die "could not build $KAFKA_TOPIC"
 kafka_create_topic() {
     local topic=$1 partitions=$2
     shift 2

@@ -205,19 +205,10 @@ start_standby() {
 }
 
 # ---------------------------------------------------------------- the LISTEN client
+source "$INTEG_DIR/build_program.sh"
 build_client() {
-    local src=$INTEG_DIR/listen_client.cpp tmp
-    if [[ -x "$CLIENT" && "$CLIENT" -nt "$src" ]]; then
-        return 0
-    fi
-    mkdir -p "$INTEG_DIR/build"
-    tmp=$(mktemp "$INTEG_DIR/build/listen_client.XXXXXX")
-    if ! g++ -std=c++17 -O2 -Wall -Wextra -I"$("$PG_CONFIG" --includedir)" -o "$tmp" "$src" \
-            -L"$("$PG_CONFIG" --libdir)" -lpq; then
-        rm -f "$tmp"
-        return 1
-    fi
-    mv -f "$tmp" "$CLIENT"
+    build_program "$CLIENT" "$INTEG_DIR/listen_client.cpp" -I"$("$PG_CONFIG" --includedir)" \
+        -L"$("$PG_CONFIG" --libdir)" -lpq
 }
 
 # start_client NAME DB CHANNEL [client options...]: runs the client in the
