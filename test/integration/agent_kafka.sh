@@ -189,13 +189,8 @@ wc_count() { sql "$DB" "SELECT count(*) FROM pub_log WHERE key = 'wh' OR key LIK
 wc_has() { (($(wc_count) >= $1)); }
 check "(c) publishing is under way" wait_until 60 wc_has 1200
 check_topic_has "(c) messages flow into the topic" "$DB" wc relay-wcrash 300 90
-kafka_freeze_mid_window "$DB" wc wh "$WINDOW" "(c) "
-# With the broker stopped, the agent's sends pile up to the hot key's window:
-# wait for that, not a fixed time (at load 17 it had 12 of 16 after 2 s).
-wc_in_flight() { metric_of a1 'relaybus_agent_handler_in_flight{handler="wc"}'; }
-window_full() { (($(wc_in_flight) >= WINDOW)); }
-wait_until 30 window_full
-in_flight_at_kill=$(wc_in_flight)
+kafka_freeze_mid_window "$DB" wc wh "$WINDOW" "(c) " metric_of a1 'relaybus_agent_handler_in_flight{handler="wc"}'
+in_flight_at_kill=$KAFKA_IN_FLIGHT
 at_kill=$(wc_count)
 kill -9 "$AGENT_PID"
 kill -CONT "$BROKER_PID"

@@ -169,12 +169,17 @@ ms=sorted((json.loads(l) for l in open(sys.argv[1]) if l.strip()), key=lambda m:
 print(" ".join(dict(zip(m["headers"][0::2], m["headers"][1::2]))["relay-seq"] for m in ms))' "$TMP/gap.json")"
 }
 
-# kafka_freeze_mid_window DB HANDLER KEY WINDOW [LABEL]: once KEY has more
-# than WINDOW deliveries of HANDLER pending (so a kill comes mid-stream), the
-# broker is frozen (SIGSTOP; BROKER_PID for the kill -CONT): the deliverer's
-# runs go out and wait for their acknowledgements, so a kill then comes with
-# whole windows in flight; thawed after it, the broker writes what it had
-# received.
+# kafka_freeze_mid_window DB HANDLER KEY WINDOW [LABEL [IN_FLIGHT CMD...]]:
+# once KEY has more than WINDOW deliveries of HANDLER pending (so a kill comes
+# mid-stream), the broker is frozen (SIGSTOP; BROKER_PID for the kill -CONT):
+# the deliverer's runs go out and wait for their acknowledgements, so a kill
+# then comes with whole windows in flight; thawed after it, the broker writes
+# what it had received. A deliverer sends what it claimed before the freeze,
+# which can be less than a window: until WINDOW are in flight (the command
+# given prints the count; the extension's relay.handler_stats by default),
+# the broker is thawed and frozen again, each time within the handlers'
+# 5 s message timeout, at most ten times. KAFKA_IN_FLIGHT is the last count.
+kafka_in_flight_of() { sql "$1" "SELECT in_flight FROM relay.handler_stats WHERE handler = '$2'"; }
 kafka_key_backlog_over() {
     (($(sql "$1" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
                    WHERE h.name = '$2' AND d.key = '$3'") > $4))
@@ -182,7 +187,19 @@ kafka_key_backlog_over() {
 kafka_freeze_mid_window() {
     check "${5:-}the hot key has more than a window pending (the kill comes mid-stream)" \
         wait_until 30 kafka_key_backlog_over "$1" "$2" "$3" "$4"
+    local db=$1 handler=$2 window=$4 try
+    shift 4
+    (($# > 0)) && shift  # the label
+    (($# > 0)) || set -- kafka_in_flight_of "$db" "$handler"
+    window_in_flight() { KAFKA_IN_FLIGHT=$("$@"); ((${KAFKA_IN_FLIGHT:-0} >= window)); }
     BROKER_PID=$(cat "$KAFKA_DIR/broker.pid")
+    for ((try = 1; try <= 10; try++)); do
+        kill -STOP "$BROKER_PID"
+        wait_until 3 window_in_flight "$@" && return 0
+        kill -CONT "$BROKER_PID"
+        sleep 0.5
+    done
     kill -STOP "$BROKER_PID"
     sleep 2
+    KAFKA_IN_FLIGHT=$("$@")
 }
