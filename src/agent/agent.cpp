@@ -288,6 +288,7 @@ void Agent::complete(const std::vector<core::Completion>& batch) {
     auto found = by_id.find(id);
     if (found == by_id.end()) continue;
     const core::Completion& c = *found->second;
+    if (result == "retry") due_after(c.handler_key, c.retry_in_ms);
     {
       std::lock_guard<std::mutex> lock(metrics_.mu);
       Metrics::PerHandler& m = metrics_.handlers[c.handler];
@@ -403,12 +404,20 @@ void Agent::mark_all_due() {
   for (auto& [id, h] : handlers_) h.due = true;
 }
 
+void Agent::due_after(int handler_key, int64_t in_ms) {
+  auto it = handlers_.find(handler_key);
+  if (it == handlers_.end()) return;
+  const int64_t at = wall_ms() + std::max<int64_t>(0, in_ms);
+  if (it->second.due_at_ms == 0 || at < it->second.due_at_ms) it->second.due_at_ms = at;
+}
+
 int64_t Agent::wait_ms(int64_t now) {
   int64_t t = cfg_.poll_interval_ms;
   if (conn_.ok()) {
     t = std::min(t, next_poll_ms_ - now);
     for (const auto& [id, h] : handlers_) {
       if (h.paused) continue;
+      if (h.due_at_ms > 0) t = std::min(t, h.due_at_ms - now);
       if (h.retry_at_ms > now) {
         t = std::min(t, h.retry_at_ms - now);
         continue;
@@ -613,6 +622,12 @@ int Agent::run(const std::atomic<bool>& stop, int wake_fd) {
       if (now >= next_poll_ms_) {
         mark_all_due();
         next_poll_ms_ = now + cfg_.poll_interval_ms;
+      }
+      for (auto& [id, h] : handlers_) {
+        if (h.due_at_ms > 0 && now >= h.due_at_ms) {
+          h.due = true;
+          h.due_at_ms = 0;
+        }
       }
       if (conn_.ok()) sync_limits(now);
       for (auto& [id, h] : handlers_) {

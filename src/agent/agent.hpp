@@ -68,6 +68,10 @@ class Agent final : public core::DeliveryStore {
     bool due = true;
     int64_t lease_ms = 30000;  // http, kafka: the agent's lease (core::http_lease_ms)
     int64_t retry_at_ms = 0;   // after an error of this handler's statement
+    // When the earliest retry a settle scheduled falls due (0: none): the
+    // claim goes then, not at the next poll (as the extension's dispatchers
+    // keep a retry's backoff).
+    int64_t due_at_ms = 0;
     // notify: the extension's error policy, per handler since each iteration
     // is one handler's statement (notify_isolation.cpp).
     core::DispatchPolicy notify_policy;
@@ -84,6 +88,7 @@ class Agent final : public core::DeliveryStore {
   void sync_limits(int64_t now);
   void on_pg_error(const PgError& e, const char* what, Handler* h);
   void mark_all_due();
+  void due_after(int handler_key, int64_t in_ms);  // a retry due in in_ms: claim for it then
   int64_t wait_ms(int64_t now);
   void wait(int wake_fd, int64_t timeout_ms);
   void on_notifications(const std::vector<std::pair<std::string, std::string>>& notes);

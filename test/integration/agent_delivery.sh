@@ -276,7 +276,8 @@ own -c "SELECT relay_create_handler('hfail', 'http', '$URL/hfail', '{\"max_attem
     -c "SELECT relay_create_handler('hssrf', 'http', 'http://127.0.0.2:$RECV_PORT/hssrf', '{\"max_attempts\": 5}')" \
     -c "SELECT relay_route('three.ssrf', 'hssrf')" >/dev/null || die "handlers"
 recv_plan "$RECV_PORT" /hfail '[{"status": 500, "repeat": true}]' || die "receiver plan"
-start_agent a3 --poll-interval 200ms --metrics-addr 127.0.0.1:0
+# Polling every 30 s: a retry is claimed when its backoff ends, not at a poll.
+start_agent a3 --poll-interval 30s --metrics-addr 127.0.0.1:0
 A3=$AGENT_PID
 own -c "SELECT relay_publish('three.fail', '{\"n\": 1}', 'three')" -c "SELECT relay_publish('three.ssrf', '{\"n\": 2}')" >/dev/null
 dead_rows() { [[ "$(own -c "SELECT count(*) FROM relay.dead_letters WHERE handler IN ('hfail', 'hssrf')")" == 2 ]]; }
@@ -284,6 +285,11 @@ check "(3) both end as dead letters" wait_until 60 dead_rows
 check_eq "(3) 500: 3 attempts (max_attempts), then a dead letter with the status and error" "3|500|HTTP 500" \
     "$(own -c "SELECT attempts, last_status, last_error FROM relay.dead_letters WHERE handler = 'hfail'")"
 check_eq "(3) ... the receiver got exactly 3 requests" 3 "$(recv_count "$LOG" /hfail)"
+hfail_span=$(python3 -c "import json, sys
+t = [json.loads(l)['t'] for l in open(sys.argv[1]) if json.loads(l)['path'] == '/hfail']
+print(int((t[-1] - t[0]) * 1000))" "$LOG")
+check "(3) ... each retry sent when its backoff (<= 200 ms) ended, not at the next poll (30 s): 3 requests in $hfail_span ms" \
+    test "$hfail_span" -lt 5000
 check "(3) ... retried with backoff (a retry line before the dead letter)" log_has a3 '"msg":"retry"'
 check_eq "(3) an address the SSRF guard refuses (127.0.0.2, not allow-listed): a dead letter at the first attempt" \
     "1|t" "$(own -c "SELECT attempts, last_error LIKE '%not allowed%' FROM relay.dead_letters WHERE handler = 'hssrf'")"
