@@ -6,6 +6,8 @@
 #   make test               every suite on a throwaway cluster, against the default major
 #   make test-matrix        the PostgreSQL version lanes (15 to 19), each in a Debian root
 #                           (RELAYBUS_MATRIX="17 18" for some; .ci/run runs both)
+#   make test-managed       the delivery scripts of both editions against the managed SQL
+#                           edition and relaybus-agent (.ci/run runs it too)
 #   make demo               build, start a throwaway cluster, publish and consume
 #   make mongo              build ./relaybus-mongo (the MongoDB sidecar, docs/mongo.md)
 #   make agent              build ./relaybus-agent (delivers the managed SQL edition, docs/managed.md)
@@ -68,7 +70,7 @@ $(BOUNDARY_CHECKED): $(OBJS) scripts/check-boundary.sh
 	bash scripts/check-boundary.sh $(includedir_server) $(OBJS:.o=.d)
 	@touch $@
 $(shlib): $(BOUNDARY_CHECKED)
-else ifneq ($(filter-out test test-matrix demo deps managed agent,$(or $(MAKECMDGOALS),all)),)
+else ifneq ($(filter-out test test-matrix test-managed demo deps managed agent,$(or $(MAKECMDGOALS),all)),)
 $(error $(PG_CONFIG) not found: run `make deps` first (make test and make demo install it themselves))
 endif
 
@@ -97,7 +99,7 @@ build/relaybus-managed--%--$(EXTVERSION).sql: $(MANAGED_SQL) scripts/managed-upg
 # Header dependencies (-MD), so an incremental build never mixes old and new layouts.
 -include $(OBJS:.o=.d)
 
-.PHONY: test test-matrix demo deps core-test mongo agent managed format format-check
+.PHONY: test test-matrix test-managed demo deps core-test mongo agent managed format format-check
 # relaybus-mongo, the MongoDB sidecar (src/core + src/mongo, libmongoc): not part of PGXS.
 mongo:
 	$(MAKE) -C src/mongo
@@ -114,6 +116,8 @@ test:
 	@bash test/run_all.sh || kill -PIPE $$PPID
 test-matrix:
 	@bash test/matrix.sh || kill -PIPE $$PPID
+test-managed:
+	@RELAYBUS_EDITION=managed bash test/run_all.sh || kill -PIPE $$PPID
 demo:
 	@bash scripts/demo.sh || kill -PIPE $$PPID
 core-test:

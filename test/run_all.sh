@@ -24,7 +24,9 @@
 # 1800), RELAYBUS_INTEGRATION_TIMEOUT (seconds per integration script, default
 # 1200), RELAYBUS_KEEP_CLUSTER=1 (do not destroy the cluster of regress,
 # isolation and pgtap, nor that of a failed integration script), RELAYBUS_CACHE
-# (where job-times is kept), plus test/cluster.sh's variables.
+# (where job-times is kept), RELAYBUS_EDITION=managed (only the integration
+# scripts of both editions, against the managed SQL edition and relaybus-agent),
+# plus test/cluster.sh's variables.
 #
 # Parser self-test:  test/run_all.sh --parse {gtest|regress|tap|plain} LOGFILE [RC]
 set -uo pipefail
@@ -194,9 +196,23 @@ record() {
     echo "$line"
 }
 
+# RELAYBUS_EDITION=managed: the integration scripts that run in both editions
+# (a "# editions: extension managed" line), against the managed SQL edition and
+# relaybus-agent instead of the extension (test/integration/lib.sh); nothing else.
+EDITION=${RELAYBUS_EDITION:-extension}
+EDITION_SUITES=()
+if [[ $EDITION == managed ]]; then
+    for t in test/integration/*.sh; do
+        grep -q '^# editions: extension managed$' "$t" && EDITION_SUITES+=("integration/$(basename "$t" .sh)")
+    done
+fi
+
 # RELAYBUS_SUITES (space-separated shell patterns, e.g. "core integration/notify*"):
 # run only the suites it names, for development; unset (CI, make test) runs all.
 wanted() {
+    if [[ $EDITION == managed ]]; then
+        [[ " ${EDITION_SUITES[*]} " == *" $1 "* ]] || return 1
+    fi
     [[ -z "${RELAYBUS_SUITES:-}" ]] && return 0
     local pat pats
     # Split on spaces without expanding the patterns as file names (with
@@ -634,6 +650,7 @@ AGENT_WANTED=no
 for t in test/integration/agent_*.sh; do
     [[ -x "$t" ]] && wanted "integration/$(basename "$t" .sh)" && AGENT_WANTED=yes
 done
+[[ $EDITION == managed ]] && AGENT_WANTED=yes
 # relaybus-agent (src/agent) links the objects the extension's build made.
 [[ $AGENT_WANTED == yes ]] && add_job agent-build "build" 1000001 job_step agent-build make -s -C src/agent -j"$JOBS"
 if [[ -f test/core/Makefile ]]; then
@@ -657,7 +674,7 @@ for t in test/integration/*.sh; do
     [[ -x "$t" ]] && ! grep -q 'mongo_lib\.sh' "$t" || continue
     name="integration/$(basename "$t" .sh)"
     needs="build cluster"
-    [[ $name == integration/agent_* ]] && needs+=" agent-build"
+    [[ $name == integration/agent_* || $EDITION == managed ]] && needs+=" agent-build"
     wanted "$name" && add_job "$name" "$needs" "" job_integration "$t"
 done
 shopt -u nullglob

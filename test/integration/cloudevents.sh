@@ -7,6 +7,7 @@
 # with a real broker read back by kcat. The attributes are checked against
 # what an envelope handler of the same events received (event id, wire name,
 # key, seq, publish time, payload).
+# editions: extension managed
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/kafka_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"

@@ -60,6 +60,7 @@ setting_is() { [[ "$(psql_q -d postgres -c "SHOW $1")" == "$2" ]]; }
 # on SIGHUP and switch as soon as nothing is in flight).
 set_allowlist() {
     set_conf relaybus.http_allowlist "$1" || return 1
+    [[ $EDITION == managed ]] && return 0 # the agents have restarted with it
     wait_until 10 setting_is relaybus.http_allowlist "$1" || return 1
     sleep 1
 }
@@ -71,8 +72,15 @@ http_handler() {
         "SELECT relay_route('$5', '$2')" >/dev/null
 }
 
-# handler_stat DB HANDLER COLUMNS: a row of relay.handler_stats.
-handler_stat() { sql "$1" "SELECT $3 FROM relay.handler_stats WHERE handler = '$2'"; }
+# handler_stat DB HANDLER COLUMNS: a row of relay.handler_stats, once current.
+handler_stat() {
+    await_counters "$1"
+    sql "$1" "SELECT $3 FROM relay.handler_stats WHERE handler = '$2'"
+}
+# status_class N: what relay.handler_stats shows for N responses of a status
+# class (http_2xx, http_4xx, http_5xx, http_errors): N, or NULL (empty) in the
+# managed edition, whose agents do not report them (docs/managed.md, difference 3).
+status_class() { [[ $EDITION == managed ]] || echo "$1"; }
 # pending DB HANDLER: its rows in relay.deliveries.
 pending_of() {
     sql "$1" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id

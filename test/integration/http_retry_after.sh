@@ -5,6 +5,7 @@
 # each delivery is retried after backoff_max (1 s): not parked for years, and
 # not retried at once through an overflow. A Retry-After within backoff_max is
 # honoured as it is (http_failures.sh (2)).
+# editions: extension managed
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 

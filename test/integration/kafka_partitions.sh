@@ -9,6 +9,7 @@
 # show that the comparison can fail: most of its keys land elsewhere. The
 # Java client's placement is also checked against kafka_murmur2.py, the
 # test's own murmur2, which mongo_kafka.sh uses for the sidecar.
+# editions: extension managed
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/kafka_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"

@@ -18,6 +18,10 @@ RELAYBUS_VERSION=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$RELAYBUS_ROOT/r
 INTEG_DIR=$RELAYBUS_ROOT/test/integration
 CLIENT=$INTEG_DIR/build/listen_client
 TEST_NAME=$(basename "${0%.sh}")
+# The edition a script runs against: the extension (default) or the managed
+# SQL edition with relaybus-agent (RELAYBUS_EDITION=managed; see "the edition"
+# below).
+EDITION=${RELAYBUS_EDITION:-extension}
 
 PG_CONFIG=${PG_CONFIG:-$(bash "$RELAYBUS_ROOT/scripts/pg-config.sh")}
 PATH="$("$PG_CONFIG" --bindir):$PATH"
@@ -110,6 +114,7 @@ cleanup() {
         psql_q -d postgres -c "DROP DATABASE IF EXISTS \"$p\" WITH (FORCE)" >/dev/null 2>&1
     done
     DBS=()
+    [[ $EDITION == managed ]] && stop_bare_cluster
     [[ "${RELAYBUS_KEEP_TMP:-0}" == 1 ]] || rm -rf "$TMP"
 }
 trap 'cleanup; echo "$TEST_NAME: interrupted"; echo "$PASSED passed, $((FAILED + 1)) failed"; exit 1' INT TERM
@@ -128,22 +133,45 @@ sql() {
 }
 
 # new_db VAR PREFIX: creates a fresh database with relaybus installed (dropped
-# by the EXIT trap) and stores its name in VAR.
+# by the EXIT trap) and stores its name in VAR. In the managed edition
+# (RELAYBUS_EDITION=managed, below) the edition's script is installed by a
+# non-superuser owner and a relaybus-agent of the database's own serves it.
 new_db() {
     local name="it_${2}_$$_${RANDOM}"
-    psql_q -d postgres -c "CREATE DATABASE \"$name\"" >/dev/null || return 1
-    DBS+=("$name")
-    psql_q -d "$name" -c "CREATE EXTENSION relaybus" >/dev/null || return 1
+    if [[ $EDITION == managed ]]; then
+        psql_q -d postgres -c "CREATE DATABASE \"$name\" OWNER $MANAGED_OWNER" >/dev/null || return 1
+        DBS+=("$name")
+        managed_install "$MANAGED_OWNER" "$name" >/dev/null || return 1
+        start_db_agent "$name" || return 1
+    else
+        psql_q -d postgres -c "CREATE DATABASE \"$name\"" >/dev/null || return 1
+        DBS+=("$name")
+        psql_q -d "$name" -c "CREATE EXTENSION relaybus" >/dev/null || return 1
+    fi
     printf -v "$1" '%s' "$name"
 }
 
-# set_conf NAME VALUE: ALTER SYSTEM SET + reload; reset by the EXIT trap.
+# set_conf NAME VALUE: ALTER SYSTEM SET + reload; reset by the EXIT trap. In
+# the managed edition a relaybus setting is the agents' command-line option of
+# the same meaning (AGENT_FLAG), and the agents restart with it; one without
+# such an option fails.
 set_conf() {
+    if [[ $EDITION == managed && $1 == relaybus.* ]]; then
+        [[ -n "${AGENT_FLAG[$1]:-}" ]] || { echo "$1: relaybus-agent has no such option" >&2; return 1; }
+        AGENT_OPTS[${AGENT_FLAG[$1]}]=$2
+        restart_agents
+        return
+    fi
     psql_q -d postgres -c "ALTER SYSTEM SET $1 = '$2'" -c "SELECT pg_reload_conf()" >/dev/null || return 1
     CONF_SET+=("$1")
 }
 
 reset_conf() {
+    if [[ $EDITION == managed && $1 == relaybus.* ]]; then
+        unset "AGENT_OPTS[${AGENT_FLAG[$1]:-none}]"
+        restart_agents
+        return
+    fi
     psql_q -d postgres -c "ALTER SYSTEM RESET $1" -c "SELECT pg_reload_conf()" >/dev/null
 }
 
@@ -159,11 +187,16 @@ dispatcher_pids() {
         WHERE backend_type = 'relaybus dispatcher' AND datname = '$1' ORDER BY pid"
 }
 
-# workers_ready DB N: relay.workers shows N dispatchers holding all 64 lanes.
+# workers_ready DB N: relay.workers shows N dispatchers holding all 64 lanes
+# (managed: N agents, which lease deliveries, not lanes, and show lanes_held NULL).
 workers_ready() {
     local r
     r=$(psql_q -d "$1" -c "SELECT count(*), coalesce(sum(lanes_held), 0) FROM relay.workers") || return 1
-    [[ "$r" == "${2:-1}|64" ]]
+    if [[ $EDITION == managed ]]; then
+        [[ "$r" == "${2:-1}|0" ]]
+    else
+        [[ "$r" == "${2:-1}|64" ]]
+    fi
 }
 
 # wait_workers DB [N] [TIMEOUT]
@@ -274,6 +307,61 @@ create_pub_log() {
 # dump_pub_log DB FILE
 dump_pub_log() { sql "$1" "SELECT id, key FROM pub_log ORDER BY id" >"$2"; }
 
+# ---------------------------------------------------------------- the edition
+# With RELAYBUS_EDITION=managed a script meets the managed SQL edition
+# (docs/managed.md) where it would meet the extension: a cluster of its own
+# with no relaybus file and nothing preloaded (managed_lib.sh), each new_db
+# installed by the non-superuser $MANAGED_OWNER and served by a relaybus-agent
+# of its own (log in $TMP/agent-DB.log) in place of the in-server workers. A
+# check the edition cannot pass is named by edition_exception, never left out
+# silently; test/README.md lists the scripts that run in both editions.
+# The agents start with the extension's defaults (an empty allow-list, a poll
+# every second) and report every second, for relay.workers and handler_stats.
+declare -A AGENT_PIDS=() AGENT_OPTS=()
+declare -A AGENT_FLAG=([relaybus.http_allowlist]=--http-allowlist [relaybus.poll_interval]=--poll-interval)
+start_db_agent() {
+    local flag args=()
+    psql_q -U postgres -d postgres -c "DO \$\$ BEGIN
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'agent_login') THEN
+            CREATE ROLE agent_login LOGIN IN ROLE relay_agent;
+        END IF; END \$\$" >/dev/null || return 1
+    for flag in "${!AGENT_OPTS[@]}"; do args+=("$flag" "${AGENT_OPTS[$flag]}"); done
+    "$RELAYBUS_ROOT/relaybus-agent" --database "host=$PGHOST port=$PGPORT dbname=$1 user=agent_login" \
+        --report-interval 1s --log-level debug "${args[@]}" 2>>"$TMP/agent-$1.log" &
+    AGENT_PIDS[$1]=$!
+    bg_track $!
+    wait_until 30 grep -q '"handlers loaded"' "$TMP/agent-$1.log"
+}
+# await_counters DB: the delivery counters of relay.handler_stats,
+# handler_metrics and workers are current: at once with the extension (kept
+# at commit); in the managed edition once every agent of DB has written its
+# counters into relay.agent_reports since the call.
+await_counters() {
+    [[ $EDITION == managed ]] || return 0
+    local t
+    t=$(sql "$1" "SELECT clock_timestamp()")
+    wait_until 10 sql_is "$1" "SELECT bool_and(reported_at > '$t') FROM relay.agent_reports" t
+}
+# restart_agents: each database's agent stopped (SIGTERM: it drains) and
+# started again with AGENT_OPTS, as the extension's workers take a reload.
+restart_agents() {
+    local db
+    for db in "${!AGENT_PIDS[@]}"; do
+        kill -TERM "${AGENT_PIDS[$db]}" 2>/dev/null
+        wait "${AGENT_PIDS[$db]}" 2>/dev/null
+        mv "$TMP/agent-$db.log" "$TMP/agent-$db.log.$(date +%s%N)"
+        start_db_agent "$db" || return 1
+    done
+}
+# edition_exception WHAT: in the managed edition, says that the check WHAT is
+# not made there (and why, in WHAT) and returns 0 so the caller skips it; in
+# the extension returns 1. Usage: edition_exception "..." || check ...
+edition_exception() {
+    [[ $EDITION == managed ]] || return 1
+    echo "# edition exception (managed): $1"
+    EXCEPTIONS=$((${EXCEPTIONS:-0} + 1))
+}
+
 # `bash lib.sh --build-client` only builds the client: run_all.sh does, once,
 # before the scripts start side by side (each would build its own copy).
 if [[ "${1:-}" == --build-client ]]; then
@@ -282,5 +370,17 @@ if [[ "${1:-}" == --build-client ]]; then
 fi
 # python3 runs the analyses (JSON parsing of the client's output).
 command -v python3 >/dev/null 2>&1 || die "python3 is needed"
+case $EDITION in
+extension) ;;
+managed)
+    source "$INTEG_DIR/managed_lib.sh"
+    make -s -C "$RELAYBUS_ROOT" agent managed >/dev/null || die "make agent managed failed"
+    bare_cluster || die "the cluster without relaybus did not start"
+    MANAGED_OWNER=relay_owner
+    psql_q -U postgres -d postgres -c "CREATE ROLE $MANAGED_OWNER LOGIN CREATEROLE" >/dev/null ||
+        die "could not create $MANAGED_OWNER"
+    ;;
+*) die "RELAYBUS_EDITION is extension or managed, not $EDITION" ;;
+esac
 [[ -n "${PGHOST:-}" && -n "${PGPORT:-}" ]] || die "no cluster: PGHOST/PGPORT not set (source DIR/env of test/cluster.sh)"
 build_client || die "could not build $CLIENT"

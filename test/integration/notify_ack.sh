@@ -9,6 +9,7 @@
 #  - a payload too big for NOTIFY is sent by reference ("ref": true, no
 #    payload); relay_payload(id) returns it and relay_ack completes it, in ack
 #    mode and in fire mode (where the reference also holds its key until acked).
+# editions: extension managed
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 new_db db ack || die "could not create a database"

@@ -4,13 +4,14 @@
 # publishes, multi-publish transactions, relay_publish_batch) over 3 hot keys,
 # many distinct keys and unkeyed events; rolled-back publishes never arrive and
 # a publish is sent only after its transaction commits.
+# editions: extension managed
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 CHANNEL=it_delivery
 new_db db delivery || die "could not create a database"
 create_pub_log "$db"
 notify_handler "$db" fire "$CHANNEL" '{"ack": false}' 'deliv.#' || die "could not create the handler"
-check "a dispatcher serves the new database (relay.workers: 1 worker, 64 lanes)" wait_workers "$db" 1 20
+check "a dispatcher serves the new database (relay.workers: 1 worker; the extension's holds all 64 lanes)" wait_workers "$db" 1 20
 dispatcher=$(sql "$db" "SELECT pid FROM relay.workers")
 
 start_client main "$db" "$CHANNEL" --timestamps || die "the LISTEN client did not start"
@@ -130,6 +131,7 @@ for line in open(sys.argv[1]):
     assert (m["key"] is None) == (m["seq"] is None), m
     assert isinstance(m["payload"], dict), m
 EOF
+await_counters "$db"
 stats=$(sql "$db" "SELECT pending, in_flight, delivered FROM relay.handler_stats WHERE handler = 'fire'")
 check_eq "relay.handler_stats: nothing pending or in flight, all delivered" "0|0|$published" "$stats"
 

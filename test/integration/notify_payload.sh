@@ -4,6 +4,7 @@
 # received; the dispatcher writes it itself since issue 14): keys in jsonb's
 # order, escapes in keys and topics, NULL keys and headers, wire names, scalar,
 # nested, unicode and big-number payloads, a retried delivery's attempt.
+# editions: extension managed
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 CHANNEL=it_payload

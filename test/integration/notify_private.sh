@@ -8,6 +8,7 @@
 #  - in fire mode too the reference waits for its ack;
 #  - with the default (inline) the same listener reads the payload: what the
 #    docs say the default exposes.
+# editions: extension managed
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 new_db db priv || die "could not create a database"

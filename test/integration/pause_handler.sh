@@ -3,6 +3,7 @@
 # notify handlers receive the same events; while one is paused, the other gets
 # every delivery and the paused one's wait (publishing goes on); resumed, it
 # gets them all, in key order.
+# editions: extension managed
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 new_db db pause || die "could not create a database"

@@ -6,6 +6,7 @@
 # order in one database and in reverse in another (the answer must not depend on
 # it); every topic is published twice in one session (a route-cache miss, then
 # its memo).
+# editions: extension managed
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$INTEG_DIR/routes_lib.sh"
 

@@ -13,6 +13,7 @@
 #  (3) An expired lease is charged with the options when it is charged:
 #      claimed with max_attempts 5, lowered to 1, lease lapsed: the next claim
 #      dead-letters it instead of handing it out.
+# editions: extension managed
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 

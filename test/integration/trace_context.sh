@@ -8,6 +8,7 @@
 # tracestate; an event without trace context goes out without one, its
 # NOTIFY payload byte for byte as before. A malformed value is a WARNING
 # (SQLSTATE 01000) and the event is still delivered.
+# editions: extension managed
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/kafka_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
