@@ -86,7 +86,7 @@ $(DATA_built): sql/relaybus.sql
 # version: each takes the extension's upgrade scripts' state changes from there
 # to this version and this version's definitions.
 MANAGED_SQL = build/relaybus-managed--$(EXTVERSION).sql
-MANAGED_FROM = 0.2.0 0.3.0 0.4.0
+MANAGED_FROM = 0.2.0 0.3.0 0.4.0 0.5.0
 MANAGED_UPGRADES = $(foreach v,$(MANAGED_FROM),build/relaybus-managed--$(v)--$(EXTVERSION).sql)
 managed: $(MANAGED_SQL) $(MANAGED_UPGRADES)
 $(MANAGED_SQL): sql/relaybus.sql $(wildcard sql/managed/*.sql) scripts/managed-sql.sh relaybus.control

@@ -106,7 +106,8 @@ BEGIN
     WITH c AS MATERIALIZED (
         SELECT x.*, x.ordinality AS ord
           FROM relay._claim_handler(h, max_rows, relay._option_ms(h.options, 'lease', 30000),
-                                    CASE WHEN ack THEN 1 ELSE max_rows END, ack) WITH ORDINALITY AS x
+                                    CASE WHEN ack THEN 1 ELSE max_rows END, ack, notified => ack)
+               WITH ORDINALITY AS x
          WHERE leased_id IS NULL
         UNION ALL
         SELECT d.id, d.event_id, coalesce(d.wire_topic, d.topic), d.key, d.seq, d.payload, d.headers,

@@ -15,7 +15,9 @@ CREATE UNLOGGED TABLE relay.leases (
     handler_id    integer NOT NULL,
     token         uuid NOT NULL,
     lease_until   timestamptz NOT NULL,
-    owner_pid     integer NOT NULL,           -- the session that took it (the id-only forms)
+    owner_pid     integer NOT NULL,           -- the session that took it (the id-only forms), or
+                                              -- 0: an agent's NOTIFY of an ack-mode handler, which
+                                              -- relay_claim of that handler takes over
     completed_by  xid8
 );
 

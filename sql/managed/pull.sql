@@ -167,6 +167,10 @@ $$;
 -- the handler was found and may be claimed. lease_ms: the leases' length.
 -- take_leases false (a fire-mode notify iteration, which deletes what it
 -- claims in the same transaction): the rows are only locked, lease NULL.
+-- notified: the leases are an ack-mode NOTIFY's (owner_pid 0, see
+-- relay.leases); take_notified (relay_claim of an ack-mode notify handler):
+-- such leases count as free and are taken over with a new token, so that a
+-- consumer that starts gets what was sent to nobody at once.
 --
 -- Set-based: one statement finds the candidates, one locks them, one leases
 -- them, whatever the batch; PL/pgSQL only merges the priority classes when
@@ -179,7 +183,8 @@ $$;
 -- PL/pgSQL would otherwise plan these statements again at every call when
 -- the generic plan's estimate looks dearer (that doubled a one-row claim).
 CREATE FUNCTION relay._claim_handler(h relay.handlers, max_rows integer, lease_ms bigint, per_key integer,
-                                     take_leases boolean DEFAULT true)
+                                     take_leases boolean DEFAULT true, notified boolean DEFAULT false,
+                                     take_notified boolean DEFAULT false)
 RETURNS TABLE (id bigint, event_id bigint, topic text, key text, seq bigint, payload jsonb,
                headers jsonb, attempt integer, priority integer, published_at timestamptz,
                lease_until timestamptz, lease uuid)
@@ -270,7 +275,8 @@ BEGIN
                        extract(epoch FROM t_now - w.not_before) * 1000 / aging))::integer ELSE 0 END) AS eff,
                    (w.not_before <= t_now
                     AND NOT EXISTS (SELECT 1 FROM relay.leases l
-                                     WHERE l.delivery_id = w.id AND l.completed_by IS NULL)
+                                     WHERE l.delivery_id = w.id AND l.completed_by IS NULL
+                                       AND NOT (take_notified AND l.owner_pid = 0))
                     AND w.id <> ALL (coalesce(charged, '{}'))) AS ok,
                    CASE WHEN w.key IS NULL THEN 1
                         ELSE row_number() OVER (PARTITION BY w.key ORDER BY w.seq) END AS pos,
@@ -380,18 +386,20 @@ BEGIN
         ), ok AS (
             SELECT c.id, c.o,
                    bool_and(lk[c.o] AND NOT EXISTS (SELECT 1 FROM relay.leases l
-                                                     WHERE l.delivery_id = c.id AND l.completed_by IS NULL))
+                                                     WHERE l.delivery_id = c.id AND l.completed_by IS NULL
+                                                       AND NOT (take_notified AND l.owner_pid = 0)))
                        OVER (PARTITION BY c.g ORDER BY c.o) AS run_ok
               FROM c
         ), pick AS MATERIALIZED (
             SELECT ok.id, ok.o, CASE WHEN take_leases THEN gen_random_uuid() END AS t FROM ok WHERE ok.run_ok
         ), ins AS (
             INSERT INTO relay.leases AS l (delivery_id, handler_id, token, lease_until, owner_pid)
-            SELECT p.id, h.id, p.t, until, pg_backend_pid() FROM pick p WHERE take_leases
+            SELECT p.id, h.id, p.t, until, CASE WHEN notified THEN 0 ELSE pg_backend_pid() END
+              FROM pick p WHERE take_leases
             ON CONFLICT (delivery_id) DO UPDATE
                SET token = excluded.token, lease_until = excluded.lease_until, owner_pid = excluded.owner_pid,
                    completed_by = NULL
-             WHERE l.completed_by IS NOT NULL
+             WHERE l.completed_by IS NOT NULL OR (take_notified AND l.owner_pid = 0)
             RETURNING 1
         )
         SELECT array_agg(p.id ORDER BY p.o), array_agg(p.t ORDER BY p.o), (SELECT count(*) FROM ins)
@@ -449,7 +457,8 @@ BEGIN
     IF h.paused THEN
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM relay._claim_handler(h, max_rows, lease_ms, per_key);
+    RETURN QUERY SELECT * FROM relay._claim_handler(h, max_rows, lease_ms, per_key,
+                                                    take_notified => h.kind = 'notify');
 END
 $$;
 

@@ -160,6 +160,6 @@ upgrade_case() {
         "$(as_owner "$up" -c "SELECT handler, held_back FROM relay.handler_stats WHERE handler = 'pulled'")"
 }
 
-for from in 0.2.0 0.3.0 0.4.0; do upgrade_case "$from"; done
+for from in 0.2.0 0.3.0 0.4.0 0.5.0; do upgrade_case "$from"; done
 
 finish

@@ -9,6 +9,7 @@
 #      expired"): every hand-over is an attempt;
 #  (3) a restarted consumer drains what was sent to nobody with relay_claim at
 #      start (the NOTIFYs' leases are taken over), without waiting for a lease.
+# editions: extension managed
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 new_db db nlease || die "could not create a database"
@@ -70,8 +71,14 @@ check "after the third lease it is a dead letter" wait_until 10 is 1 dead_of nev
 check_eq "dead letter: 3 attempts, last_error 'lease expired'" "3|lease expired" \
     "$(sql "$db" "SELECT attempts, last_error FROM relay.dead_letters WHERE handler = 'neverack'")"
 check_eq "nothing of it is pending" 0 "$(pending neverack)"
-check_eq "relay.handler_stats counts 2 retries and 1 dead" "2|1" \
-    "$(sql "$db" "SELECT retried, dead FROM relay.handler_stats WHERE handler = 'neverack'")"
+await_counters "$db"
+if edition_exception "retries for expired leases: charged by the next claim in SQL, counted by no agent (docs/managed.md, difference 3)"; then
+    check_eq "relay.handler_stats counts 1 dead" "0|1" \
+        "$(sql "$db" "SELECT retried, dead FROM relay.handler_stats WHERE handler = 'neverack'")"
+else
+    check_eq "relay.handler_stats counts 2 retries and 1 dead" "2|1" \
+        "$(sql "$db" "SELECT retried, dead FROM relay.handler_stats WHERE handler = 'neverack'")"
+fi
 sleep 1.5  # a lease and more: it must not be sent again
 check_eq "it was not sent a fourth time" 3 "$(line_count "$TMP/never.out")"
 kill "$CLIENT_PID" 2>/dev/null
