@@ -703,7 +703,9 @@ RETURNS SETOF record LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_c
            sum(coalesce((r.counters->>'retried')::bigint, 0))::bigint,
            sum(coalesce((r.counters->>'dead')::bigint, 0))::bigint,
            max((r.counters->>'latency_p50_ms')::float8), max((r.counters->>'latency_p99_ms')::float8),
-           NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
+           sum((r.counters->>'http_2xx')::bigint)::bigint, sum((r.counters->>'http_3xx')::bigint)::bigint,
+           sum((r.counters->>'http_4xx')::bigint)::bigint, sum((r.counters->>'http_5xx')::bigint)::bigint,
+           sum((r.counters->>'http_errors')::bigint)::bigint,
            max(r.stale_after) FILTER (WHERE (r.counters->>'breaker_open')::boolean)
       FROM relay.agent_reports r JOIN relay.handlers h ON h.name = r.handler
      WHERE r.stale_after > now()

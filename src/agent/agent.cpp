@@ -282,6 +282,7 @@ void Agent::complete(const std::vector<core::Completion>& batch) {
        array_literal(statuses)});
   std::map<int64_t, const core::Completion*> by_id;
   for (const core::Completion& c : batch) by_id[c.id] = &c;
+  count_http_statuses(batch);
   for (int i = 0; i < r.rows(); i++) {
     const int64_t id = r.integer(i, 0);
     const std::string result = r.text(i, 1);
@@ -402,6 +403,17 @@ void Agent::report(int64_t now) {
 
 void Agent::mark_all_due() {
   for (auto& [id, h] : handlers_) h.due = true;
+}
+
+// Every http attempt's status class, whatever became of its result (a stale
+// one too), as the extension's workers count them.
+void Agent::count_http_statuses(const std::vector<core::Completion>& batch) {
+  std::lock_guard<std::mutex> lock(metrics_.mu);
+  for (const core::Completion& c : batch) {
+    auto it = handlers_.find(c.handler_key);
+    if (it == handlers_.end() || it->second.pipe->kind != core::HandlerKind::Http) continue;
+    metrics_.handlers[c.handler].http_status[c.status >= 100 && c.status < 600 ? c.status / 100 : 0]++;
+  }
 }
 
 void Agent::due_after(int handler_key, int64_t in_ms) {

@@ -89,6 +89,7 @@ class Agent final : public core::DeliveryStore {
   void on_pg_error(const PgError& e, const char* what, Handler* h);
   void mark_all_due();
   void due_after(int handler_key, int64_t in_ms);  // a retry due in in_ms: claim for it then
+  void count_http_statuses(const std::vector<core::Completion>& batch);
   int64_t wait_ms(int64_t now);
   void wait(int wake_fd, int64_t timeout_ms);
   void on_notifications(const std::vector<std::pair<std::string, std::string>>& notes);

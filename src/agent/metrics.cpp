@@ -28,7 +28,9 @@ std::string Metrics::report_json() {
     nlohmann::json c = {
         {"delivered", h.delivered}, {"notified", h.notified}, {"retried", h.retried},
         {"dead", h.dead},           {"sends", h.sends},       {"delivered_after_gap", h.delivered_after_gap},
-        {"held_back", h.held_back}, {"limited", h.limited},   {"breaker_open", h.breaker_open}};
+        {"held_back", h.held_back}, {"limited", h.limited},   {"breaker_open", h.breaker_open},
+        {"http_2xx", h.http_status[2]}, {"http_3xx", h.http_status[3]}, {"http_4xx", h.http_status[4]},
+        {"http_5xx", h.http_status[5]}, {"http_errors", h.http_status[0] + h.http_status[1]}};
     const double p50 = h.latency.quantile_ms(0.5), p99 = h.latency.quantile_ms(0.99);
     if (p50 >= 0) c["latency_p50_ms"] = p50;
     if (p99 >= 0) c["latency_p99_ms"] = p99;
@@ -91,6 +93,13 @@ std::string Metrics::render() {
     for (const auto& [h, c] : handlers)
       o += std::string(f.name) + "{handler=\"" + prometheus_label(h) + "\"} " + std::to_string(c.*(f.member)) + "\n";
   }
+  head("relaybus_agent_http_responses_total", "counter",
+       "http attempts by the class of their response's status (error: none, or not 2xx to 5xx).");
+  static const char* const kClasses[] = {"error", nullptr, "2xx", "3xx", "4xx", "5xx"};
+  for (const auto& [h, c] : handlers)
+    for (int cls : {2, 3, 4, 5, 0})
+      o += "relaybus_agent_http_responses_total{handler=\"" + prometheus_label(h) + "\",class=\"" + kClasses[cls] +
+           "\"} " + std::to_string(c.http_status[cls] + (cls == 0 ? c.http_status[1] : 0)) + "\n";
   core::append_prometheus_histogram_head(&o, "relaybus_agent_delivery_latency_seconds",
                                          "http and kafka: from publish to settled as delivered.");
   for (const auto& [h, c] : handlers)

@@ -30,6 +30,9 @@ class Metrics {
     uint64_t held_back = 0;            // deliveries that waited for a max_concurrency or rate permit
     uint64_t limit_slots = 0;          // max_concurrency slots this agent holds
     uint64_t limit_agents = 0;         // agents sharing the handler's limits (0: this one is not among them)
+    // http: attempts by the class of their status (1..5: 1xx..5xx; 0: no
+    // response), counted as the extension's workers count them.
+    uint64_t http_status[6] = {};
     bool breaker_open = false;
     core::LatencyHistogram latency;  // http, kafka: publish -> settled as delivered
     bool limited = false;            // a delivery waited for a permit within the last second

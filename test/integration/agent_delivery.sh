@@ -297,6 +297,10 @@ check_eq "(3) ... and nothing reached the receiver" 0 "$(recv_count "$LOG" /hssr
 check "(3) /metrics: hfail retried 2 and dead 1, hssrf dead 1" wait_until 10 bash -c \
     "$(declare -f metric_is); TMP='$TMP'; metric_is a3 'relaybus_agent_retried_total{handler=\"hfail\"}' 2 &&
      metric_is a3 'relaybus_agent_dead_total{handler=\"hfail\"}' 1 && metric_is a3 'relaybus_agent_dead_total{handler=\"hssrf\"}' 1"
+check "(3) /metrics: hfail's 3 attempts were 5xx, hssrf's one (never sent) an error" bash -c \
+    "$(declare -f metric_is); TMP='$TMP'; metric_is a3 'relaybus_agent_http_responses_total{handler=\"hfail\",class=\"5xx\"}' 3 &&
+     metric_is a3 'relaybus_agent_http_responses_total{handler=\"hfail\",class=\"2xx\"}' 0 &&
+     metric_is a3 'relaybus_agent_http_responses_total{handler=\"hssrf\",class=\"error\"}' 1"
 
 # ================================================================ (4) kill -9
 log "(4) kill -9 of an agent with requests in flight"

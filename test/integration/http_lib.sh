@@ -77,10 +77,6 @@ handler_stat() {
     await_counters "$1"
     sql "$1" "SELECT $3 FROM relay.handler_stats WHERE handler = '$2'"
 }
-# status_class N: what relay.handler_stats shows for N responses of a status
-# class (http_2xx, http_4xx, http_5xx, http_errors): N, or NULL (empty) in the
-# managed edition, whose agents do not report them (docs/managed.md, difference 3).
-status_class() { [[ $EDITION == managed ]] || echo "$1"; }
 # pending DB HANDLER: its rows in relay.deliveries.
 pending_of() {
     sql "$1" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
