@@ -25,12 +25,20 @@ std::string Metrics::report_json() {
   nlohmann::json report = nlohmann::json::object();
   uint64_t delivered = 0, failed = 0;
   for (const auto& [name, h] : handlers) {
-    nlohmann::json c = {
-        {"delivered", h.delivered}, {"notified", h.notified}, {"retried", h.retried},
-        {"dead", h.dead},           {"sends", h.sends},       {"delivered_after_gap", h.delivered_after_gap},
-        {"held_back", h.held_back}, {"limited", h.limited},   {"breaker_open", h.breaker_open},
-        {"http_2xx", h.http_status[2]}, {"http_3xx", h.http_status[3]}, {"http_4xx", h.http_status[4]},
-        {"http_5xx", h.http_status[5]}, {"http_errors", h.http_status[0] + h.http_status[1]}};
+    nlohmann::json c = {{"delivered", h.delivered},
+                        {"notified", h.notified},
+                        {"retried", h.retried},
+                        {"dead", h.dead},
+                        {"sends", h.sends},
+                        {"delivered_after_gap", h.delivered_after_gap},
+                        {"held_back", h.held_back},
+                        {"limited", h.limited},
+                        {"breaker_open", h.breaker_open},
+                        {"http_2xx", h.http_status[2]},
+                        {"http_3xx", h.http_status[3]},
+                        {"http_4xx", h.http_status[4]},
+                        {"http_5xx", h.http_status[5]},
+                        {"http_errors", h.http_status[0] + h.http_status[1]}};
     const double p50 = h.latency.quantile_ms(0.5), p99 = h.latency.quantile_ms(0.99);
     if (p50 >= 0) c["latency_p50_ms"] = p50;
     if (p99 >= 0) c["latency_p99_ms"] = p99;
