@@ -373,10 +373,19 @@ BEGIN
     nrows := coalesce(cardinality(m_id), 0);
     WHILE r0 <= nrows AND cardinality(taken) < max_rows LOOP
         r1 := least(nrows, r0 + max_rows - cardinality(taken) - 1);
-        SELECT array_agg(x.id IS NOT NULL ORDER BY c.o) INTO lk
+        -- A NOTIFY's lease to take over (take_notified) is locked here too,
+        -- never waited for: an ack of it in progress holds it and then
+        -- deletes the delivery, whose row this claim holds (a deadlock).
+        SELECT array_agg(x.id IS NOT NULL
+                         AND (NOT take_notified OR y.delivery_id IS NOT NULL
+                              OR NOT EXISTS (SELECT 1 FROM relay.leases w
+                                              WHERE w.delivery_id = c.id AND w.owner_pid = 0)) ORDER BY c.o) INTO lk
           FROM unnest(m_id[r0:r1]) WITH ORDINALITY AS c(id, o)
           LEFT JOIN LATERAL (SELECT d.id FROM relay.deliveries d WHERE d.id = c.id
-                             FOR NO KEY UPDATE SKIP LOCKED) x ON true;
+                             FOR NO KEY UPDATE SKIP LOCKED) x ON true
+          LEFT JOIN LATERAL (SELECT z.delivery_id FROM relay.leases z
+                              WHERE take_notified AND x.id IS NOT NULL AND z.delivery_id = c.id AND z.owner_pid = 0
+                              FOR UPDATE SKIP LOCKED) y ON true;
         -- A new statement, so a new snapshot (READ COMMITTED): a lease that a
         -- claim committed before this one locked the row is seen, and none
         -- can be added while the lock is held. Under REPEATABLE READ a lease

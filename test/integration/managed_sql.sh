@@ -380,6 +380,27 @@ wait "$ackpid"
 check_eq "the ack completed (1) and nothing was dead-lettered or charged" "1|0" \
     "$(head -1 "$TMP/ack.out")|$(own_sql -c "SELECT count(*) FROM relay.dead_letters")"
 
+# relay_claim of an ack-mode notify handler takes over a NOTIFY's lease, but
+# never waits for an ack of it in progress: the ack holds the lease row, then
+# deletes the delivery, whose row the claim has locked (waiting was a deadlock).
+own_sql -c "SELECT relay_create_handler('g_nack', 'notify', 'g_nack_chan', '{\"ack\": true}')" \
+    -c "SELECT relay_route('l.nack', 'g_nack')" -c "SELECT relay_publish('l.nack', '{}', 'g-n')" >/dev/null
+nid=$(own_sql -c "SELECT id FROM relay.deliveries WHERE topic = 'l.nack'")
+# The lease an agent's NOTIFY takes (owner_pid 0), as relay._agent_notify writes it.
+su_sql -d "$DB" -c "INSERT INTO relay.leases (delivery_id, handler_id, token, lease_until, owner_pid)
+                    SELECT $nid, id, gen_random_uuid(), now() + interval '1 hour', 0 FROM relay.handlers WHERE name = 'g_nack'" \
+    >/dev/null
+(echo "BEGIN; SELECT 1 FROM relay.leases WHERE delivery_id = $nid FOR UPDATE; SELECT pg_sleep(3); COMMIT;") |
+    psql -X -q -At -v ON_ERROR_STOP=1 -U postgres -d "$DB" >/dev/null 2>"$TMP/nack_hold.err" &
+holdpid=$!
+sleep 1
+check_eq "a takeover claim while an ack holds the NOTIFY's lease returns at once, without it" "0" \
+    "$(own_sql -c "SET lock_timeout = '1s'" -c "SELECT count(*) FROM relay_claim('g_nack', 10)" 2>&1)"
+wait "$holdpid"
+notified=$(su_sql -d "$DB" -c "SELECT token FROM relay.leases WHERE delivery_id = $nid")
+check_eq "once nothing holds it, a claim takes it over: attempt 1, a new lease" "1|1|t" \
+    "$(own_sql -c "SELECT count(*), max(attempt), bool_and(lease <> '$notified') FROM relay_claim('g_nack', 10)" 2>&1)"
+
 
 # ---------------------------------------------------------------- the set-based claim
 # relay._claim_handler (docs/managed.md, difference 6): statements whose plans
