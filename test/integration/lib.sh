@@ -314,7 +314,7 @@ dump_pub_log() { sql "$1" "SELECT id, key FROM pub_log ORDER BY id" >"$2"; }
 # installed by the non-superuser $MANAGED_OWNER and served by a relaybus-agent
 # of its own (log in $TMP/agent-DB.log) in place of the in-server workers. A
 # check the edition cannot pass is named by edition_exception, never left out
-# silently; test/README.md lists the scripts that run in both editions.
+# silently; docs/managed.md lists the scripts that run in both editions.
 # The agents start with the extension's defaults (an empty allow-list, a poll
 # every second) and report every second, for relay.workers and handler_stats.
 declare -A AGENT_PIDS=() AGENT_OPTS=()
@@ -359,7 +359,6 @@ restart_agents() {
 edition_exception() {
     [[ $EDITION == managed ]] || return 1
     echo "# edition exception (managed): $1"
-    EXCEPTIONS=$((${EXCEPTIONS:-0} + 1))
 }
 
 # `bash lib.sh --build-client` only builds the client: run_all.sh does, once,
