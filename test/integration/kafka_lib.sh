@@ -170,8 +170,12 @@ print(" ".join(dict(zip(m["headers"][0::2], m["headers"][1::2]))["relay-seq"] fo
 }
 
 # kafka_freeze_mid_window DB HANDLER KEY WINDOW [LABEL [IN_FLIGHT CMD...]]:
-# once KEY has more than WINDOW deliveries of HANDLER pending (so a kill comes
-# mid-stream), the broker is frozen (SIGSTOP; BROKER_PID for the kill -CONT):
+# with publishers committing on KEY, HANDLER is paused until KEY has more than
+# four windows pending, and resumed (waiting for such a backlog instead fails
+# on a loaded machine, where the deliverer keeps pace with the slowed
+# publishers); once a window of them is completed (the stream flows, so the
+# broker has written some of what is in flight), the broker is frozen
+# (SIGSTOP; BROKER_PID for the kill -CONT):
 # the deliverer's runs go out and wait for their acknowledgements, so a kill
 # then comes with whole windows in flight; thawed after it, the broker writes
 # what it had received. A deliverer sends what it claimed before the freeze,
@@ -180,13 +184,24 @@ print(" ".join(dict(zip(m["headers"][0::2], m["headers"][1::2]))["relay-seq"] fo
 # the broker is thawed and frozen again, each time within the handlers'
 # 5 s message timeout, at most ten times. KAFKA_IN_FLIGHT is the last count.
 kafka_in_flight_of() { sql "$1" "SELECT in_flight FROM relay.handler_stats WHERE handler = '$2'"; }
+kafka_key_head() {
+    sql "$1" "SELECT min(d.seq) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
+              WHERE h.name = '$2' AND d.key = '$3'"
+}
+kafka_key_head_past() { local h; h=$(kafka_key_head "$1" "$2" "$3"); [[ -n $h ]] && ((h >= $4)); }
 kafka_key_backlog_over() {
     (($(sql "$1" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
                    WHERE h.name = '$2' AND d.key = '$3'") > $4))
 }
 kafka_freeze_mid_window() {
-    check "${5:-}the hot key has more than a window pending (the kill comes mid-stream)" \
-        wait_until 30 kafka_key_backlog_over "$1" "$2" "$3" "$4"
+    local head
+    sql "$1" "SELECT relay_pause_handler('$2')" >/dev/null
+    check "${5:-}paused, the hot key has more than four windows pending (the kill comes mid-stream)" \
+        wait_until 60 kafka_key_backlog_over "$1" "$2" "$3" $((4 * $4))
+    head=$(kafka_key_head "$1" "$2" "$3")
+    sql "$1" "SELECT relay_resume_handler('$2')" >/dev/null
+    check "${5:-}resumed, a window of the key is completed" \
+        wait_until 60 kafka_key_head_past "$1" "$2" "$3" $((head + $4))
     local db=$1 handler=$2 window=$4 try
     shift 4
     (($# > 0)) && shift  # the label
