@@ -447,14 +447,17 @@ on "$prim" "$pport" fo -c "SELECT id FROM pub_log WHERE id > $before_switch ORDE
 check_eq "every acknowledged publish is on the promoted server" 0 \
     "$(comm -23 "$TMP/switch.acked" <(sort "$TMP/switch.ids") | wc -l)"
 http_lines "$TMP/http3.out"
-# The LISTEN client's reconnect race again (above): at most one copy a key.
-check "notify: each event published before the switchover delivered, one copy a key at most" \
-    received_each "$TMP/switch.ids" 2 16 "$TMP/client.out"
+# A key's NOTIFY the client had not acked when the server stopped is sent
+# again by the promoted server (the dispatchers exit without waiting for
+# acks), and the LISTEN client's reconnect race (above) can add one more: at
+# most three receipts of a delivery, two copies a key.
+check "notify: each event published before the switchover delivered, two copies a key at most" \
+    received_each "$TMP/switch.ids" 3 32 "$TMP/client.out"
 check "http: each event published before the switchover delivered once" \
     received_each "$TMP/switch.ids" 1 0 "$TMP/http3.out"
 log "switchover: $(line_count "$TMP/switch.acked") acknowledged, $(line_count "$TMP/switch.ids") committed;"
 log "  promotion to all delivered $(python3 -c "print(f'{($switch_drained_at - $switched_at) * 1000:.0f}')") ms;"
-log "  notify: $(received_each "$TMP/switch.ids" 2 16 "$TMP/client.out")"
+log "  notify: $(received_each "$TMP/switch.ids" 3 32 "$TMP/client.out")"
 
 # ---------------------------------------------------------------- a new base backup
 # The other way back for an old primary (docs/failover.md: where pg_rewind
