@@ -101,11 +101,14 @@ sql "$db" "SELECT relay_publish('m.hook.a', '{\"n\": 100}')" >/dev/null
 check "'circuit breaker closed' is logged once a probe succeeds" wait_until 20 has_line "circuit breaker closed"
 check "everything left is delivered" wait_until 20 none_pending "$db" m_hook
 dead=$(dead_of "$db" m_hook)
-check "more than one delivery was dead-lettered ($dead)" test "$dead" -gt 1
+# How many of the six die before the breaker opens depends on the order of
+# their attempts (one, on a loaded machine): at least one, and with the next
+# failure at least two for the one line within a minute.
+check "a delivery was dead-lettered ($dead)" test "$dead" -ge 1
 recv_plan "$RECV_PORT" /hook '[{"status": 503, "repeat": true}]' || die "plan"
 sql "$db" "SELECT relay_publish('m.hook.a', '{\"n\": 200}')" >/dev/null
 check "the new failure is dead-lettered too" wait_until 20 dead_is "$db" m_hook $((dead + 1))
-check_eq "within a minute: one line per kind (failing, dead letter, breaker opened, closed)" "1 1 1 1" \
+check_eq "within a minute: one line per kind (failing, $((dead + 1)) dead letters, breaker opened, closed)" "1 1 1 1" \
     "$(count_lines "deliveries started failing") $(count_lines "a delivery was dead-lettered") $(count_lines "circuit breaker opened") $(count_lines "circuit breaker closed")"
 check_eq "the counters agree: dead_lettered" "$((dead + 1))" "$(metric m_hook dead_lettered)"
 
