@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 
 namespace {
@@ -21,6 +22,14 @@ int fail(const char* what, const char* detail) {
   return 1;
 }
 
+// Each librdkafka handle freed by its own destroy function, on every return.
+template <typename T, void (*Destroy)(T*)>
+struct Destroyer {
+  void operator()(T* p) const { Destroy(p); }
+};
+template <typename T, void (*Destroy)(T*)>
+using Owned = std::unique_ptr<T, Destroyer<T, Destroy>>;
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -29,48 +38,42 @@ int main(int argc, char** argv) {
     return 2;
   }
   char err[512];
-  rd_kafka_conf_t* conf = rd_kafka_conf_new();
-  if (rd_kafka_conf_set(conf, "bootstrap.servers", argv[1], err, sizeof err) != RD_KAFKA_CONF_OK)
+  Owned<rd_kafka_conf_t, rd_kafka_conf_destroy> conf(rd_kafka_conf_new());
+  if (rd_kafka_conf_set(conf.get(), "bootstrap.servers", argv[1], err, sizeof err) != RD_KAFKA_CONF_OK)
     return fail("bootstrap.servers", err);
-  rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+  // rd_kafka_new takes the configuration over only when it succeeds.
+  Owned<rd_kafka_t, rd_kafka_destroy> rk(rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), err, sizeof err));
   if (rk == nullptr) return fail("client", err);
+  conf.release();
 
-  rd_kafka_NewTopic_t* topic = rd_kafka_NewTopic_new(argv[2], std::atoi(argv[3]), 1, err, sizeof err);
+  Owned<rd_kafka_NewTopic_t, rd_kafka_NewTopic_destroy> topic(
+      rd_kafka_NewTopic_new(argv[2], std::atoi(argv[3]), 1, err, sizeof err));
   if (topic == nullptr) return fail("topic", err);
   for (int i = 4; i < argc; i++) {
     const char* eq = std::strchr(argv[i], '=');
     if (eq == nullptr) return fail("config (want NAME=VALUE)", argv[i]);
     std::string name(argv[i], eq - argv[i]);
-    if (rd_kafka_NewTopic_set_config(topic, name.c_str(), eq + 1) != RD_KAFKA_RESP_ERR_NO_ERROR)
+    if (rd_kafka_NewTopic_set_config(topic.get(), name.c_str(), eq + 1) != RD_KAFKA_RESP_ERR_NO_ERROR)
       return fail("config", argv[i]);
   }
 
-  rd_kafka_queue_t* queue = rd_kafka_queue_new(rk);
-  rd_kafka_AdminOptions_t* options = rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_CREATETOPICS);
-  rd_kafka_AdminOptions_set_operation_timeout(options, 30000, err, sizeof err);
-  rd_kafka_AdminOptions_set_request_timeout(options, 60000, err, sizeof err);
-  rd_kafka_CreateTopics(rk, &topic, 1, options, queue);
+  Owned<rd_kafka_queue_t, rd_kafka_queue_destroy> queue(rd_kafka_queue_new(rk.get()));
+  Owned<rd_kafka_AdminOptions_t, rd_kafka_AdminOptions_destroy> options(
+      rd_kafka_AdminOptions_new(rk.get(), RD_KAFKA_ADMIN_OP_CREATETOPICS));
+  rd_kafka_AdminOptions_set_operation_timeout(options.get(), 30000, err, sizeof err);
+  rd_kafka_AdminOptions_set_request_timeout(options.get(), 60000, err, sizeof err);
+  rd_kafka_NewTopic_t* topics[] = {topic.get()};
+  rd_kafka_CreateTopics(rk.get(), topics, 1, options.get(), queue.get());
 
-  rd_kafka_event_t* event = rd_kafka_queue_poll(queue, 90000);
-  int rc = 0;
-  if (event == nullptr) {
-    rc = fail("create", "no answer within 90 s");
-  } else if (rd_kafka_event_error(event) != RD_KAFKA_RESP_ERR_NO_ERROR) {
-    rc = fail("create", rd_kafka_event_error_string(event));
-  } else {
-    size_t n = 0;
-    const rd_kafka_topic_result_t** results =
-        rd_kafka_CreateTopics_result_topics(rd_kafka_event_CreateTopics_result(event), &n);
-    if (n != 1) {
-      rc = fail("create", "no result for the topic");
-    } else if (rd_kafka_topic_result_error(results[0]) != RD_KAFKA_RESP_ERR_NO_ERROR) {
-      rc = fail(argv[2], rd_kafka_topic_result_error_string(results[0]));
-    }
-  }
-  if (event != nullptr) rd_kafka_event_destroy(event);
-  rd_kafka_AdminOptions_destroy(options);
-  rd_kafka_NewTopic_destroy(topic);
-  rd_kafka_queue_destroy(queue);
-  rd_kafka_destroy(rk);
-  return rc;
+  Owned<rd_kafka_event_t, rd_kafka_event_destroy> event(rd_kafka_queue_poll(queue.get(), 90000));
+  if (event == nullptr) return fail("create", "no answer within 90 s");
+  if (rd_kafka_event_error(event.get()) != RD_KAFKA_RESP_ERR_NO_ERROR)
+    return fail("create", rd_kafka_event_error_string(event.get()));
+  size_t n = 0;
+  const rd_kafka_topic_result_t** results =
+      rd_kafka_CreateTopics_result_topics(rd_kafka_event_CreateTopics_result(event.get()), &n);
+  if (n != 1) return fail("create", "no result for the topic");
+  if (rd_kafka_topic_result_error(results[0]) != RD_KAFKA_RESP_ERR_NO_ERROR)
+    return fail(argv[2], rd_kafka_topic_result_error_string(results[0]));
+  return 0;
 }
