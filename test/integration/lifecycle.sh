@@ -164,15 +164,27 @@ check_eq "both dispatchers delivered" "$two" "$(cut -f1 "$TMP/b3.out" | sort -un
 # The launcher stops the second dispatcher while both wait on a lock inside
 # an iteration's transaction: it must finish that iteration and exit 0, not
 # be killed by SIGTERM mid-transaction (FATAL, exit code 1).
-psql -X -q -d "$B" -c "BEGIN" -c "LOCK TABLE relay.handlers IN ACCESS EXCLUSIVE MODE" \
-    -c "SELECT pg_sleep(4)" -c "COMMIT" </dev/null >/dev/null 2>&1 &
+# The lock is held until the test cancels the holder, so that on a loaded
+# machine the dispatchers still find it held however late they come.
+psql -X -q -d "$B" -c "SET application_name = 'lc_lock_holder'" -c "BEGIN" \
+    -c "LOCK TABLE relay.handlers IN ACCESS EXCLUSIVE MODE" -c "SELECT pg_sleep(120)" -c "COMMIT" \
+    </dev/null >/dev/null 2>&1 &
 holder=$!
 bg_track "$holder"
-sleep 0.3
+holding() {
+    [[ $(sql "$B" "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                   WHERE a.application_name = 'lc_lock_holder' AND l.relation = 'relay.handlers'::regclass
+                     AND l.mode = 'AccessExclusiveLock' AND l.granted") == 1 ]]
+}
+check "a session holds relay.handlers (ACCESS EXCLUSIVE)" wait_until 20 holding
 sql "$B" "UPDATE relay.routes SET wire_name = wire_name" >/dev/null  # both reload the catalog
 both_wait() { [[ $(sql postgres "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'relaybus dispatcher' AND datname = '$B' AND wait_event_type = 'Lock'") == 2 ]]; }
-check "both dispatchers of B wait on relay.handlers inside their iteration" wait_until 3 both_wait
+check "both dispatchers of B wait on relay.handlers inside their iteration" wait_until 20 both_wait
 reset_conf relaybus.workers_per_database
+# The launcher's SIGTERM reaches the second dispatcher while it waits (nothing
+# shows that it has); then the holder is cancelled and the lock goes.
+sleep 3
+sql "$B" "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'lc_lock_holder'" >/dev/null
 wait "$holder" 2>/dev/null
 one() { [[ $(sql "$B" "SELECT count(*), sum(lanes_held) FROM relay.workers") == "1|64" ]]; }
 check "back to 1 worker per database: one dispatcher holds all 64 lanes" wait_until 30 one
