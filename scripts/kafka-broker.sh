@@ -63,9 +63,7 @@ EOF
 
 classpath() { fetch; printf '%s' "$CACHE/libs/*"; }
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+free_port() { python3 "$(dirname "${BASH_SOURCE[0]}")/free-port.py"; }
 
 port_open() {  # PORT
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null

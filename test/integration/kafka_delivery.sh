@@ -11,6 +11,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/kafka_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 
 kafka_start || die "the broker did not start"
+# scripts/free-port.py: outside the range outgoing connections take theirs from.
+below_ephemeral() { (($1 < $(cut -f1 /proc/sys/net/ipv4/ip_local_port_range))); }
+check "the broker's port ($KAFKA_PORT) is below the ephemeral range" below_ephemeral "$KAFKA_PORT"
+controller_port=$(sed -n 's/^listeners=.*CONTROLLER:\/\/127.0.0.1:\([0-9]*\)$/\1/p' "$KAFKA_DIR/server.properties")
+check "so is its controller's ($controller_port)" below_ephemeral "${controller_port:-99999}"
 new_db db kafka || die "could not create a database"
 create_pub_log "$db"
 check "a dispatcher serves the new database" wait_workers "$db" 1 20

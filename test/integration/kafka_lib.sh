@@ -22,7 +22,7 @@ cleanup() {
 # kafka_pick_port alone sets those, for a caller that starts the broker in the
 # background (kafka_start &) beside its own setup.
 kafka_pick_port() {
-    KAFKA_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    KAFKA_PORT=$(python3 "$RELAYBUS_ROOT/scripts/free-port.py")
     KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT
 }
 kafka_start() {

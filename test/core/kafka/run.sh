@@ -7,6 +7,6 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 ROOT=$(cd "$HERE/../../.." && pwd -P)
 BROKER=$(mktemp -d /tmp/relaybus-kafka.XXXXXX)
 trap 'bash "$ROOT/scripts/kafka-broker.sh" stop "$BROKER"; rm -rf "$BROKER"' EXIT
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+PORT=$(python3 "$ROOT/scripts/free-port.py")
 bash "$ROOT/scripts/kafka-broker.sh" start "$BROKER" "$PORT" || exit 1
 KAFKA_BOOTSTRAP=127.0.0.1:$PORT make -C "$ROOT/test/core" -j"${JOBS:-2}" check-kafka
