@@ -33,9 +33,10 @@ publisher=$!
 bg_track "$publisher"
 check "publishing is under way" wait_until 60 pub_log_has "$db" 800
 check_topic_has "messages flow into the topic" "$db" k relay-crash 200 90
-# Mid-stream: right after a publish, while its deliveries are being produced.
+# Mid-stream: a backlog of 2,000 being produced.
+kafka_backlog_flowing "$db" k 2000
 some_pending() { (($(pending_of "$db" k) > 0)); }
-check "deliveries are pending (the kill comes mid-stream)" wait_until 30 some_pending
+check "deliveries are pending (the kill comes mid-stream)" some_pending
 kafka_kill_mid_stream "$db" "$old_dispatcher" "$publisher" 500
 committed=$(sql "$db" "SELECT count(*) FROM pub_log")
 log "$committed events committed"

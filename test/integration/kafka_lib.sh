@@ -169,6 +169,32 @@ ms=sorted((json.loads(l) for l in open(sys.argv[1]) if l.strip()), key=lambda m:
 print(" ".join(dict(zip(m["headers"][0::2], m["headers"][1::2]))["relay-seq"] for m in ms))' "$TMP/gap.json")"
 }
 
+# kafka_backlog_flowing DB HANDLER MIN [LABEL]: with publishers committing,
+# HANDLER is paused until MIN of its deliveries are pending, and resumed; it
+# returns once the oldest of them is completed while others are pending, so
+# that a kill after it comes mid-stream (a MIN the deliverer cannot drain
+# between two polls: about a second of its work). (Waiting for a moment with
+# deliveries pending instead fails on a loaded machine, where the deliverer
+# drains each slowed publisher's transaction before a poll sees it.)
+kafka_oldest_pending() {
+    sql "$1" "SELECT coalesce(min(d.id), 0) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
+              WHERE h.name = '$2'"
+}
+kafka_pending_at_least() {
+    (($(sql "$1" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
+                  WHERE h.name = '$2'") >= $3))
+}
+kafka_oldest_past() { local o; o=$(kafka_oldest_pending "$1" "$2"); ((o > $3)); }
+kafka_backlog_flowing() {
+    local oldest
+    sql "$1" "SELECT relay_pause_handler('$2')" >/dev/null
+    check "${4:-}paused, $3 deliveries are pending" wait_until 60 kafka_pending_at_least "$1" "$2" "$3"
+    oldest=$(kafka_oldest_pending "$1" "$2")
+    sql "$1" "SELECT relay_resume_handler('$2')" >/dev/null
+    check "${4:-}resumed, the oldest of them is completed, others pending (the stream flows)" \
+        wait_until 60 kafka_oldest_past "$1" "$2" "$oldest"
+}
+
 # kafka_freeze_mid_window DB HANDLER KEY WINDOW [LABEL [IN_FLIGHT CMD...]]:
 # with publishers committing on KEY, HANDLER is paused until KEY has more than
 # four windows pending, and resumed (waiting for such a backlog instead fails
