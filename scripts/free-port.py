@@ -4,8 +4,9 @@
 The port is drawn at random from the 10,000 below the kernel's ephemeral
 range (net.ipv4.ip_local_port_range) and checked free. A port that bind(0)
 hands out is in that range, where any outgoing connection can take it before
-the server binds it: a Kafka broker's JVM takes seconds to get there, and in
-a full test run one lost its controller port that way."""
+the server binds it: a Kafka broker's JVM or a standby after its base backup
+takes seconds to get there, and in a full test run a broker lost its
+controller port that way."""
 import random
 import socket
 

@@ -231,7 +231,7 @@ start_standby() {
     else
         "${backup[@]}" >"$dir/log/basebackup.out" 2>&1
     fi || { cat "$dir/log/basebackup.out" >&2; return 1; }
-    STANDBY_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    STANDBY_PORT=$(python3 "$RELAYBUS_ROOT/scripts/free-port.py")
     printf "port = %s\nunix_socket_directories = '%s'\n" "$STANDBY_PORT" "$dir" >>"$dir/data/postgresql.conf"
     bash "$RELAYBUS_ROOT/test/cluster.sh" start "$dir" >"$dir/log/start.out" 2>&1 ||
         { cat "$dir/log/start.out" >&2; return 1; }

@@ -59,7 +59,7 @@ check_rc "handler drop of an unknown handler (exit 2)" 2 'handler "nope" does no
 # ------------------------------------------------------------------ 2. run waits for the server
 test_server_wait() {
 log "run waits for a server that is down at start"
-FPORT=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+FPORT=$(python3 "$ROOT/scripts/free-port.py")
 LATE_URI="mongodb://127.0.0.1:$FPORT/?serverSelectionTimeoutMS=300&connectTimeoutMS=300"
 start_instance early t_late --uri "$LATE_URI"
 P1=$IPID

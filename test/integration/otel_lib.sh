@@ -18,7 +18,7 @@ otel_build() { bash "$OTEL_ROOT/test/otelcol/build.sh"; }
 otel_track() { if declare -F bg_track >/dev/null; then bg_track "$1"; else PIDS+=("$1"); fi; }
 
 otel_pick_port() {
-    OTEL_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    OTEL_PORT=$(python3 "$OTEL_ROOT/scripts/free-port.py")
     OTEL_ENDPOINT=http://127.0.0.1:$OTEL_PORT
 }
 

@@ -5,7 +5,7 @@
 # The relaybus-mongo scripts track their background processes in PIDS.
 declare -F bg_track >/dev/null || bg_track() { PIDS+=("$1"); }
 
-free_tcp_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_tcp_port() { python3 "$RELAYBUS_ROOT/scripts/free-port.py"; }
 
 # start_exporter DSN: the exporter serving only relaybus's queries for DSN
 # (comma-separated for several databases) on EXPORTER_PORT; waits until it
