@@ -116,15 +116,21 @@ parse_plain() {
 # The wall time of each job in earlier runs, for the order of the next.
 TIMES_FILE=${RELAYBUS_CACHE:-$HOME/.cache/relaybus}/job-times
 declare -A JOB_SECS=()
-# save_job_times: this run's wall time per job, for the next run's order.
+# save_job_times: this run's wall time per job, for the next run's order. A
+# shorter time replaces the one recorded; a longer one raises it by half the
+# difference, so that one run on a loaded machine (a suite three times its
+# usual length) does not reorder the next ones.
 save_job_times() {
     local name tmp
     mkdir -p "$(dirname "$TIMES_FILE")" 2>/dev/null || return 0
     tmp=$(mktemp "$TIMES_FILE.XXXXXX") || return 0
     {
-        for name in "${!JOB_SECS[@]}"; do echo "$name ${JOB_SECS[$name]}"; done
-        if [[ -f "$TIMES_FILE" ]]; then cat "$TIMES_FILE"; fi
-    } | awk '!seen[$1]++' | sort >"$tmp" && mv -f "$tmp" "$TIMES_FILE"
+        for name in "${!JOB_SECS[@]}"; do echo "new $name ${JOB_SECS[$name]}"; done
+        if [[ -f "$TIMES_FILE" ]]; then sed 's/^/old /' "$TIMES_FILE"; fi
+    } | awk '$1 == "new" { t[$2] = $3; next }
+             !($2 in t) { t[$2] = $3; next }
+             $3 < t[$2] { t[$2] = int((t[$2] + $3 + 1) / 2) }
+             END { for (n in t) print n, t[n] }' | sort >"$tmp" && mv -f "$tmp" "$TIMES_FILE"
 }
 
 # test/run_all.sh --save-job-times NAME SECS...: what a run records at its end

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test/run_all.sh orders its jobs by their wall time in earlier runs
 # ($RELAYBUS_CACHE/job-times): the file must come into being on a first run
-# and keep every job's latest time after later ones. Before the fix the first
+# and keep every job's time after later ones (a shorter one as it is, a
+# longer one halfway). Before the fix the first
 # run's save failed under pipefail (no file yet), so no run ever had one and
 # every run left a temporary file behind.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -14,6 +15,9 @@ check_eq "job-times holds them" $'build 35\nintegration/a 120' "$(cat "$cache/jo
 check "a second run records its own" times integration/a 90 integration/b 7
 check_eq "the latest time of each job, and the others kept" $'build 35\nintegration/a 90\nintegration/b 7' \
     "$(cat "$cache/job-times" 2>/dev/null)"
+check "a run on a loaded machine records its times" times integration/a 290 integration/b 5
+check_eq "a longer time raises the recorded one by half the difference, a shorter replaces it" \
+    $'build 35\nintegration/a 190\nintegration/b 5' "$(cat "$cache/job-times" 2>/dev/null)"
 check_eq "no temporary file is left" "" "$(find "$cache" -name 'job-times.*')"
 
 finish
