@@ -169,38 +169,37 @@ ms=sorted((json.loads(l) for l in open(sys.argv[1]) if l.strip()), key=lambda m:
 print(" ".join(dict(zip(m["headers"][0::2], m["headers"][1::2]))["relay-seq"] for m in ms))' "$TMP/gap.json")"
 }
 
-# kafka_backlog_flowing DB HANDLER MIN [LABEL]: with publishers committing,
-# HANDLER is paused until MIN of its deliveries are pending, and resumed; it
-# returns once the oldest of them is completed while others are pending, so
-# that a kill after it comes mid-stream (a MIN the deliverer cannot drain
-# between two polls: about a second of its work). (Waiting for a moment with
-# deliveries pending instead fails on a loaded machine, where the deliverer
-# drains each slowed publisher's transaction before a poll sees it.)
-kafka_oldest_pending() {
-    sql "$1" "SELECT coalesce(min(d.id), 0) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
-              WHERE h.name = '$2'"
+# kafka_deliveries_agg DB HANDLER EXPR [KEY]: EXPR (an aggregate over d) of
+# HANDLER's pending deliveries, of KEY's alone if given.
+kafka_deliveries_agg() {
+    sql "$1" "SELECT $3 FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
+              WHERE h.name = '$2'${4:+ AND d.key = '$4'}"
 }
-kafka_pending_at_least() {
-    (($(sql "$1" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
-                  WHERE h.name = '$2'") >= $3))
-}
-kafka_oldest_past() { local o; o=$(kafka_oldest_pending "$1" "$2"); ((o > $3)); }
+kafka_agg_at_least() { (($(kafka_deliveries_agg "$1" "$2" "$3" "${5:-}") >= $4)); }  # DB HANDLER EXPR MIN [KEY]
+
+# kafka_backlog_flowing DB HANDLER MIN [LABEL [KEY STEP]]: with publishers
+# committing, HANDLER is paused until more than MIN of its deliveries (of KEY)
+# are pending, and resumed; it returns once the oldest of them is completed
+# (KEY's head has moved STEP seqs) while others are pending, so that a kill or
+# a freeze after it comes mid-stream. Waiting for a moment with a backlog
+# instead fails on a loaded machine, where the deliverer drains each slowed
+# publisher's transaction before a poll sees it.
 kafka_backlog_flowing() {
-    local oldest
+    local head=d.id start
+    [[ -n ${5:-} ]] && head=d.seq
     sql "$1" "SELECT relay_pause_handler('$2')" >/dev/null
-    check "${4:-}paused, $3 deliveries are pending" wait_until 60 kafka_pending_at_least "$1" "$2" "$3"
-    oldest=$(kafka_oldest_pending "$1" "$2")
+    check "${4:-}paused, more than $3 deliveries${5:+ of key $5} are pending" \
+        wait_until 60 kafka_agg_at_least "$1" "$2" "count(*)" $(($3 + 1)) "${5:-}"
+    start=$(kafka_deliveries_agg "$1" "$2" "min($head)" "${5:-}")
     sql "$1" "SELECT relay_resume_handler('$2')" >/dev/null
-    check "${4:-}resumed, the oldest of them is completed, others pending (the stream flows)" \
-        wait_until 60 kafka_oldest_past "$1" "$2" "$oldest"
+    check "${4:-}resumed, ${6:-the oldest} of them completed while others are pending (the stream flows)" \
+        wait_until 60 kafka_agg_at_least "$1" "$2" "coalesce(min($head), 0)" $((start + ${6:-1})) "${5:-}"
 }
 
 # kafka_freeze_mid_window DB HANDLER KEY WINDOW [LABEL [IN_FLIGHT CMD...]]:
-# with publishers committing on KEY, HANDLER is paused until KEY has more than
-# four windows pending, and resumed (waiting for such a backlog instead fails
-# on a loaded machine, where the deliverer keeps pace with the slowed
-# publishers); once a window of them is completed (the stream flows, so the
-# broker has written some of what is in flight), the broker is frozen
+# with publishers committing on KEY, once four windows of KEY were held back
+# and a window of them is completed (kafka_backlog_flowing: the stream flows,
+# so the broker has written some of what is in flight), the broker is frozen
 # (SIGSTOP; BROKER_PID for the kill -CONT):
 # the deliverer's runs go out and wait for their acknowledgements, so a kill
 # then comes with whole windows in flight; thawed after it, the broker writes
@@ -210,24 +209,8 @@ kafka_backlog_flowing() {
 # the broker is thawed and frozen again, each time within the handlers'
 # 5 s message timeout, at most ten times. KAFKA_IN_FLIGHT is the last count.
 kafka_in_flight_of() { sql "$1" "SELECT in_flight FROM relay.handler_stats WHERE handler = '$2'"; }
-kafka_key_head() {
-    sql "$1" "SELECT min(d.seq) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
-              WHERE h.name = '$2' AND d.key = '$3'"
-}
-kafka_key_head_past() { local h; h=$(kafka_key_head "$1" "$2" "$3"); [[ -n $h ]] && ((h >= $4)); }
-kafka_key_backlog_over() {
-    (($(sql "$1" "SELECT count(*) FROM relay.deliveries d JOIN relay.handlers h ON h.id = d.handler_id
-                   WHERE h.name = '$2' AND d.key = '$3'") > $4))
-}
 kafka_freeze_mid_window() {
-    local head
-    sql "$1" "SELECT relay_pause_handler('$2')" >/dev/null
-    check "${5:-}paused, the hot key has more than four windows pending (the kill comes mid-stream)" \
-        wait_until 60 kafka_key_backlog_over "$1" "$2" "$3" $((4 * $4))
-    head=$(kafka_key_head "$1" "$2" "$3")
-    sql "$1" "SELECT relay_resume_handler('$2')" >/dev/null
-    check "${5:-}resumed, a window of the key is completed" \
-        wait_until 60 kafka_key_head_past "$1" "$2" "$3" $((head + $4))
+    kafka_backlog_flowing "$1" "$2" $((4 * $4)) "${5:-}" "$3" "$4"
     local db=$1 handler=$2 window=$4 try
     shift 4
     (($# > 0)) && shift  # the label
