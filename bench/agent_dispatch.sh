@@ -25,7 +25,7 @@ make -s agent >/dev/null
 source bench/two_editions.sh
 q() { on "$1" psql -X -q -At -v ON_ERROR_STOP=1 -c "$2"; }
 # nginx: one worker, 200 to every request, on a free port.
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(python3 "$(dirname "${BASH_SOURCE[0]}")/../scripts/free-port.py")
 mkdir -p "$man/nginx"
 printf 'user root; worker_processes 1; pid %s/nginx.pid; error_log %s/error.log warn;
 events { worker_connections 4096; }

@@ -53,7 +53,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() { python3 "$ROOT/scripts/free-port.py"; }
 
 # nginx_start NAME PORT ACCESS_LOG(off|file): one worker, 200 to everything.
 nginx_start() {

@@ -55,7 +55,7 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() { python3 "$ROOT/scripts/free-port.py"; }
 
 # ---- receiver
 PORT=$(free_port)

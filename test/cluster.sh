@@ -94,11 +94,7 @@ cluster_port() {
 
 free_port() {
     if command -v python3 >/dev/null 2>&1; then
-        python3 -c 'import socket
-s = socket.socket()
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])
-s.close()'
+        python3 "$(dirname "${BASH_SOURCE[0]}")/../scripts/free-port.py"
         return
     fi
     local p

@@ -191,7 +191,7 @@ check_eq "(4) max_attempts 3: nothing pending" 0 "$(pending_of "$db" exhaust)"
 
 # ================================================================ (5) down endpoints, breaker, recovery
 log "(5) down endpoints"
-closed_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+closed_port=$(python3 "$RELAYBUS_ROOT/scripts/free-port.py")
 # backoff_max is large: the breaker's backoff must start at backoff_base and
 # grow per failed probe, not per request that was in flight when it opened.
 OPT5='"backoff_base": "200ms", "backoff_max": "1min", "timeout": "1s", "max_attempts": 1000'
