@@ -69,20 +69,10 @@ port_open() {  # PORT
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
-start() {
-    local dir=$1 port=$2
-    fetch
-    mkdir -p "$dir"
-    dir=$(cd "$dir" && pwd -P)
-    [[ -f "$dir/broker.pid" ]] && kill -0 "$(cat "$dir/broker.pid")" 2>/dev/null &&
-        die "a broker already runs in $dir"
-    local controller
-    controller=$(free_port)
-    [[ "$controller" != "$port" ]] || controller=$(free_port)
-    # The same DIR restarted keeps its data (a test stops and starts the broker):
-    # format only once, with the ports it then keeps.
-    if [[ ! -f "$dir/formatted" ]]; then
-        cat >"$dir/server.properties" <<EOF
+# write_config DIR PORT CONTROLLER: DIR's server.properties and log4j2.properties.
+write_config() {
+    local dir=$1 port=$2 controller=$3
+    cat >"$dir/server.properties" <<EOF
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$controller
@@ -100,9 +90,13 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=true
+# An idle test broker's controller appends a no-op record every 500 ms by
+# default: a third of the broker's CPU while idle (8.9 against 5.2 ticks a
+# second with this), and a run starts a dozen brokers.
+metadata.max.idle.interval.ms=10000
 ${KAFKA_BROKER_OPTS:-}
 EOF
-        cat >"$dir/log4j2.properties" <<EOF
+    cat >"$dir/log4j2.properties" <<EOF
 rootLogger.level=WARN
 rootLogger.appenderRef.file.ref=file
 appender.file.type=File
@@ -111,19 +105,62 @@ appender.file.fileName=$dir/server.log
 appender.file.layout.type=PatternLayout
 appender.file.layout.pattern=[%d] %p %m (%c)%n
 EOF
-        # The cluster id as StorageTool random-uuid makes it (16 random bytes,
-        # URL-safe base64 without padding), without a JVM of its own. Like
-        # Kafka's Uuid.randomUuid, never one that starts with "-": format's
-        # argument parser takes that for an option (1 start in 64 failed).
-        local cluster_id=-
-        while [[ $cluster_id == -* ]]; do
-            cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
-        done
-        java -Xshare:auto -XX:TieredStopAtLevel=1 -cp "$CACHE/libs/*" \
-            -Dlog4j2.configurationFile="$dir/log4j2.properties" \
-            kafka.tools.StorageTool format -t "$cluster_id" \
-            -c "$dir/server.properties" >"$dir/format.log" 2>&1 ||
-            { cat "$dir/format.log" >&2; die "formatting $dir failed"; }
+}
+
+# formatted_data: prints the directory of a formatted, empty log directory in
+# the cache, formatting it the first time. Formatting is a JVM of its own (1.6
+# CPU-s); what it writes (the cluster id, node 1, the metadata version) holds
+# no port and no path, so every test broker starts from a copy of one.
+formatted_data() {
+    local tpl=$CACHE/formatted
+    if [[ ! -f "$tpl/.complete" ]]; then
+        exec 8>"$tpl.lock"
+        flock 8
+        if [[ ! -f "$tpl/.complete" ]]; then
+            local tmp cluster_id=-
+            tmp=$(mktemp -d "$CACHE/formatting.XXXXXX")
+            write_config "$tmp" 1 2
+            # The cluster id as StorageTool random-uuid makes it (16 random
+            # bytes, URL-safe base64 without padding), without a JVM of its
+            # own. Like Kafka's Uuid.randomUuid, never one that starts with
+            # "-": format's argument parser takes that for an option.
+            while [[ $cluster_id == -* ]]; do
+                cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+            done
+            java -Xshare:auto -XX:TieredStopAtLevel=1 -cp "$CACHE/libs/*" \
+                -Dlog4j2.configurationFile="$tmp/log4j2.properties" \
+                kafka.tools.StorageTool format -t "$cluster_id" \
+                -c "$tmp/server.properties" >"$tmp/format.log" 2>&1 ||
+                { cat "$tmp/format.log" >&2; rm -rf "$tmp"; die "formatting a log directory failed"; }
+            rm -rf "$tpl"
+            mkdir -p "$tpl"
+            mv "$tmp/data" "$tpl/data"
+            rm -rf "$tmp"
+            touch "$tpl/.complete"
+        fi
+        exec 8>&-
+    fi
+    printf '%s' "$tpl/data"
+}
+
+start() {
+    local dir=$1 port=$2
+    fetch
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd -P)
+    [[ -f "$dir/broker.pid" ]] && kill -0 "$(cat "$dir/broker.pid")" 2>/dev/null &&
+        die "a broker already runs in $dir"
+    local controller
+    controller=$(free_port)
+    [[ "$controller" != "$port" ]] || controller=$(free_port)
+    # The same DIR restarted keeps its data (a test stops and starts the broker)
+    # and the ports it was given first.
+    if [[ ! -f "$dir/formatted" ]]; then
+        write_config "$dir" "$port" "$controller"
+        local data
+        data=$(formatted_data)
+        rm -rf "$dir/data"
+        cp -r "$data" "$dir/data"
         touch "$dir/formatted"
     fi
     port=$(sed -n 's/^listeners=PLAINTEXT:\/\/127.0.0.1:\([0-9]*\),.*/\1/p' "$dir/server.properties")
