@@ -249,16 +249,20 @@ static void commit_and_send(DispatcherState* st, int handed) {
 // between handlers"); without a busy handler, an iteration stays one
 // transaction.
 static int claim_and_stage(DispatcherState* st, bool* busy) {
+  // In the loop's context, not the transaction's: the commit before the busy
+  // handlers' turns frees the transaction's memory, and the turns after it
+  // still read these.
+  MemoryContext loop = worker_loop_context();
   int nh = catalog_handler_count();
-  int32* ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
-  int32* kafka_ids = static_cast<int32*>(palloc(sizeof(int32) * (nh + 1)));
+  int32* ids = static_cast<int32*>(MemoryContextAlloc(loop, sizeof(int32) * (nh + 1)));
+  int32* kafka_ids = static_cast<int32*>(MemoryContextAlloc(loop, sizeof(int32) * (nh + 1)));
   int nserved = served_handlers(ids, kafka_ids);
   if (nserved == 0 || st->nlanes == 0) return 0;
   bool isolating = st->policy.isolating();
   int first = st->policy.first_handler(nserved);
   // The turns in rotation order, the busy callouts moved after the others.
-  int* order = static_cast<int*>(palloc(sizeof(int) * nserved));
-  bool* out_already = static_cast<bool*>(palloc0(sizeof(bool) * nserved));
+  int* order = static_cast<int*>(MemoryContextAlloc(loop, sizeof(int) * nserved));
+  bool* out_already = static_cast<bool*>(MemoryContextAllocZero(loop, sizeof(bool) * nserved));
   int nquiet = 0;
   for (int k = 0; k < nserved; k++) {
     int i = (first + k) % nserved;

@@ -72,7 +72,19 @@ check_eq() {
     fi
 }
 
+# No server process of the script's cluster died of a fault (SIGILL, SIGABRT,
+# SIGBUS, SIGFPE, SIGSEGV): a crash is a bug even after every other check
+# passed, and the postmaster's restart can hide it from them. A kill -9 that a
+# script means is signal 9, not one of these.
+check_no_fault() {
+    local log=${RELAYBUS_CLUSTER_DIR:-}/log/postgresql.log faults
+    [[ -n "${RELAYBUS_CLUSTER_DIR:-}" && -f "$log" ]] || return 0
+    faults=$(grep -E 'terminated by signal (4|6|7|8|11):' "$log" | head -n 5)
+    check_eq "no server process died of a fault signal" "" "$faults"
+}
+
 finish() {
+    check_no_fault
     cleanup
     trap - EXIT
     echo "$PASSED passed, $FAILED failed"
