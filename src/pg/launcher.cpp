@@ -255,6 +255,14 @@ static long reconcile() {
   long retry_ms = -1;
   TimestampTz now = GetCurrentTimestamp();
   uint64 generation;
+  // The dispatchers asked to stop now, logged once the lock is released.
+  struct AskedToStop {
+    int pid, worker_index;
+    Oid dboid;
+    bool listed;
+  };
+  auto* asked = static_cast<AskedToStop*>(palloc(sizeof(AskedToStop) * Max(workers->nslots, 1)));
+  int nasked = 0;
   LWLockAcquire(workers->lock, LW_EXCLUSIVE);
   generation = workers->extension_generation;
   // Stop dispatchers that should not run.
@@ -275,6 +283,7 @@ static long reconcile() {
       if (slot.stop_requested_at == 0) {
         slot.stop_requested_at = now;
         wake_dispatcher(slot);
+        asked[nasked++] = {slot.pid, slot.worker_index, slot.dboid, is_listed(dbs, slot.dboid)};
       }
       TimestampTz force_at = TimestampTzPlusMilliseconds(slot.stop_requested_at, kStopGraceMs);
       if (now < force_at) {
@@ -297,6 +306,19 @@ static long reconcile() {
     if (!used && (db.not_started_since == 0 || !is_listed(dbs, db.dboid))) db.dboid = InvalidOid;
   }
   LWLockRelease(workers->lock);
+  for (int i = 0; i < nasked; i++) {
+    const AskedToStop& a = asked[i];
+    if (a.listed)
+      ereport(LOG, (errmsg("relaybus launcher: asking dispatcher %d (worker %d of database %u) to stop", a.pid,
+                           a.worker_index, a.dboid),
+                    errdetail("relaybus.workers_per_database is %d.", guc_workers_per_database)));
+    else
+      ereport(LOG, (errmsg("relaybus launcher: asking dispatcher %d (worker %d of database %u) to stop", a.pid,
+                           a.worker_index, a.dboid),
+                    errdetail("relaybus no longer serves the database: relaybus.enabled is off, relaybus.databases "
+                              "leaves it out, or it was dropped, made a template or closed to connections.")));
+  }
+  pfree(asked);
 
   // Start the missing ones.
   ListCell* lc;

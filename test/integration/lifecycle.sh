@@ -180,10 +180,18 @@ check "a session holds relay.handlers (ACCESS EXCLUSIVE)" wait_until 20 holding
 sql "$B" "UPDATE relay.routes SET wire_name = wire_name" >/dev/null  # both reload the catalog
 both_wait() { [[ $(sql postgres "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'relaybus dispatcher' AND datname = '$B' AND wait_event_type = 'Lock'") == 2 ]]; }
 check "both dispatchers of B wait on relay.handlers inside their iteration" wait_until 20 both_wait
+stop_size=0
+[[ -n "$SERVER_LOG" && -f "$SERVER_LOG" ]] && stop_size=$(stat -c %s "$SERVER_LOG")
 reset_conf relaybus.workers_per_database
-# The launcher's SIGTERM reaches the second dispatcher while it waits (nothing
-# shows that it has); then the holder is cancelled and the lock goes.
-sleep 3
+# The launcher asks the second dispatcher to stop while it waits; then the
+# holder is cancelled and the lock goes.
+if [[ -n "$SERVER_LOG" && -f "$SERVER_LOG" ]]; then
+    b_oid=$(sql postgres "SELECT oid FROM pg_database WHERE datname = '$B'")
+    asked() { tail -c +$((stop_size + 1)) "$SERVER_LOG" | grep -qE "relaybus launcher: asking dispatcher [0-9]+ \(worker 1 of database $b_oid\) to stop"; }
+    check "the launcher logs that it asks B's second dispatcher to stop" wait_until 20 asked
+else
+    sleep 3  # no server log to read: time for the launcher's reload
+fi
 sql "$B" "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'lc_lock_holder'" >/dev/null
 wait "$holder" 2>/dev/null
 one() { [[ $(sql "$B" "SELECT count(*), sum(lanes_held) FROM relay.workers") == "1|64" ]]; }
