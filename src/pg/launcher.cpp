@@ -308,15 +308,12 @@ static long reconcile() {
   LWLockRelease(workers->lock);
   for (int i = 0; i < nasked; i++) {
     const AskedToStop& a = asked[i];
-    if (a.listed)
-      ereport(LOG, (errmsg("relaybus launcher: asking dispatcher %d (worker %d of database %u) to stop", a.pid,
-                           a.worker_index, a.dboid),
-                    errdetail("relaybus.workers_per_database is %d.", guc_workers_per_database)));
-    else
-      ereport(LOG, (errmsg("relaybus launcher: asking dispatcher %d (worker %d of database %u) to stop", a.pid,
-                           a.worker_index, a.dboid),
-                    errdetail("relaybus no longer serves the database: relaybus.enabled is off, relaybus.databases "
-                              "leaves it out, or it was dropped, made a template or closed to connections.")));
+    const char* why = a.listed ? psprintf("relaybus.workers_per_database is %d.", guc_workers_per_database)
+                               : "relaybus no longer serves the database: relaybus.enabled is off, relaybus.databases "
+                                 "leaves it out, or it was dropped, made a template or closed to connections.";
+    ereport(LOG, (errmsg("relaybus launcher: asking dispatcher %d (worker %d of database %u) to stop", a.pid,
+                         a.worker_index, a.dboid),
+                  errdetail("%s", why)));
   }
   pfree(asked);
 
