@@ -8,9 +8,8 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 
-[[ -n "${RELAYBUS_CLUSTER_DIR:-}" && -f "$RELAYBUS_CLUSTER_DIR/log/postgresql.log" ]] ||
+[[ -n "$SERVER_LOG" && -f "$SERVER_LOG" ]] ||
     die "RELAYBUS_CLUSTER_DIR is not set: this test reads the server log"
-SERVER_LOG=$RELAYBUS_CLUSTER_DIR/log/postgresql.log
 frozen=""
 trap '[[ -n "$frozen" ]] && kill -CONT "$frozen" 2>/dev/null; cleanup' EXIT
 

@@ -63,8 +63,8 @@ check_eq "nothing uncommitted arrived" 0 "${R[extra]}"
 check_eq "each key in one partition" True "${R[keys_in_one_partition]}"
 check_eq "per key in seq order, repeats only of contiguous runs" 0 "${R[out_of_order_runs]}"
 check "a repeated run is at most a window (the default, $DEFAULT_KEY_WINDOW)" test "${R[max_rewind]}" -le "$DEFAULT_KEY_WINDOW"
-purged() { grep -q "purged and replaced" "$RELAYBUS_CLUSTER_DIR/log/postgresql.log"; }
-if [[ -n "${RELAYBUS_CLUSTER_DIR:-}" && -f "$RELAYBUS_CLUSTER_DIR/log/postgresql.log" ]]; then
+purged() { grep -q "purged and replaced" "$SERVER_LOG"; }
+if [[ -n "$SERVER_LOG" && -f "$SERVER_LOG" ]]; then
     check "the timeout purged and replaced the producer (the server log says so)" purged
 fi
 finish

@@ -14,9 +14,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/kafka_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 
-[[ -n "${RELAYBUS_CLUSTER_DIR:-}" && -f "$RELAYBUS_CLUSTER_DIR/log/postgresql.log" ]] ||
+[[ -n "$SERVER_LOG" && -f "$SERVER_LOG" ]] ||
     die "RELAYBUS_CLUSTER_DIR is not set: this test crashes the cluster and reads its log"
-SERVER_LOG=$RELAYBUS_CLUSTER_DIR/log/postgresql.log
 WINDOW=16
 
 kafka_start || die "the broker did not start"

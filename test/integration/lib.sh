@@ -27,6 +27,10 @@ PG_CONFIG=${PG_CONFIG:-$(bash "$RELAYBUS_ROOT/scripts/pg-config.sh")}
 PATH="$("$PG_CONFIG" --bindir):$PATH"
 export PATH PG_CONFIG
 
+# The server log of the script's cluster (test/cluster.sh's layout); empty
+# when the cluster is not one of test/cluster.sh's.
+SERVER_LOG=${RELAYBUS_CLUSTER_DIR:+$RELAYBUS_CLUSTER_DIR/log/postgresql.log}
+
 PASSED=0
 FAILED=0
 T0=$(date +%s%N)
@@ -77,9 +81,9 @@ check_eq() {
 # passed, and the postmaster's restart can hide it from them. A kill -9 that a
 # script means is signal 9, not one of these.
 check_no_fault() {
-    local log=${RELAYBUS_CLUSTER_DIR:-}/log/postgresql.log faults
-    [[ -n "${RELAYBUS_CLUSTER_DIR:-}" && -f "$log" ]] || return 0
-    faults=$(grep -E 'terminated by signal (4|6|7|8|11):' "$log" | head -n 5)
+    local faults
+    [[ -n "$SERVER_LOG" && -f "$SERVER_LOG" ]] || return 0
+    faults=$(grep -E 'terminated by signal (4|6|7|8|11):' "$SERVER_LOG" | head -n 5)
     check_eq "no server process died of a fault signal" "" "$faults"
 }
 

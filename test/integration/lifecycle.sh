@@ -10,7 +10,6 @@
 #    dispatcher takes all lanes again.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-SERVER_LOG=${RELAYBUS_CLUSTER_DIR:+$RELAYBUS_CLUSTER_DIR/log/postgresql.log}
 log_size=0
 [[ -n "$SERVER_LOG" && -f "$SERVER_LOG" ]] && log_size=$(stat -c %s "$SERVER_LOG")
 

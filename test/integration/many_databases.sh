@@ -10,7 +10,6 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 N=70
-SERVER_LOG=$RELAYBUS_CLUSTER_DIR/log/postgresql.log
 prefix="it_many_$$_"
 tpl="${prefix}tpl"
 

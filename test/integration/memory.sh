@@ -10,7 +10,6 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 
-SERVER_LOG=$RELAYBUS_CLUSTER_DIR/log/postgresql.log
 [[ -f "$SERVER_LOG" ]] || die "no server log at $SERVER_LOG"
 TOP_BOUND=${MEMORY_TOP_BOUND:-8192}       # bytes TopMemoryContext may grow by
 TOTAL_BOUND=${MEMORY_TOTAL_BOUND:-262144}  # bytes all contexts may grow by

@@ -13,7 +13,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/http_lib.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/prometheus_lib.sh"
 
-SERVER_LOG=${RELAYBUS_CLUSTER_DIR:+$RELAYBUS_CLUSTER_DIR/log/postgresql.log}
 [[ -n "$SERVER_LOG" && -f "$SERVER_LOG" ]] || die "RELAYBUS_CLUSTER_DIR is not set: this test reads the server log"
 new_db db mon || die "could not create a database"
 new_db db2 mon2 || die "could not create a second database"

@@ -118,7 +118,6 @@ check_eq "notify: the untraced event was sent, without a span" 1 "${R[untraced]}
 # The collector stopped: the next spans fail to go out and are dropped; the
 # deliveries are not held back by it.
 otel_stop
-SRVLOG=${RELAYBUS_CLUSTER_DIR:-}/log/postgresql.log
 t0=$(date +%s%N)
 for n in 3 4 5; do
     sql "$db" "SELECT relay_publish('ot.a', '{\"n\": $n}', 'k$n', '{\"traceparent\": \"$TP\"}')" >/dev/null
@@ -127,7 +126,7 @@ check "with the collector down, the 3 traced events are delivered" wait_until 60
 down_ms=$((($(date +%s%N) - t0) / 1000000))
 log "delivered 3 with the collector down in $down_ms ms"
 check "and on time (within 10 s, the poll interval being 1 s)" test "$down_ms" -lt 10000
-export_failed() { grep -q "span export to $OTEL_ENDPOINT failed: .*" "$SRVLOG" && grep -A1 "span export to $OTEL_ENDPOINT failed" "$SRVLOG" | grep -Eq 'dropped [1-9]'; }
+export_failed() { grep -q "span export to $OTEL_ENDPOINT failed: .*" "$SERVER_LOG" && grep -A1 "span export to $OTEL_ENDPOINT failed" "$SERVER_LOG" | grep -Eq 'dropped [1-9]'; }
 check "the server log names the failed export and counts dropped spans" wait_until 30 export_failed
 
 # A collector that accepts and never answers (a listener that reads and
