@@ -27,9 +27,11 @@ PG_CONFIG=${PG_CONFIG:-$(bash "$RELAYBUS_ROOT/scripts/pg-config.sh")}
 PATH="$("$PG_CONFIG" --bindir):$PATH"
 export PATH PG_CONFIG
 
-# The server log of the script's cluster (test/cluster.sh's layout); empty
-# when the cluster is not one of test/cluster.sh's.
-SERVER_LOG=${RELAYBUS_CLUSTER_DIR:+$RELAYBUS_CLUSTER_DIR/log/postgresql.log}
+# follow_server_log: SERVER_LOG is the server log of the script's cluster
+# (test/cluster.sh's layout; empty without one), set again when the script
+# moves to another cluster (managed_lib.sh's bare_cluster).
+follow_server_log() { SERVER_LOG=${RELAYBUS_CLUSTER_DIR:+$RELAYBUS_CLUSTER_DIR/log/postgresql.log}; }
+follow_server_log
 
 PASSED=0
 FAILED=0

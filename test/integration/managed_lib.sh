@@ -55,6 +55,7 @@ bare_cluster() {
         return 1
     # shellcheck disable=SC1091
     source "$CLUSTER/env"
+    follow_server_log
     PATH="$TREE$libdir/bin:$PATH"
 }
 
