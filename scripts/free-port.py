@@ -6,9 +6,20 @@ range (net.ipv4.ip_local_port_range) and checked free. A port that bind(0)
 hands out is in that range, where any outgoing connection can take it before
 the server binds it: a Kafka broker's JVM or a standby after its base backup
 takes seconds to get there, and in a full test run a broker lost its
-controller port that way."""
+controller port that way.
+
+A port handed out is not handed out again for ten minutes (a record in the
+temporary directory, under a lock): a caller that starts its server later
+(a second FerretDB, a standby) keeps the port free only by that, and in a
+full run another suite's cluster drew such a port in between."""
+import fcntl
+import os
 import random
 import socket
+import tempfile
+import time
+
+RECENT_SECONDS = 600
 
 
 def ephemeral_low():
@@ -28,12 +39,40 @@ def is_free(port):
     return True
 
 
-def main():
+def pick(recent):
     high = ephemeral_low()
     low = max(1024, high - 10000)
     for _ in range(500):
         port = random.randrange(low, high)
-        if is_free(port):
+        if port not in recent and is_free(port):
+            return port
+    return None
+
+
+def main():
+    path = os.path.join(tempfile.gettempdir(), "relaybus-free-ports.%d" % os.getuid())
+    try:
+        with open(path, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            now = time.time()
+            recent = {}
+            for line in f:
+                fields = line.split()
+                if len(fields) == 2 and now - float(fields[1]) < RECENT_SECONDS:
+                    recent[int(fields[0])] = fields[1]
+            port = pick(recent)
+            if port is not None:
+                recent[port] = "%.0f" % now
+                f.seek(0)
+                f.truncate()
+                f.write("".join("%d %s\n" % item for item in recent.items()))
+                f.flush()
+                print(port)
+                return
+    except (OSError, ValueError):
+        port = pick({})
+        if port is not None:
             print(port)
             return
     with socket.socket() as s:  # all taken: the kernel's choice after all
